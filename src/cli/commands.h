@@ -1,0 +1,9 @@
+// Each subcommand of the peertrain program is a function from its arguments to an exit
+// code: 0 success, 1 a failure at run time, 2 a wrong command line.
+#pragma once
+
+namespace peertrain::cli {
+
+int run_topology(int argc, char** argv);
+
+}  // namespace peertrain::cli

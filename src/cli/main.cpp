@@ -1,0 +1,52 @@
+// The peertrain program: dispatches to subcommands and turns every error into one
+// "error: ..." line and a non-zero exit code.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "peertrain/config.h"
+#include "peertrain/core/error.h"
+
+namespace {
+
+void print_usage() {
+  std::printf(
+      "peertrain %s: decentralized peer-to-peer training (D-PSGD)\n\n"
+      "usage: peertrain <command> [options]\n\n"
+      "commands:\n"
+      "  topology generate   write a topology file from a generator\n"
+      "  topology inspect    check a topology file and report W's spectral gap\n\n"
+      "Run 'peertrain <command> --help' for a command's options.\n"
+      "build: cuda=%s nccl=%s\n",
+      PEERTRAIN_VERSION, PEERTRAIN_HAVE_CUDA ? "yes" : "no", PEERTRAIN_HAVE_NCCL ? "yes" : "no");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::printf("peertrain %s\n", PEERTRAIN_VERSION);
+    return 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "topology") return peertrain::cli::run_topology(argc - 1, argv + 1);
+    std::fprintf(stderr, "error: unknown command '%s'; run 'peertrain --help' for the list\n", command.c_str());
+    return 2;
+  } catch (const peertrain::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,61 @@
+// Shared handling of cxxopts for every subcommand: --help, and wrong flags reported as
+// "error: ..." with exit code 2.
+#pragma once
+
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <vector>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <string>
+
+namespace peertrain::cli {
+
+// Parses; returns the exit code to stop with (0 after --help, 2 on a bad flag), or nothing
+// to go on.
+inline std::optional<int> parse_or_exit(cxxopts::Options& options, int argc, char** argv,
+                                        cxxopts::ParseResult* result) {
+  // cxxopts reads a one-letter name as a short option, so "--p 0.2" would be refused;
+  // accept it (and "--p=0.2") as users write it.
+  std::vector<std::string> rewritten(argv, argv + argc);
+  for (auto& arg : rewritten)
+    if (arg.size() >= 3 && arg[0] == '-' && arg[1] == '-' && std::isalpha(static_cast<unsigned char>(arg[2])) &&
+        (arg.size() == 3 || arg[3] == '='))
+      arg = arg.size() == 3 ? arg.substr(1) : "-" + arg.substr(2, 1) + arg.substr(4);
+  std::vector<char*> args;
+  for (auto& arg : rewritten) args.push_back(arg.data());
+  try {
+    *result = options.parse(static_cast<int>(args.size()), args.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::fprintf(stderr, "error: %s (see '%s --help')\n", e.what(), options.program().c_str());
+    return 2;
+  }
+  if (result->count("help")) {
+    std::printf("%s", options.help().c_str());
+    return 0;
+  }
+  return std::nullopt;
+}
+
+// Numeric flags are read as text and converted here, so a bad value is reported with the
+// flag's name ("--peers 'many' is not an integer"), which cxxopts does not do.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename T>
+T number_flag(const cxxopts::ParseResult& args, const std::string& name) {
+  const std::string text = args[name].as<std::string>();
+  T value{};
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size())
+    throw UsageError("--" + name + " '" + text + "' is not " +
+                     (std::is_integral_v<T> ? "an integer in range" : "a number"));
+  return value;
+}
+
+}  // namespace peertrain::cli

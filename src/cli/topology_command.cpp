@@ -1,0 +1,241 @@
+// peertrain topology generate | inspect
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "options.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/json.h"
+#include "peertrain/topology/formats.h"
+#include "peertrain/topology/spectrum.h"
+#include "peertrain/topology/topology.h"
+
+namespace peertrain::cli {
+namespace {
+
+using namespace peertrain::topology;
+
+std::string hex(std::uint64_t value) {
+  char buffer[24];
+  std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+SpectrumSolver parse_solver(const std::string& name) {
+  if (name == "auto") return SpectrumSolver::kAuto;
+  if (name == "dense") return SpectrumSolver::kDense;
+  if (name == "lanczos") return SpectrumSolver::kLanczos;
+  if (name == "spectra") return SpectrumSolver::kSpectra;
+  throw Error(ErrorKind::kInvalidArgument, str("--solver '", name, "' is not one of auto, dense, lanczos, spectra"));
+}
+
+// Steps for gossip alone to shrink the consensus distance by `factor`.
+double steps_to_shrink(double contraction, double factor) {
+  if (contraction <= 0) return 1;
+  if (contraction >= 1) return INFINITY;
+  return std::ceil(std::log(factor) / std::log(contraction));
+}
+
+int generate(int argc, char** argv) {
+  cxxopts::Options options("peertrain topology generate",
+                           "Write a topology file from a generator; the file is validated before it is written.");
+  options.positional_help("KIND").show_positional_help();
+  options.add_options()
+      ("kind", "ring | torus | hypercube | exponential | one-peer-exponential | complete | star | "
+               "random-regular | erdos-renyi | small-world", cxxopts::value<std::string>())
+      ("peers", "number of peers n", cxxopts::value<std::string>()->default_value("0"))
+      ("rows", "torus rows", cxxopts::value<std::string>()->default_value("0"))
+      ("cols", "torus columns", cxxopts::value<std::string>()->default_value("0"))
+      ("degree", "random-regular degree", cxxopts::value<std::string>()->default_value("0"))
+      ("k", "small-world lattice neighbours (even)", cxxopts::value<std::string>()->default_value("0"))
+      ("p", "erdos-renyi edge probability, small-world rewiring probability", cxxopts::value<std::string>())
+      ("seed", "seed of the random generators", cxxopts::value<std::string>()->default_value("1"))
+      ("weights", "metropolis | max-degree | best-constant | uniform-neighbors",
+       cxxopts::value<std::string>()->default_value("metropolis"))
+      ("name", "topology name (default: KIND and n)", cxxopts::value<std::string>())
+      ("edges", "write the explicit edge list instead of the generator")
+      ("o,output", "output file (default: standard output)", cxxopts::value<std::string>())
+      ("h,help", "show this help");
+  options.parse_positional({"kind"});
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
+  if (!args.count("kind")) {
+    std::fprintf(stderr, "error: missing KIND (see 'peertrain topology generate --help')\n");
+    return 2;
+  }
+  GraphSource source;
+  source.generator = args["kind"].as<std::string>();
+  GeneratorParams& p = source.params;
+  try {
+    p.n = number_flag<int>(args, "peers");
+    p.rows = number_flag<int>(args, "rows");
+    p.cols = number_flag<int>(args, "cols");
+    p.degree = number_flag<int>(args, "degree");
+    p.k = number_flag<int>(args, "k");
+    if (args.count("p")) p.p = number_flag<double>(args, "p");
+    p.seed = number_flag<std::uint64_t>(args, "seed");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  if (p.n == 0 && source.generator != "torus") {
+    std::fprintf(stderr, "error: --peers N is required for generator '%s'\n", source.generator.c_str());
+    return 2;
+  }
+  const WeightScheme weights = parse_weight_scheme(args["weights"].as<std::string>());
+  if (weights == WeightScheme::kExplicit)
+    throw Error(ErrorKind::kInvalidArgument, "--weights explicit cannot be generated; write the matrix by hand");
+  Graph graph = generate(source.generator, p);
+  if (source.generator == "torus") p.n = graph.num_peers();
+  const std::string name = args.count("name") ? args["name"].as<std::string>()
+                                              : source.generator + std::to_string(graph.num_peers());
+  Topology t = make_topology(name, source, std::move(graph), weights);
+  WriteOptions write;
+  write.explicit_edges = args.count("edges") > 0;
+  const std::string yaml = to_yaml(t, write);
+  if (args.count("output")) {
+    write_text_file(args["output"].as<std::string>(), yaml);
+    std::fprintf(stderr, "wrote %s: %d peers, %zu edges, weights %s\n", args["output"].as<std::string>().c_str(),
+                 t.num_peers(), t.graph.num_edges(), std::string(to_string(weights)).c_str());
+  } else {
+    std::printf("%s", yaml.c_str());
+  }
+  return 0;
+}
+
+int inspect(int argc, char** argv) {
+  cxxopts::Options options("peertrain topology inspect",
+                           "Validate a topology file and report its graph, its mixing matrix W and W's spectrum.");
+  options.positional_help("FILE").show_positional_help();
+  options.add_options()
+      ("file", "topology file (YAML)", cxxopts::value<std::string>())
+      ("format", "text | json", cxxopts::value<std::string>()->default_value("text"))
+      ("dot", "also write the graph as Graphviz DOT (draw it with: dot -Tpng OUT.dot -o OUT.png)",
+       cxxopts::value<std::string>())
+      ("mtx", "also write W as Matrix Market", cxxopts::value<std::string>())
+      ("solver", "auto | dense | lanczos | spectra (auto: dense up to 1,024 peers, then lanczos)", cxxopts::value<std::string>()->default_value("auto"))
+      ("h,help", "show this help");
+  options.parse_positional({"file"});
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
+  if (!args.count("file")) {
+    std::fprintf(stderr, "error: missing FILE (see 'peertrain topology inspect --help')\n");
+    return 2;
+  }
+  const std::string format = args["format"].as<std::string>();
+  if (format != "text" && format != "json") {
+    std::fprintf(stderr, "error: --format '%s' is not one of text, json\n", format.c_str());
+    return 2;
+  }
+  SpectrumOptions spectrum_options;
+  spectrum_options.solver = parse_solver(args["solver"].as<std::string>());
+
+  const auto load_start = std::chrono::steady_clock::now();
+  const Topology t = load_topology_file(args["file"].as<std::string>());
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const MixingCheck& check = t.check;
+  const Graph step0 = t.time_varying() ? t.graph_at(0) : Graph();
+  const Spectrum s = analyze_spectrum(t.mixing, t.time_varying() ? step0 : t.graph, spectrum_options);
+  std::optional<PeriodSpectrum> period;
+  if (t.time_varying()) {
+    std::vector<SparseMatrix> steps;
+    for (int step = 0; step < t.period(); ++step) steps.push_back(t.mixing_at(step));
+    period = analyze_period(steps, spectrum_options);
+  }
+  // For a time-varying topology the gap that governs consensus is the period's.
+  const double gap = period ? period->spectral_gap : s.spectral_gap;
+  const double contraction = (1 - gap) * (1 - gap);
+
+  if (args.count("dot")) write_text_file(args["dot"].as<std::string>(), to_dot(t.name, t.graph, t.time_varying() ? nullptr : &t.mixing));
+  if (args.count("mtx"))
+    write_text_file(args["mtx"].as<std::string>(),
+                    to_matrix_market(t.mixing, str("W of topology ", t.name, " (", to_string(t.weights), ")")));
+
+  if (format == "json") {
+    json::Object out;
+    out.add("name", t.name)
+        .add("file", t.path)
+        .add("peers", t.num_peers())
+        .add("edges", t.graph.num_edges())
+        .add("min_degree", t.graph.min_degree())
+        .add("max_degree", t.graph.max_degree())
+        .add("weights", to_string(t.weights))
+        .add("connected", t.graph.is_connected())
+        .add("doubly_stochastic", true)
+        .add("max_row_sum_error", std::max(check.max_row_error, check.max_column_error))
+        .add("max_asymmetry", check.max_asymmetry)
+        .add("lambda2", s.lambda2)
+        .add("lambda_min", s.lambda_min)
+        .add("spectral_gap", gap)
+        .add("consensus", gap > kNoConsensusGap)
+        .add("contraction_per_step", contraction)
+        .add("solver", s.solver)
+        .add("solver_seconds", s.seconds)
+        .add("load_seconds", load_seconds)
+        .add("time_varying", t.time_varying())
+        .add("fingerprint", hex(t.fingerprint()));
+    if (period) {
+      json::Object p;
+      p.add("period", period->period)
+          .add("contraction", period->contraction)
+          .add("spectral_gap", period->spectral_gap)
+          .add("solver", period->solver)
+          .add("step0_spectral_gap", s.spectral_gap);
+      out.add("period", p);
+    }
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+
+  std::printf("topology        %s  (%s)\n", t.name.c_str(), t.path.c_str());
+  std::printf("peers           %d\n", t.num_peers());
+  std::printf("edges           %zu%s\n", t.graph.num_edges(), t.time_varying() ? "  (union over one period)" : "");
+  std::printf("degree          min %d, max %d\n", t.graph.min_degree(), t.graph.max_degree());
+  std::printf("connected       yes\n");
+  std::printf("weights         %s\n", std::string(to_string(t.weights)).c_str());
+  std::printf("W               symmetric, doubly stochastic: yes  (max |row/col sum - 1| = %.1e, max |W - W^T| = %.1e)\n",
+              std::max(check.max_row_error, check.max_column_error), check.max_asymmetry);
+  if (t.time_varying())
+    std::printf("time-varying    period %d steps; the lines below marked 'step 0' describe W(0) alone\n", t.period());
+  const char* tag = t.time_varying() ? "  (step 0)" : "";
+  std::printf("lambda2         %.10g%s\n", s.lambda2, tag);
+  std::printf("lambda_min      %.10g%s\n", s.lambda_min, tag);
+  if (period) {
+    std::printf("step 0 gap      %.6g%s\n", s.spectral_gap, s.consensus() ? "" : "  (no consensus from one step alone)");
+    std::printf("period product  ||W(%d)...W(0) - J|| = %.6g%s  [%s]\n", period->period - 1, period->contraction,
+                period->contraction == 0 ? "  (exact averaging)" : "", period->solver.c_str());
+  }
+  if (gap > kNoConsensusGap)
+    std::printf("spectral gap    %.6g%s\n", gap, period ? "  (per-step equivalent of the period product)" : "");
+  else
+    std::printf("spectral gap    0  (no consensus: gossip alone never makes the peers agree)\n");
+  std::printf("contraction     %.6g per step of the consensus distance; %.0f steps to shrink it 1000x\n", contraction,
+              steps_to_shrink(contraction, 1e-3));
+  std::printf("solver          %s, %.3f s\n", s.solver.c_str(), s.seconds + (period ? period->seconds : 0));
+  std::printf("fingerprint     %s\n", hex(t.fingerprint()).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int run_topology(int argc, char** argv) {
+  auto usage = [] {
+    std::printf(
+        "usage: peertrain topology <generate|inspect> [options]\n\n"
+        "  generate KIND --peers N [...] -o FILE   write a topology file\n"
+        "  inspect FILE [--format text|json]       validate it and report the spectral gap\n");
+  };
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string sub = argv[1];
+  if (sub == "generate") return generate(argc - 1, argv + 1);
+  if (sub == "inspect") return inspect(argc - 1, argv + 1);
+  std::fprintf(stderr, "error: unknown topology command '%s'; expected generate or inspect\n", sub.c_str());
+  return 2;
+}
+
+}  // namespace peertrain::cli
