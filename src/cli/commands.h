@@ -5,5 +5,8 @@
 namespace peertrain::cli {
 
 int run_topology(int argc, char** argv);
+int run_peer(int argc, char** argv);
+int run_launch(int argc, char** argv);
+int run_bench(int argc, char** argv);
 
 }  // namespace peertrain::cli

@@ -16,8 +16,11 @@ void print_usage() {
       "peertrain %s: decentralized peer-to-peer training (D-PSGD)\n\n"
       "usage: peertrain <command> [options]\n\n"
       "commands:\n"
+      "  launch              start every local peer of a topology and train (D-PSGD or a baseline)\n"
+      "  peer                run one peer (launch, srun or mpirun start these)\n"
       "  topology generate   write a topology file from a generator\n"
-      "  topology inspect    check a topology file and report W's spectral gap\n\n"
+      "  topology inspect    check a topology file and report W's spectral gap\n"
+      "  bench step          time one training step\n\n"
       "Run 'peertrain <command> --help' for a command's options.\n"
       "build: cuda=%s nccl=%s\n",
       PEERTRAIN_VERSION, PEERTRAIN_HAVE_CUDA ? "yes" : "no", PEERTRAIN_HAVE_NCCL ? "yes" : "no");
@@ -37,6 +40,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "topology") return peertrain::cli::run_topology(argc - 1, argv + 1);
+    if (command == "launch") return peertrain::cli::run_launch(argc - 1, argv + 1);
+    if (command == "peer") return peertrain::cli::run_peer(argc - 1, argv + 1);
+    if (command == "bench") return peertrain::cli::run_bench(argc - 1, argv + 1);
     std::fprintf(stderr, "error: unknown command '%s'; run 'peertrain --help' for the list\n", command.c_str());
     return 2;
   } catch (const peertrain::Error& e) {

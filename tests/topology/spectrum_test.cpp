@@ -68,9 +68,10 @@ TEST(Spectrum, TorusWithFifthsMatchesTheClosedForm) {
     const Graph g = generate("torus", p);
     const double expected = 0.8 * std::pow(std::sin(kPi / side), 2);
     EXPECT_NEAR(spectrum_of(g, WeightScheme::kMetropolis).spectral_gap, expected, 1e-9) << side;
-    if (side >= 10)
+    if (side >= 10) {
       EXPECT_NEAR(spectrum_of(g, WeightScheme::kMetropolis, SpectrumSolver::kLanczos).spectral_gap, expected, 1e-9)
           << side;
+    }
   }
 }
 

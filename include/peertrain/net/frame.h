@@ -1,0 +1,70 @@
+// The wire format between peers: a fixed 48-byte little-endian header, then the payload.
+//
+//   magic u32 | version u16 | type u16 | sender u32 | tag u32 | step u64 | length u64 |
+//   checksum u64 | reserved u64
+//
+// `tag` tells apart messages of one type in one step (the chunk of a ring all-reduce).
+// `checksum` covers the other header fields and the payload, so a corrupted or forged
+// length, step or sender is caught as well as corrupted data. Decoding checks every field
+// against what the link expects, and the payload length against a bound the run sets, so
+// a frame can never make a peer allocate more than the run needs (gloo's transport
+// header and NCCL's checked calls are the models).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace peertrain::net {
+
+inline constexpr std::uint32_t kMagic = 0x31525450;  // "PTR1" in memory order
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 48;
+
+enum class MessageType : std::uint16_t {
+  kHello = 1,        // handshake, dialer → acceptor
+  kHelloReply = 2,   // handshake answer: accepted, or the reason for refusal
+  kParameters = 3,   // a parameter vector (gossip, parameter-server pull)
+  kGradients = 4,    // gradients (parameter-server push)
+  kReduceChunk = 5,  // one chunk of a ring all-reduce
+  kReport = 6,       // metrics and parameters for evaluation at peer 0
+  kGoodbye = 7,      // the sender finished cleanly and will close the link
+  kLast = kGoodbye,
+};
+const char* to_string(MessageType type);
+
+struct FrameHeader {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kProtocolVersion;
+  MessageType type = MessageType::kHello;
+  std::uint32_t sender = 0;
+  std::uint32_t tag = 0;
+  std::uint64_t step = 0;
+  std::uint64_t length = 0;
+  std::uint64_t checksum = 0;
+};
+
+using HeaderBytes = std::array<std::byte, kHeaderBytes>;
+
+// A fast 64-bit checksum (four-lane Fletcher over 64-bit words, then mixed): several GB/s,
+// so it does not limit the transport, and any single changed byte changes it.
+std::uint64_t checksum_payload(std::span<const std::byte> payload);
+// The checksum a header must carry for this payload: payload sum mixed with the fields.
+std::uint64_t frame_checksum(const FrameHeader& header, std::uint64_t payload_sum);
+
+HeaderBytes encode_header(const FrameHeader& header);
+
+struct FrameExpectations {
+  std::uint32_t sender = 0;         // the peer at the other end of the link
+  std::uint64_t max_payload = 0;    // bytes; the largest message the run sends
+  std::string peer_name;            // for errors: "peer 3 (127.0.0.1:29503)"
+};
+
+// Throws Error(kPeerLost) naming the peer and the field: wrong magic, version, unknown
+// type, wrong sender, oversized length. The checksum is verified after the payload.
+FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& expect);
+void verify_checksum(const FrameHeader& header, std::span<const std::byte> payload, const FrameExpectations& expect);
+
+}  // namespace peertrain::net

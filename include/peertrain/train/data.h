@@ -1,0 +1,77 @@
+// Training data: the IDX reader for (Fashion-)MNIST, the partition of a data set's examples
+// over peers (iid, or non-iid with Dirichlet label proportions as in Hsu et al. 2019,
+// "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
+// Classification"), and the per-peer batch sampler.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace peertrain::train {
+
+struct Dataset {
+  int features = 0;
+  int classes = 0;
+  std::vector<float> inputs;  // size() × features, example-major: example i at inputs[i * features]
+  std::vector<std::int32_t> labels;
+  int size() const { return static_cast<int>(labels.size()); }
+};
+
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// How load_idx turns bytes into model inputs: pixel / 255, then (x − mean) / std. The
+// defaults are Fashion-MNIST's training-set statistics.
+struct IdxOptions {
+  int classes = 10;  // labels must lie in [0, classes)
+  float mean = 0.2860f;
+  float std = 0.3530f;
+};
+
+// Reads {train|t10k}-images-idx3-ubyte.gz and the matching labels file from dir.
+Dataset load_fashion_mnist(const std::string& dir, bool train);
+// Reads an IDX3 image file (magic 2051) and an IDX1 label file (magic 2049), gzip-compressed
+// or plain. Checks the magic numbers, the dimensions, that the counts agree, truncation and
+// trailing bytes, and the label range; each error names the file and what was wrong.
+Dataset load_idx(const std::string& images_path, const std::string& labels_path, const IdxOptions& options = {});
+
+// Example indices for each peer (each peer's list sorted). iid: a seeded shuffle cut into
+// equal contiguous shares whose sizes differ by at most one.
+std::vector<std::vector<int>> partition_iid(int num_examples, int peers, std::uint64_t seed);
+// Non-iid: for each class, proportions over the peers are drawn from Dir(alpha) and the
+// class's (shuffled) examples are cut accordingly. Small alpha gives each peer few classes;
+// large alpha approaches iid. Deterministic in seed; throws if a peer gets no example.
+std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t>& labels, int classes, int peers,
+                                                  double alpha, std::uint64_t seed);
+
+// Draws batches from one peer's shard, in an order reshuffled every epoch. The order of
+// epoch e depends only on (seed, e), so callers give each peer its own seed (mixing in the
+// peer id) and a run resumed at an epoch sees the same batches. The last partial batch of
+// an epoch is dropped.
+class BatchSampler {
+ public:
+  // data must outlive the sampler.
+  BatchSampler(const Dataset& data, std::vector<int> shard, int batch, std::uint64_t seed);
+
+  // Copies the next batch into inputs (features × batch, column-major: one example per
+  // column) and labels (batch); starts a new epoch when this one has no full batch left.
+  void next(float* inputs, std::int32_t* labels);
+
+  int epoch() const { return epoch_; }  // of the batch drawn last (0 before the first)
+  int batches_per_epoch() const { return static_cast<int>(shard_.size()) / batch_; }
+  long long batches_drawn() const { return batches_drawn_; }
+
+ private:
+  void shuffle_for_epoch();
+
+  const Dataset* data_;
+  std::vector<int> shard_;
+  std::vector<int> order_;  // this epoch's permutation of shard_
+  int batch_;
+  std::uint64_t seed_;
+  int epoch_ = 0;
+  std::size_t position_ = 0;
+  long long batches_drawn_ = 0;
+};
+
+}  // namespace peertrain::train

@@ -1,0 +1,57 @@
+// One peer's training run: the model replica, its shard of Fashion-MNIST, the optimizer,
+// and the algorithm that couples it to the others —
+//   dpsgd:     x ← Σ_j W_ij x_j − u, with the exchange of x overlapping the gradient
+//              (Lian et al. 2017);
+//   allreduce: ring all-reduce of the gradients over every peer, then the same SGD step
+//              everywhere (centralized C-PSGD);
+//   ps:        a parameter server on peer 0 (C-PSGD as in the paper);
+//   local:     no communication (the lower bound).
+// At every evaluation each peer tests its own model and sends its metrics and parameters
+// to peer 0, which evaluates the average model x̄, measures the consensus distance, and
+// writes metrics.csv and summary.json. Evaluation is not counted in the step timings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "peertrain/topology/topology.h"
+#include "peertrain/train/data.h"
+#include "peertrain/train/optimizer.h"
+
+namespace peertrain::train {
+
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal };
+std::string_view to_string(Algorithm algorithm);
+Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
+
+enum class Partition { kIid, kDirichlet };
+
+struct TrainConfig {
+  Algorithm algorithm = Algorithm::kDpsgd;
+  std::vector<int> hidden = {512, 512};
+  int epochs = 5;
+  long long max_steps = 0;  // 0: no cap beyond the epochs
+  int batch = 32;           // per peer
+  SgdConfig sgd;
+  std::uint64_t seed = 1;
+  long long eval_every = 0;  // steps between evaluations; 0: once per epoch
+  Partition partition = Partition::kIid;
+  double alpha = 0.5;  // Dirichlet concentration
+  std::string data_dir = kFashionMnistDir;
+  double peer_timeout_s = 60;
+  double connect_timeout_s = 60;
+  std::string out_dir;     // where peer 0 writes metrics.csv and summary.json; empty: nowhere
+  std::uint64_t run_id = 0;  // 0: derived from the configuration and the topology
+  bool progress = false;   // peer 0 prints "@progress {json}" lines for `launch`
+  int threads = 1;         // Eigen threads per peer
+};
+
+// The run id peers exchange in the handshake: a hash of everything that must agree.
+std::uint64_t derive_run_id(const TrainConfig& config, const topology::Topology& topology);
+
+// Trains peer `rank` to the end. Throws Error (naming the peer and step) when it fails.
+void run_peer(const topology::Topology& topology, int rank, const TrainConfig& config);
+
+}  // namespace peertrain::train

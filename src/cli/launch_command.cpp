@@ -1,0 +1,329 @@
+// peertrain launch: starts, as child processes, every peer of a topology file whose host is
+// this machine; shows one live progress line from peer 0's reports; stops everything and
+// names the peer when one fails; prints a summary table at the end.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "commands.h"
+#include "options.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/json.h"
+#include "training_options.h"
+
+namespace peertrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_interrupt(int) { g_interrupted = 1; }
+
+bool is_local_host(const std::string& host) {
+  if (host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0" || host.rfind("127.", 0) == 0)
+    return true;
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 && host == name;
+}
+
+// The value of "key": in a one-line JSON object (the @progress lines peer 0 prints).
+double field(const std::string& line, const std::string& key, double fallback = NAN) {
+  const auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return fallback;
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string buffer;
+  bool exited = false;
+  int status = 0;
+  fs::path log;
+};
+
+std::string last_error_line(const fs::path& log) {
+  std::ifstream in(log);
+  std::string line, last, any;
+  while (std::getline(in, line)) {
+    if (line.find("error") != std::string::npos) last = line;
+    if (!line.empty()) any = line;
+  }
+  return last.empty() ? any : last;
+}
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) return str("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return str("exited with code ", WEXITSTATUS(status));
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g %s", bytes, units[u]);
+  return buffer;
+}
+
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool tty) : tty_(tty) {}
+
+  void update(const std::string& json) {
+    const double step = field(json, "step"), total = field(json, "total_steps"), epoch = field(json, "epoch");
+    const double loss = field(json, "loss"), speed = field(json, "items_per_s");
+    const double acc = field(json, "avg_accuracy"), consensus = field(json, "consensus_distance");
+    char line[256];
+    std::snprintf(line, sizeof line, "epoch %.2f | step %.0f/%.0f | loss %.4f | acc(x̄) %s | consensus %s | %.0f img/s",
+                  epoch, step, total, loss, std::isnan(acc) ? "—" : str(acc).substr(0, 6).c_str(),
+                  std::isnan(consensus) ? "—" : [&] {
+                    char b[32];
+                    std::snprintf(b, sizeof b, "%.2e", consensus);
+                    return std::string(b);
+                  }().c_str(),
+                  speed);
+    const bool evaluated = field(json, "evaluated", 0) > 0 || json.find("\"evaluated\":true") != std::string::npos;
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K%s", line);
+      if (evaluated) std::fprintf(stderr, "\n");
+    } else if (evaluated || Clock::now() - last_ > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "%s\n", line);
+      last_ = Clock::now();
+    }
+    std::fflush(stderr);
+  }
+  void end() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool tty_;
+  Clock::time_point last_ = Clock::now();
+};
+
+void print_summary(const fs::path& out) {
+  std::ifstream in(out / "summary.json");
+  if (!in) {
+    std::printf("(peer 0 ran elsewhere: its summary is on its machine)\n");
+    return;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  auto get_string = [&](const std::string& key) {
+    const auto at = s.find("\"" + key + "\": \"");
+    if (at == std::string::npos) return std::string("?");
+    const auto start = at + key.size() + 5;
+    return s.substr(start, s.find('"', start) - start);
+  };
+  std::printf("\n%s · %s · %.0f peers · %.0f steps · %.2f epochs · %.1f s\n", get_string("topology").c_str(),
+              get_string("algorithm").c_str(), field(s, "peers"), field(s, "steps"), field(s, "epochs"),
+              field(s, "wall_s"));
+  std::printf("  test accuracy of x̄    %.4f\n", field(s, "test_accuracy"));
+  std::printf("  mean local accuracy    %.4f\n", field(s, "mean_local_accuracy"));
+  std::printf("  consensus distance     %.3e\n", field(s, "consensus_distance"));
+  std::printf("  spectral gap           %.4g\n", field(s, "spectral_gap"));
+  std::printf("  bytes sent per peer    %s\n", human_bytes(field(s, "bytes_sent_per_peer")).c_str());
+  std::printf("  throughput             %.0f images/s\n", field(s, "items_per_s"));
+  std::printf("  time per peer          %.1f s compute, %.1f s waiting for peers\n", field(s, "mean_compute_s"),
+              field(s, "mean_comm_wait_s"));
+
+  std::ifstream csv(out / "metrics.csv");
+  std::string line;
+  std::map<int, std::vector<std::string>> last;
+  std::getline(csv, line);  // header
+  while (std::getline(csv, line)) {
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    std::string cell;
+    while (std::getline(row, cell, ',')) cells.push_back(cell);
+    if (cells.size() >= 12) last[std::stoi(cells[2])] = cells;
+  }
+  std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s\n");
+  for (const auto& [peer, c] : last)
+    std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s\n", peer, c[3].c_str(), c[4].c_str(),
+                human_bytes(std::stod(c[7])).c_str(), c[10].c_str(), c[11].c_str());
+  std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
+}
+
+}  // namespace
+
+int run_launch(int argc, char** argv) {
+  cxxopts::Options options("peertrain launch",
+                           "Start every peer of a topology file that lives on this machine and train them together.");
+  options.add_options()
+      ("topology", "topology file (YAML)", cxxopts::value<std::string>())
+      ("out", "output directory (default: runs/<topology>-<algorithm>)", cxxopts::value<std::string>())
+      ("log-level", "peers' log level: debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
+      ("h,help", "show this help");
+  add_training_options(options);
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
+  if (!args.count("topology")) {
+    std::fprintf(stderr, "error: --topology FILE is required (see 'peertrain launch --help')\n");
+    return 2;
+  }
+  train::TrainConfig config;
+  try {
+    config = training_config(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  const fs::path topology_path = fs::absolute(args["topology"].as<std::string>());
+  const auto topology = topology::load_topology_file(topology_path.string());
+  const fs::path out = fs::absolute(args.count("out") ? fs::path(args["out"].as<std::string>())
+                                                      : fs::path("runs") / (topology.name + "-" +
+                                                                            std::string(to_string(config.algorithm))));
+  fs::create_directories(out);
+  fs::remove(out / "summary.json");
+
+  std::vector<int> local, remote;
+  for (const auto& peer : topology.peers) (is_local_host(peer.host) ? local : remote).push_back(peer.id);
+  if (local.empty())
+    throw Error(ErrorKind::kInvalidArgument, str(topology_path.string(), ": none of its ", topology.num_peers(),
+                                                 " peers is on this machine; start them on their hosts with "
+                                                 "'peertrain peer --rank R'"));
+  std::fprintf(stderr, "launching %zu of %d peers of %s: %s, %d epochs, batch %d per peer → %s\n", local.size(),
+               topology.num_peers(), topology.name.c_str(), std::string(to_string(config.algorithm)).c_str(),
+               config.epochs, config.batch, out.c_str());
+  if (!remote.empty())
+    std::fprintf(stderr, "peers on other hosts (start them there with 'peertrain peer --rank R'): %zu of them\n",
+                 remote.size());
+
+  std::vector<std::string> common = {"peer", "--topology", topology_path.string(), "--out", out.string(),
+                                     "--log-level", args["log-level"].as<std::string>()};
+  for (auto& flag : forwarded_training_flags(args)) common.push_back(flag);
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::vector<Child> children;
+  for (int rank : local) {
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) throw Error(ErrorKind::kIo, str("cannot create a pipe: ", std::strerror(errno)));
+    Child child;
+    child.rank = rank;
+    child.log = out / str("peer-", rank, ".log");
+    const int log_fd = open(child.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log_fd < 0) throw Error(ErrorKind::kIo, str(child.log.string(), ": cannot write: ", std::strerror(errno)));
+    std::vector<std::string> args_text = common;
+    args_text.insert(args_text.begin() + 1, {"--rank", std::to_string(rank)});
+    if (rank == 0) args_text.push_back("--progress");
+    const pid_t pid = fork();
+    if (pid < 0) throw Error(ErrorKind::kIo, str("cannot start peer ", rank, ": ", std::strerror(errno)));
+    if (pid == 0) {
+      dup2(pipe_fds[1], STDOUT_FILENO);
+      dup2(log_fd, STDERR_FILENO);
+      close(pipe_fds[0]);
+      std::vector<char*> child_argv;
+      std::string exe = "peertrain";
+      child_argv.push_back(exe.data());
+      for (auto& a : args_text) child_argv.push_back(a.data());
+      child_argv.push_back(nullptr);
+      execv("/proc/self/exe", child_argv.data());
+      std::fprintf(stderr, "error: cannot run /proc/self/exe: %s\n", std::strerror(errno));
+      _exit(127);
+    }
+    close(pipe_fds[1]);
+    close(log_fd);
+    fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
+    child.pid = pid;
+    child.out_fd = pipe_fds[0];
+    children.push_back(std::move(child));
+  }
+
+  ProgressLine progress(isatty(STDERR_FILENO));
+  std::string failure;
+  int failed_peer = -1;
+  std::size_t running = children.size();
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    for (auto& c : children)
+      if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0});
+    if (!fds.empty()) poll(fds.data(), fds.size(), 200);
+    else usleep(200'000);
+    for (auto& c : children) {
+      if (c.out_fd < 0) continue;
+      char buffer[4096];
+      ssize_t got;
+      while ((got = read(c.out_fd, buffer, sizeof buffer)) > 0) c.buffer.append(buffer, static_cast<std::size_t>(got));
+      if (got == 0) {
+        close(c.out_fd);
+        c.out_fd = -1;
+      }
+      std::size_t newline;
+      while ((newline = c.buffer.find('\n')) != std::string::npos) {
+        const std::string line = c.buffer.substr(0, newline);
+        c.buffer.erase(0, newline + 1);
+        if (line.rfind("@progress ", 0) == 0) progress.update(line.substr(10));
+        else if (!line.empty()) std::printf("[peer %d] %s\n", c.rank, line.c_str());
+      }
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& c : children)
+        if (c.pid == pid) {
+          c.exited = true;
+          c.status = status;
+          --running;
+          if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) && failure.empty()) {
+            failed_peer = c.rank;
+            failure = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
+          }
+        }
+    }
+    if (g_interrupted && failure.empty()) failure = "interrupted";
+    if (!failure.empty()) break;
+  }
+  progress.end();
+
+  if (!failure.empty()) {
+    for (auto& c : children)
+      if (!c.exited) kill(c.pid, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::seconds(3);
+    for (auto& c : children) {
+      while (!c.exited && Clock::now() < deadline) {
+        if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.exited = true;
+        else usleep(50'000);
+      }
+      if (!c.exited) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &c.status, 0);
+      }
+    }
+    if (!fs::exists(out / "summary.json")) {
+      json::Object summary;
+      summary.add("topology", topology.name).add("algorithm", to_string(config.algorithm));
+      summary.add_raw("failed_peers", failed_peer >= 0 ? json::array(std::vector<int>{failed_peer}) : "[]");
+      summary.add("error", failure);
+      std::ofstream(out / "summary.json") << summary.dump() << "\n";
+    }
+    std::fprintf(stderr, "error: %s\n", failure.c_str());
+    std::fprintf(stderr, "stopped the other peers; logs are in %s/peer-*.log\n", out.c_str());
+    return g_interrupted ? 130 : 1;
+  }
+  print_summary(out);
+  return 0;
+}
+
+}  // namespace peertrain::cli

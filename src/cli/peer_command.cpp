@@ -1,0 +1,60 @@
+// peertrain peer: runs one peer of a topology. The rank comes from --rank, or from the
+// launcher's environment (SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK), so srun or mpirun
+// can start peers across machines.
+#include <cstdio>
+#include <cstdlib>
+
+#include "commands.h"
+#include "options.h"
+#include "peertrain/core/log.h"
+#include "training_options.h"
+
+namespace peertrain::cli {
+
+int run_peer(int argc, char** argv) {
+  cxxopts::Options options("peertrain peer", "Run one peer of a topology (launch starts these for you).");
+  options.add_options()
+      ("topology", "topology file (YAML)", cxxopts::value<std::string>())
+      ("rank", "this peer's id (default: $SLURM_PROCID, $OMPI_COMM_WORLD_RANK or $PMI_RANK)", cxxopts::value<std::string>())
+      ("out", "directory for metrics.csv and summary.json (written by peer 0)", cxxopts::value<std::string>())
+      ("progress", "print machine-readable @progress lines (peer 0)")
+      ("log-level", "debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
+      ("h,help", "show this help");
+  add_training_options(options);
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
+  if (!args.count("topology")) {
+    std::fprintf(stderr, "error: --topology FILE is required (see 'peertrain peer --help')\n");
+    return 2;
+  }
+  train::TrainConfig config;
+  int rank = -1;
+  try {
+    config = training_config(args);
+    std::string rank_text;
+    if (args.count("rank")) {
+      rank_text = args["rank"].as<std::string>();
+    } else {
+      for (const char* variable : {"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+        if (const char* value = std::getenv(variable)) {
+          rank_text = value;
+          break;
+        }
+    }
+    if (rank_text.empty()) throw UsageError("no --rank, and none of SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK is set");
+    auto [ptr, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    if (ec != std::errc() || ptr != rank_text.data() + rank_text.size() || rank < 0)
+      throw UsageError("rank '" + rank_text + "' is not a peer id");
+    log::set_level(log::parse_level(args["log-level"].as<std::string>()));
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  if (args.count("out")) config.out_dir = args["out"].as<std::string>();
+  config.progress = args.count("progress") > 0;
+  const auto topology = topology::load_topology_file(args["topology"].as<std::string>());
+  train::run_peer(topology, rank, config);
+  return 0;
+}
+
+}  // namespace peertrain::cli

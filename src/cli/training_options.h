@@ -1,0 +1,19 @@
+// The training flags that `peertrain peer` and `peertrain launch` share, and their
+// conversion to a TrainConfig; launch forwards the ones a user gave to every peer.
+#pragma once
+
+#include <cxxopts.hpp>
+#include <string>
+#include <vector>
+
+#include "peertrain/train/trainer.h"
+
+namespace peertrain::cli {
+
+void add_training_options(cxxopts::Options& options);
+// Throws UsageError (src/cli/options.h) naming the flag for a bad value.
+train::TrainConfig training_config(const cxxopts::ParseResult& args);
+// The given training flags as "--name value" arguments, to pass on to a peer.
+std::vector<std::string> forwarded_training_flags(const cxxopts::ParseResult& args);
+
+}  // namespace peertrain::cli

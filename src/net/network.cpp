@@ -1,0 +1,762 @@
+#include "peertrain/net/network.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "peertrain/core/error.h"
+#include "peertrain/core/log.h"
+
+namespace peertrain::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+struct SendState {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::string error;  // empty on success
+  std::string what;   // "parameters for step 12 to peer 3 (…)"
+
+  void finish(std::string failure) {
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = std::move(failure);
+    }
+    done_cv.notify_all();
+  }
+};
+}  // namespace detail
+
+void SendHandle::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  if (!state_->done_cv.wait_until(lock, deadline, [&] { return state_->done; }))
+    throw Error(ErrorKind::kTimeout, str("sending ", state_->what, " did not finish within ", timeout_s_,
+                                         " s (--peer-timeout)"));
+  if (!state_->error.empty()) throw Error(ErrorKind::kPeerLost, state_->error);
+}
+
+namespace {
+
+constexpr std::size_t kShapedPiece = 64 * 1024;  // bytes written per token-bucket grant
+constexpr std::size_t kHelloBytes = 32;
+constexpr std::uint64_t kMaxReplyBytes = 1024;
+constexpr double kHandshakeTimeoutS = 10;
+
+struct Outgoing {
+  HeaderBytes header;
+  std::span<const std::byte> payload;
+  std::shared_ptr<detail::SendState> state;
+  Clock::time_point ready_at;
+  bool shaped = true;
+  std::size_t written = 0;  // of header + payload
+};
+
+struct Hello {
+  std::uint32_t version = kProtocolVersion;
+  std::uint32_t peer = 0;
+  std::uint32_t target = 0;
+  std::uint64_t fingerprint = 0;
+  std::uint64_t run_id = 0;
+};
+
+Payload encode_hello(const Hello& h) {
+  Payload bytes(kHelloBytes);
+  std::memcpy(bytes.data(), &h.version, 4);
+  std::memcpy(bytes.data() + 4, &h.peer, 4);
+  std::memcpy(bytes.data() + 8, &h.target, 4);
+  std::memcpy(bytes.data() + 12, &h.fingerprint, 8);
+  std::memcpy(bytes.data() + 20, &h.run_id, 8);
+  return bytes;
+}
+
+Hello decode_hello(const Payload& bytes) {
+  Hello h;
+  std::memcpy(&h.version, bytes.data(), 4);
+  std::memcpy(&h.peer, bytes.data() + 4, 4);
+  std::memcpy(&h.target, bytes.data() + 8, 4);
+  std::memcpy(&h.fingerprint, bytes.data() + 12, 8);
+  std::memcpy(&h.run_id, bytes.data() + 20, 8);
+  return h;
+}
+
+std::string hex(std::uint64_t value) {
+  char buffer[24];
+  std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+}  // namespace
+
+struct Link {
+  explicit Link(asio::io_context& io) : socket(io), timer(io) {}
+  int peer = 0;
+  std::string name;
+  tcp::socket socket;
+  asio::steady_timer timer;  // shaping waits
+  LinkShaping shaping;
+  double tokens = 0;
+  Clock::time_point refilled = Clock::now();
+  std::deque<Outgoing> queue;  // I/O thread only
+  bool writing = false;
+  HeaderBytes header_in{};
+  Payload payload_in;
+  FrameHeader pending;
+  // Guarded by Impl::mutex:
+  bool connected = false;
+  bool dead = false;
+  bool left = false;  // said goodbye
+  std::string death;
+  LinkCounters counters;
+};
+
+struct Network::Impl {
+  NetworkOptions options;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::acceptor acceptor{io};
+  std::thread thread;
+  std::map<int, std::unique_ptr<Link>> links;
+
+  std::mutex mutex;  // guards the mailbox and the link states below
+  std::condition_variable changed;
+  std::map<std::tuple<int, int, std::uint64_t, std::uint32_t>, Payload> mailbox;
+  std::vector<Payload> pool;  // received buffers handed back by recycle()
+  std::string fatal;  // a refusal that ends connect()
+  std::string last_refusal;
+  bool closed = false;
+
+  Link& link(int peer) {
+    auto it = links.find(peer);
+    if (it == links.end())
+      throw Error(ErrorKind::kInvalidArgument, str("peer ", options.self, " has no link to peer ", peer));
+    return *it->second;
+  }
+
+  std::string name_of(int peer) const {
+    const Endpoint& e = options.endpoints.at(peer);
+    return str("peer ", peer, " (", e.host, ":", e.port, ")");
+  }
+
+  // --- failure -------------------------------------------------------------------------
+
+  void fail_link(Link& l, const std::string& why) {
+    {
+      std::lock_guard lock(mutex);
+      if (l.dead) return;
+      l.dead = true;
+      l.death = why;
+    }
+    if (!closed) log::error(why);
+    boost::system::error_code ignored;
+    l.socket.close(ignored);
+    l.timer.cancel();
+    for (Outgoing& out : l.queue) out.state->finish(why);
+    l.queue.clear();
+    l.writing = false;
+    changed.notify_all();
+  }
+
+  // --- reading -------------------------------------------------------------------------
+
+  void start_read(Link& l) {
+    asio::async_read(l.socket, asio::buffer(l.header_in), [this, &l](boost::system::error_code ec, std::size_t) {
+      if (ec) return read_failed(l, ec);
+      try {
+        l.pending = decode_header(l.header_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+      } catch (const Error& e) {
+        return fail_link(l, e.what());
+      }
+      {
+        std::lock_guard lock(mutex);
+        for (auto it = pool.begin(); it != pool.end(); ++it)
+          if (it->capacity() >= l.pending.length) {
+            l.payload_in = std::move(*it);
+            pool.erase(it);
+            break;
+          }
+      }
+      l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
+      asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l](boost::system::error_code ec2, std::size_t) {
+        if (ec2) return read_failed(l, ec2);
+        try {
+          verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+        } catch (const Error& e) {
+          return fail_link(l, e.what());
+        }
+        deliver(l);
+      });
+    });
+  }
+
+  void read_failed(Link& l, const boost::system::error_code& ec) {
+    bool quiet;
+    {
+      std::lock_guard lock(mutex);
+      quiet = l.left || closed;
+    }
+    if (quiet) {
+      std::lock_guard lock(mutex);
+      l.dead = true;
+      l.death = str(l.name, " finished and closed its connection");
+      changed.notify_all();
+      return;
+    }
+    fail_link(l, ec == asio::error::eof ? str(l.name, " closed the connection (it exited or crashed)")
+                                        : str("lost ", l.name, ": ", ec.message()));
+  }
+
+  void deliver(Link& l) {
+    const FrameHeader& h = l.pending;
+    bool duplicate = false;
+    {
+      std::lock_guard lock(mutex);
+      l.counters.bytes_received += kHeaderBytes + h.length;
+      ++l.counters.messages_received;
+      if (h.type == MessageType::kGoodbye) {
+        l.left = true;
+      } else {
+        auto key = std::make_tuple(l.peer, static_cast<int>(h.type), h.step, h.tag);
+        if (mailbox.count(key)) {
+          duplicate = true;  // an honest peer sends each message once
+        } else {
+          mailbox.emplace(key, std::move(l.payload_in));
+          l.payload_in = Payload();
+        }
+      }
+    }
+    if (duplicate)
+      return fail_link(l, str("bad frame from ", l.name, ": a second ", to_string(h.type), " for step ", h.step,
+                              " (part ", h.tag, "); closing the link"));
+    changed.notify_all();
+    start_read(l);
+  }
+
+  // --- writing -------------------------------------------------------------------------
+
+  void enqueue(Link& l, Outgoing out) {
+    {
+      std::lock_guard lock(mutex);
+      if (l.dead) {
+        out.state->finish(l.death);
+        return;
+      }
+    }
+    l.queue.push_back(std::move(out));
+    if (!l.writing) write_next(l);
+  }
+
+  void write_next(Link& l) {
+    if (l.queue.empty()) {
+      l.writing = false;
+      return;
+    }
+    l.writing = true;
+    Outgoing& out = l.queue.front();
+    const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0);
+    if (!shaped) {
+      std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(out.payload.data(), out.payload.size())};
+      asio::async_write(l.socket, buffers, [this, &l](boost::system::error_code ec, std::size_t) { wrote(l, ec, true); });
+      return;
+    }
+    const auto now = Clock::now();
+    if (now < out.ready_at) {  // one-way latency
+      l.timer.expires_at(out.ready_at);
+      l.timer.async_wait([this, &l](boost::system::error_code ec) {
+        if (!ec) write_next(l);
+      });
+      return;
+    }
+    const std::size_t total = kHeaderBytes + out.payload.size();
+    const std::size_t piece = std::min(kShapedPiece, total - out.written);
+    if (l.shaping.bandwidth_mbps > 0) {
+      const double rate = l.shaping.bandwidth_mbps * 1e6 / 8;  // bytes per second
+      l.tokens = std::min<double>(kShapedPiece, l.tokens + rate * std::chrono::duration<double>(now - l.refilled).count());
+      l.refilled = now;
+      if (l.tokens < static_cast<double>(piece)) {
+        const auto wait = std::chrono::duration<double>((static_cast<double>(piece) - l.tokens) / rate);
+        l.timer.expires_after(std::chrono::duration_cast<Clock::duration>(wait));
+        l.timer.async_wait([this, &l](boost::system::error_code ec) {
+          if (!ec) write_next(l);
+        });
+        return;
+      }
+      l.tokens -= static_cast<double>(piece);
+    }
+    std::vector<asio::const_buffer> buffers;
+    std::size_t from = out.written, left = piece;
+    if (from < kHeaderBytes) {
+      const std::size_t n = std::min(left, kHeaderBytes - from);
+      buffers.push_back(asio::buffer(out.header.data() + from, n));
+      from += n;
+      left -= n;
+    }
+    if (left > 0) buffers.push_back(asio::buffer(out.payload.data() + (from - kHeaderBytes), left));
+    asio::async_write(l.socket, buffers, [this, &l, piece](boost::system::error_code ec, std::size_t) {
+      if (ec) return wrote(l, ec, true);
+      Outgoing& o = l.queue.front();
+      o.written += piece;
+      wrote(l, ec, o.written == kHeaderBytes + o.payload.size());
+    });
+  }
+
+  void wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {
+    if (ec) return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
+    if (frame_done) {
+      Outgoing done = std::move(l.queue.front());
+      l.queue.pop_front();
+      {
+        std::lock_guard lock(mutex);
+        l.counters.bytes_sent += kHeaderBytes + done.payload.size();
+        ++l.counters.messages_sent;
+      }
+      done.state->finish("");
+    }
+    write_next(l);
+  }
+
+  Outgoing make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, std::span<const std::byte> payload,
+                      bool shaped, const std::string& to) {
+    FrameHeader h;
+    h.type = type;
+    h.sender = static_cast<std::uint32_t>(options.self);
+    h.tag = tag;
+    h.step = step;
+    h.length = payload.size();
+    h.checksum = frame_checksum(h, checksum_payload(payload));
+    Outgoing out;
+    out.header = encode_header(h);
+    out.payload = payload;
+    out.state = std::make_shared<detail::SendState>();
+    out.state->what = str(to_string(type), " for step ", step, " to ", to);
+    out.shaped = shaped;
+    return out;
+  }
+
+  // --- connecting ----------------------------------------------------------------------
+
+  void established(Link& l, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
+    socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
+    l.socket = std::move(socket);
+    {
+      std::lock_guard lock(mutex);
+      l.connected = true;
+    }
+    log::debug("connected to ", l.name);
+    changed.notify_all();
+    start_read(l);
+  }
+
+  void refuse_fatally(const std::string& why) {
+    {
+      std::lock_guard lock(mutex);
+      if (fatal.empty()) fatal = why;
+    }
+    changed.notify_all();
+  }
+
+  void dial(Link& l, Clock::time_point deadline) {
+    auto socket = std::make_shared<tcp::socket>(io);
+    auto resolver = std::make_shared<tcp::resolver>(io);
+    const Endpoint& e = options.endpoints.at(l.peer);
+    resolver->async_resolve(e.host, std::to_string(e.port), [this, &l, deadline, socket, resolver](
+                                                               boost::system::error_code ec, tcp::resolver::results_type results) {
+      if (ec) return retry_dial(l, deadline, str("cannot resolve: ", ec.message()));
+      asio::async_connect(*socket, results, [this, &l, deadline, socket](boost::system::error_code ec2, const tcp::endpoint&) {
+        if (ec2) return retry_dial(l, deadline, ec2.message());
+        send_hello(l, deadline, socket);
+      });
+    });
+  }
+
+  void retry_dial(Link& l, Clock::time_point deadline, const std::string& why) {
+    if (closed) return;
+    if (Clock::now() >= deadline) {
+      std::lock_guard lock(mutex);
+      last_refusal = str("could not reach ", l.name, ": ", why);
+      changed.notify_all();
+      return;
+    }
+    auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
+    timer->async_wait([this, &l, deadline, timer](boost::system::error_code ec) {
+      if (!ec) dial(l, deadline);
+    });
+  }
+
+  void send_hello(Link& l, Clock::time_point deadline, std::shared_ptr<tcp::socket> socket) {
+    Hello hello{kProtocolVersion, static_cast<std::uint32_t>(options.self), static_cast<std::uint32_t>(l.peer),
+                options.fingerprint, options.run_id};
+    auto payload = std::make_shared<Payload>(encode_hello(hello));
+    auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHello, 0, 0, *payload, false, l.name));
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*payload)};
+    asio::async_write(*socket, buffers, [this, &l, deadline, socket, payload, frame](boost::system::error_code ec, std::size_t) {
+      if (ec) return retry_dial(l, deadline, ec.message());
+      read_frame(socket, static_cast<std::uint32_t>(l.peer), kMaxReplyBytes, l.name,
+                 [this, &l, deadline, socket](const std::string& error, FrameHeader h, Payload reply) {
+                   if (!error.empty()) return retry_dial(l, deadline, error);
+                   if (h.type != MessageType::kHelloReply || reply.size() < 4)
+                     return refuse_fatally(str(l.name, " answered the handshake with a ", to_string(h.type), " frame"));
+                   std::uint32_t status = 0;
+                   std::memcpy(&status, reply.data(), 4);
+                   if (status != 0) {
+                     const std::string reason(reinterpret_cast<const char*>(reply.data()) + 4, reply.size() - 4);
+                     log::error(l.name, " refused us: ", reason);
+                     return refuse_fatally(str(l.name, " refused the connection: ", reason));
+                   }
+                   established(l, std::move(*socket));
+                 });
+    });
+  }
+
+  // Reads one whole frame on a socket that is not yet a link (the handshake).
+  template <typename Done>
+  void read_frame(std::shared_ptr<tcp::socket> socket, std::uint32_t sender, std::uint64_t max_payload,
+                  const std::string& name, Done done) {
+    auto header = std::make_shared<HeaderBytes>();
+    asio::async_read(*socket, asio::buffer(*header), [socket, sender, max_payload, name, header, done](
+                                                         boost::system::error_code ec, std::size_t) {
+      if (ec) return done(ec.message(), FrameHeader{}, Payload{});
+      FrameHeader h;
+      FrameExpectations expect{sender, max_payload, name};
+      try {
+        h = decode_header(*header, expect);
+      } catch (const Error& e) {
+        return done(e.what(), FrameHeader{}, Payload{});
+      }
+      auto payload = std::make_shared<Payload>(h.length);
+      asio::async_read(*socket, asio::buffer(*payload), [h, payload, expect, done](boost::system::error_code ec2, std::size_t) {
+        if (ec2) return done(ec2.message(), h, Payload{});
+        try {
+          verify_checksum(h, *payload, expect);
+        } catch (const Error& e) {
+          return done(e.what(), h, Payload{});
+        }
+        done(std::string(), h, std::move(*payload));
+      });
+    });
+  }
+
+  void accept_next() {
+    auto socket = std::make_shared<tcp::socket>(io);
+    acceptor.async_accept(*socket, [this, socket](boost::system::error_code ec) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted) log::warn("accept failed: ", ec.message());
+        if (!closed && ec != asio::error::operation_aborted) accept_next();
+        return;
+      }
+      accept_next();
+      handshake(socket);
+    });
+  }
+
+  void handshake(std::shared_ptr<tcp::socket> socket) {
+    boost::system::error_code ignored;
+    const auto remote = socket->remote_endpoint(ignored);
+    const std::string from = str(remote.address().to_string(), ":", remote.port());
+    auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(kHandshakeTimeoutS)));
+    timer->async_wait([socket](boost::system::error_code ec) {
+      if (!ec) {
+        boost::system::error_code ignore;
+        socket->close(ignore);  // a silent stranger does not hold a socket forever
+      }
+    });
+    // The sender is unknown until the header is read; peek at it, then check it properly.
+    auto header = std::make_shared<HeaderBytes>();
+    asio::async_read(*socket, asio::buffer(*header), [this, socket, header, from, timer](boost::system::error_code ec, std::size_t) {
+      if (ec) return;
+      std::uint32_t claimed = 0;
+      std::memcpy(&claimed, header->data() + 8, 4);
+      FrameExpectations expect{claimed, kHelloBytes, str("a peer at ", from)};
+      FrameHeader h;
+      try {
+        h = decode_header(*header, expect);
+        if (h.type != MessageType::kHello || h.length != kHelloBytes)
+          throw Error(ErrorKind::kPeerLost, str("expected a hello frame from ", from, ", got ", to_string(h.type)));
+      } catch (const Error& e) {
+        log::warn("refused a connection: ", e.what());
+        boost::system::error_code ignore;
+        socket->close(ignore);
+        return;
+      }
+      auto payload = std::make_shared<Payload>(kHelloBytes);
+      asio::async_read(*socket, asio::buffer(*payload), [this, socket, h, payload, expect, from, timer](
+                                                            boost::system::error_code ec2, std::size_t) {
+        if (ec2) return;
+        try {
+          verify_checksum(h, *payload, expect);
+        } catch (const Error& e) {
+          log::warn("refused a connection: ", e.what());
+          return;
+        }
+        timer->cancel();
+        answer_hello(socket, decode_hello(*payload), from);
+      });
+    });
+  }
+
+  std::string check_hello(const Hello& hello) {
+    const int peer = static_cast<int>(hello.peer);
+    if (hello.target != static_cast<std::uint32_t>(options.self))
+      return str("it dialed peer ", hello.target, " but reached peer ", options.self, " (check the addresses)");
+    if (hello.fingerprint != options.fingerprint)
+      return str("topology fingerprint ", hex(hello.fingerprint), " differs from ours ", hex(options.fingerprint),
+                 " (was it started with a different topology file?)");
+    if (hello.run_id != options.run_id)
+      return str("run id ", hex(hello.run_id), " differs from ours ", hex(options.run_id),
+                 " (a peer of another run, or started with other training flags?)");
+    if (!links.count(peer) || peer > options.self)
+      return str("peer ", peer, " is not a neighbour that dials peer ", options.self, " in this topology");
+    std::lock_guard lock(mutex);
+    if (links.at(peer)->connected && !links.at(peer)->dead) return str("peer ", peer, " is already connected");
+    return "";
+  }
+
+  void answer_hello(std::shared_ptr<tcp::socket> socket, const Hello& hello, const std::string& from) {
+    const std::string reason = check_hello(hello);
+    if (!reason.empty()) {
+      log::error("refused peer ", hello.peer, " from ", from, ": ", reason);
+      std::lock_guard lock(mutex);
+      last_refusal = str("refused peer ", hello.peer, " from ", from, ": ", reason);
+    }
+    auto reply = std::make_shared<Payload>(4 + reason.size());
+    const std::uint32_t status = reason.empty() ? 0 : 1;
+    std::memcpy(reply->data(), &status, 4);
+    std::memcpy(reply->data() + 4, reason.data(), reason.size());
+    auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHelloReply, 0, 0, *reply, false, from));
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*reply)};
+    const int peer = static_cast<int>(hello.peer);
+    const bool accepted = reason.empty();
+    asio::async_write(*socket, buffers, [this, socket, reply, frame, peer, accepted](boost::system::error_code ec, std::size_t) {
+      if (ec || !accepted) {
+        boost::system::error_code ignore;
+        socket->close(ignore);
+        return;
+      }
+      established(*links.at(peer), std::move(*socket));
+    });
+  }
+};
+
+Network::Network(NetworkOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.options = std::move(options);
+  const int self = m.options.self;
+  PEERTRAIN_CHECK(self >= 0 && self < static_cast<int>(m.options.endpoints.size()), "self ", self, " of ",
+                  m.options.endpoints.size(), " endpoints");
+  for (int peer : m.options.links) {
+    auto l = std::make_unique<Link>(m.io);
+    l->peer = peer;
+    l->name = m.name_of(peer);
+    if (m.options.shaping) l->shaping = m.options.shaping(peer);
+    m.links.emplace(peer, std::move(l));
+  }
+  const Endpoint& me = m.options.endpoints[self];
+  try {
+    tcp::endpoint bind_to(tcp::v4(), static_cast<unsigned short>(me.port));
+    m.acceptor.open(bind_to.protocol());
+    m.acceptor.set_option(tcp::acceptor::reuse_address(true));
+    m.acceptor.bind(bind_to);
+    m.acceptor.listen();
+  } catch (const boost::system::system_error& e) {
+    throw Error(ErrorKind::kIo, str("peer ", self, " cannot listen on port ", me.port, ": ", e.code().message()));
+  }
+  m.accept_next();
+  m.thread = std::thread([&m] {
+    try {
+      m.io.run();
+    } catch (const std::exception& e) {
+      log::error("the I/O thread stopped: ", e.what());
+    }
+  });
+}
+
+Network::~Network() {
+  // Only an explicit close() says goodbye: a Network destroyed by an exception must look
+  // to its neighbours like the failure it is, not like a clean finish.
+  bool clean;
+  {
+    std::lock_guard lock(impl_->mutex);
+    clean = impl_->closed;
+  }
+  if (!clean) {
+    try {
+      abort();
+    } catch (...) {
+    }
+  }
+  impl_->work.reset();
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void Network::connect() {
+  Impl& m = *impl_;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(m.options.connect_timeout_s));
+  asio::post(m.io, [&m, deadline] {
+    for (auto& [peer, link] : m.links)
+      if (peer > m.options.self) m.dial(*link, deadline);
+  });
+  std::unique_lock lock(m.mutex);
+  auto all_connected = [&] {
+    for (auto& [peer, link] : m.links)
+      if (!link->connected) return false;
+    return true;
+  };
+  m.changed.wait_until(lock, deadline, [&] { return !m.fatal.empty() || all_connected(); });
+  if (!m.fatal.empty()) throw Error(ErrorKind::kPeerLost, str("peer ", m.options.self, ": ", m.fatal));
+  if (!all_connected()) {
+    std::string missing;
+    for (auto& [peer, link] : m.links)
+      if (!link->connected) missing += (missing.empty() ? "" : ", ") + link->name;
+    throw Error(ErrorKind::kTimeout, str("peer ", m.options.self, " could not connect to ", missing, " within ",
+                                         m.options.connect_timeout_s, " s",
+                                         m.last_refusal.empty() ? "" : " (last problem: " + m.last_refusal + ")"));
+  }
+}
+
+SendHandle Network::send(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
+                         std::span<const std::byte> payload, bool shaped) {
+  Impl& m = *impl_;
+  Link& l = m.link(peer);
+  PEERTRAIN_CHECK(payload.size() <= m.options.max_payload_bytes, "payload of ", payload.size(), " bytes exceeds ",
+                  m.options.max_payload_bytes);
+  Outgoing out = m.make_frame(type, step, tag, payload, shaped, l.name);
+  out.ready_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(l.shaping.latency_ms / 1000.0));
+  SendHandle handle;
+  handle.state_ = out.state;
+  handle.timeout_s_ = m.options.peer_timeout_s;
+  asio::post(m.io, [&m, &l, out = std::move(out)]() mutable { m.enqueue(l, std::move(out)); });
+  return handle;
+}
+
+Payload Network::receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) {
+  Impl& m = *impl_;
+  Link& l = m.link(peer);
+  const auto key = std::make_tuple(peer, static_cast<int>(type), step, tag);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(m.options.peer_timeout_s));
+  std::unique_lock lock(m.mutex);
+  while (true) {
+    if (auto it = m.mailbox.find(key); it != m.mailbox.end()) {
+      Payload payload = std::move(it->second);
+      m.mailbox.erase(it);
+      return payload;
+    }
+    const std::string waiting = str(to_string(type), " for step ", step, tag ? str(" (part ", tag, ")") : "");
+    if (l.dead) throw Error(ErrorKind::kPeerLost, str(l.death, "; peer ", m.options.self, " was waiting for ", waiting));
+    if (l.left)
+      throw Error(ErrorKind::kPeerLost, str(l.name, " finished and left before sending ", waiting));
+    if (m.changed.wait_until(lock, deadline) == std::cv_status::timeout &&
+        m.mailbox.find(key) == m.mailbox.end())
+      throw Error(ErrorKind::kTimeout, str(l.name, " sent no ", waiting, " within ", m.options.peer_timeout_s,
+                                           " s (--peer-timeout); peer ", m.options.self, " gives up"));
+  }
+}
+
+void Network::close() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.closed) return;
+  }
+  std::vector<SendHandle> goodbyes;
+  for (auto& [peer, link] : m.links) {
+    bool live;
+    {
+      std::lock_guard lock(m.mutex);
+      live = link->connected && !link->dead;
+    }
+    if (live) goodbyes.push_back(send(peer, MessageType::kGoodbye, 0, 0, {}, false));
+  }
+  for (auto& g : goodbyes) {
+    try {
+      g.wait();
+    } catch (const Error&) {
+    }
+  }
+  {
+    std::lock_guard lock(m.mutex);
+    m.closed = true;
+  }
+  std::promise<void> done;
+  asio::post(m.io, [&m, &done] {
+    boost::system::error_code ignored;
+    m.acceptor.close(ignored);
+    for (auto& [peer, link] : m.links) {
+      link->socket.shutdown(tcp::socket::shutdown_send, ignored);
+      link->timer.cancel();
+    }
+    done.set_value();
+  });
+  done.get_future().wait_for(std::chrono::seconds(5));
+}
+
+void Network::abort() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mutex);
+    m.closed = true;
+  }
+  std::promise<void> done;
+  asio::post(m.io, [&m, &done] {
+    boost::system::error_code ignored;
+    m.acceptor.close(ignored);
+    for (auto& [peer, link] : m.links) {
+      link->socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
+      link->socket.close(ignored);
+    }
+    done.set_value();
+  });
+  done.get_future().wait_for(std::chrono::seconds(5));
+}
+
+void Network::recycle(Payload payload) {
+  constexpr std::size_t kPoolLimit = 16;
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->pool.size() < kPoolLimit && payload.capacity() > 0) impl_->pool.push_back(std::move(payload));
+}
+
+int Network::self() const { return impl_->options.self; }
+const std::vector<int>& Network::links() const { return impl_->options.links; }
+
+LinkCounters Network::counters(int peer) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->link(peer).counters;
+}
+
+LinkCounters Network::total_counters() const {
+  std::lock_guard lock(impl_->mutex);
+  LinkCounters total;
+  for (auto& [peer, link] : impl_->links) {
+    total.bytes_sent += link->counters.bytes_sent;
+    total.bytes_received += link->counters.bytes_received;
+    total.messages_sent += link->counters.messages_sent;
+    total.messages_received += link->counters.messages_received;
+  }
+  return total;
+}
+
+std::string Network::peer_name(int peer) const { return impl_->name_of(peer); }
+
+}  // namespace peertrain::net

@@ -1,0 +1,285 @@
+// The IDX reader, the partitions over peers and the batch sampler (see data.h).
+//
+// IDX (LeCun's MNIST format): a big-endian header — magic, then one 32-bit size per
+// dimension — and the unsigned bytes. zlib's gzread reads gzip and plain files alike. The
+// reader never allocates what a header claims: bytes are read in chunks, so a header that
+// lies about its size ends in a "truncated" error, not in a huge allocation.
+#include "peertrain/train/data.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
+
+namespace peertrain::train {
+namespace {
+
+constexpr std::uint32_t kImagesMagic = 2051;  // unsigned bytes, 3 dimensions
+constexpr std::uint32_t kLabelsMagic = 2049;  // unsigned bytes, 1 dimension
+constexpr std::uint32_t kMaxExamples = 1u << 28;
+constexpr std::uint32_t kMaxFeatures = 1u << 24;
+
+class GzReader {
+ public:
+  explicit GzReader(const std::string& path) : path_(path) {
+    errno = 0;  // gzopen leaves it 0 when it failed for want of memory
+    file_ = gzopen(path.c_str(), "rb");
+    if (!file_)
+      throw Error(ErrorKind::kIo, str(path, ": cannot open: ", errno ? std::strerror(errno) : "out of memory"));
+    gzbuffer(file_, 1 << 18);
+  }
+  ~GzReader() { gzclose(file_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  // Appends up to count bytes to out; returns how many were read (fewer only at the end).
+  std::size_t read(std::size_t count, std::vector<std::uint8_t>& out) {
+    constexpr std::size_t kChunk = 1 << 20;
+    std::size_t total = 0;
+    while (total < count) {
+      const std::size_t want = std::min(kChunk, count - total);
+      const std::size_t at = out.size();
+      out.resize(at + want);
+      const int got = gzread(file_, out.data() + at, static_cast<unsigned>(want));
+      if (got < 0) {
+        int code = 0;
+        throw Error(ErrorKind::kIo, str(path_, ": read failed: ", gzerror(file_, &code)));
+      }
+      out.resize(at + static_cast<std::size_t>(got));
+      total += static_cast<std::size_t>(got);
+      if (static_cast<std::size_t>(got) < want) break;
+    }
+    return total;
+  }
+
+  std::vector<std::uint32_t> header(std::uint32_t magic, int dimensions, const char* kind) {
+    std::vector<std::uint8_t> bytes;
+    const std::size_t size = 4 * (1 + static_cast<std::size_t>(dimensions));
+    if (read(size, bytes) < size)
+      throw Error(ErrorKind::kParse,
+                  str(path_, ": truncated: expected a ", size, "-byte IDX header, got ", bytes.size(), " bytes"));
+    std::vector<std::uint32_t> words(1 + dimensions);
+    for (std::size_t i = 0; i < words.size(); ++i)
+      words[i] = (std::uint32_t{bytes[4 * i]} << 24) | (std::uint32_t{bytes[4 * i + 1]} << 16) |
+                 (std::uint32_t{bytes[4 * i + 2]} << 8) | bytes[4 * i + 3];
+    if (words[0] != magic)
+      throw Error(ErrorKind::kParse, str(path_, ": not an IDX ", kind, " file: magic number ", words[0], ", expected ",
+                                         magic));
+    return {words.begin() + 1, words.end()};
+  }
+
+  void expect_end(std::size_t count, const char* what) {
+    std::vector<std::uint8_t> extra;
+    if (read(1, extra) > 0)
+      throw Error(ErrorKind::kParse, str(path_, ": unexpected bytes after the last of ", count, " ", what));
+  }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+};
+
+// Fisher–Yates with peertrain::Rng, so a seed gives the same order on every platform.
+void shuffle(std::vector<int>& values, Rng& rng) {
+  for (std::size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[rng.uniform_below(i)]);
+}
+
+// log of a Gamma(shape, 1) draw. Marsaglia and Tsang (2000), "A simple method for generating
+// gamma variables"; for shape < 1 the boost Gamma(shape) = Gamma(shape + 1) · U^(1/shape),
+// kept in logs because U^(1/shape) underflows for the small shapes that skewed partitions use.
+double log_gamma_sample(double shape, Rng& rng) {
+  double log_boost = 0;
+  if (shape < 1) {
+    double u = rng.uniform();
+    while (u <= 0) u = rng.uniform();
+    log_boost = std::log(u) / shape;
+    shape += 1;
+  }
+  const double d = shape - 1.0 / 3.0;
+  const double c = 1.0 / std::sqrt(9.0 * d);
+  for (;;) {
+    const double x = rng.normal();
+    double v = 1 + c * x;
+    if (v <= 0) continue;
+    v = v * v * v;
+    const double u = rng.uniform();
+    if (u < 1 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1 - v + std::log(v)))
+      return std::log(d * v) + log_boost;
+  }
+}
+
+std::uint64_t mix(std::uint64_t seed, std::uint64_t salt) {
+  std::uint64_t z = seed ^ (salt + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void check_peers(int peers, const char* where) {
+  if (peers < 1) throw Error(ErrorKind::kInvalidArgument, str(where, ": peers ", peers, " must be at least 1"));
+}
+
+}  // namespace
+
+Dataset load_idx(const std::string& images_path, const std::string& labels_path, const IdxOptions& options) {
+  if (options.classes < 1 || options.classes > 256 || !(options.std > 0))
+    throw Error(ErrorKind::kInvalidArgument,
+                str("IDX options: classes ", options.classes, " must be in [1, 256] and std ", options.std, " > 0"));
+  GzReader images(images_path);
+  const auto dims = images.header(kImagesMagic, 3, "image");
+  const std::uint32_t count = dims[0];
+  if (count > kMaxExamples || dims[1] == 0 || dims[2] == 0 || std::uint64_t{dims[1]} * dims[2] > kMaxFeatures)
+    throw Error(ErrorKind::kParse, str(images_path, ": implausible dimensions ", count, " x ", dims[1], " x ", dims[2],
+                                       " (at most ", kMaxExamples, " images of ", kMaxFeatures, " pixels)"));
+  const std::size_t features = std::size_t{dims[1]} * dims[2];
+  const std::size_t pixels = std::size_t{count} * features;
+  std::vector<std::uint8_t> bytes;
+  if (images.read(pixels, bytes) < pixels)
+    throw Error(ErrorKind::kParse,
+                str(images_path, ": truncated: expected ", pixels, " pixel bytes, got ", bytes.size()));
+  images.expect_end(count, "images");
+
+  GzReader label_file(labels_path);
+  const std::uint32_t label_count = label_file.header(kLabelsMagic, 1, "label")[0];
+  if (label_count != count)
+    throw Error(ErrorKind::kParse,
+                str(labels_path, ": has ", label_count, " labels but ", images_path, " has ", count, " images"));
+  std::vector<std::uint8_t> label_bytes;
+  if (label_file.read(count, label_bytes) < count)
+    throw Error(ErrorKind::kParse,
+                str(labels_path, ": truncated: expected ", count, " label bytes, got ", label_bytes.size()));
+  label_file.expect_end(count, "labels");
+
+  Dataset data;
+  data.features = static_cast<int>(features);
+  data.classes = options.classes;
+  data.labels.resize(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (label_bytes[i] >= options.classes)
+      throw Error(ErrorKind::kParse, str(labels_path, ": label ", int{label_bytes[i]}, " of example ", i,
+                                         " is outside [0, ", options.classes, ")"));
+    data.labels[i] = label_bytes[i];
+  }
+  data.inputs.resize(pixels);
+  const float scale = 1.0f / (255.0f * options.std);
+  const float shift = options.mean / options.std;
+  for (std::size_t i = 0; i < pixels; ++i) data.inputs[i] = static_cast<float>(bytes[i]) * scale - shift;
+  return data;
+}
+
+Dataset load_fashion_mnist(const std::string& dir, bool train) {
+  const std::string prefix = dir + (train ? "/train" : "/t10k");
+  return load_idx(prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz");
+}
+
+std::vector<std::vector<int>> partition_iid(int num_examples, int peers, std::uint64_t seed) {
+  check_peers(peers, "iid partition");
+  if (num_examples < peers)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("iid partition: ", num_examples, " examples cannot give each of ", peers, " peers one"));
+  std::vector<int> order(num_examples);
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(seed);
+  shuffle(order, rng);
+  std::vector<std::vector<int>> shards(peers);
+  for (int p = 0; p < peers; ++p) {
+    const auto begin = order.begin() + static_cast<std::int64_t>(num_examples) * p / peers;
+    const auto end = order.begin() + static_cast<std::int64_t>(num_examples) * (p + 1) / peers;
+    shards[p].assign(begin, end);
+    std::sort(shards[p].begin(), shards[p].end());
+  }
+  return shards;
+}
+
+std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t>& labels, int classes, int peers,
+                                                  double alpha, std::uint64_t seed) {
+  check_peers(peers, "dirichlet partition");
+  if (!(alpha > 0) || !std::isfinite(alpha))
+    throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: alpha ", alpha, " must be positive"));
+  if (classes < 1) throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: classes ", classes, " < 1"));
+  std::vector<std::vector<int>> by_class(classes);
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= classes)
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("dirichlet partition: label ", labels[i], " of example ", i, " is outside [0, ", classes, ")"));
+    by_class[labels[i]].push_back(static_cast<int>(i));
+  }
+  Rng rng(seed);
+  std::vector<std::vector<int>> shards(peers);
+  std::vector<double> log_weights(peers);
+  for (int c = 0; c < classes; ++c) {
+    std::vector<int>& members = by_class[c];
+    shuffle(members, rng);
+    // Normalize the gamma draws in log space: with small alpha most of them underflow.
+    for (auto& w : log_weights) w = log_gamma_sample(alpha, rng);
+    const double top = *std::max_element(log_weights.begin(), log_weights.end());
+    double total = 0;
+    for (double w : log_weights) total += std::exp(w - top);
+    // Cut at the rounded cumulative proportions, so the shares add up to the class exactly
+    // (the cuts only move forward because the cumulative sum does).
+    const double size = static_cast<double>(members.size());
+    double cumulative = 0;
+    std::size_t begin = 0;
+    for (int p = 0; p < peers; ++p) {
+      cumulative += std::exp(log_weights[p] - top) / total;
+      const std::size_t end = p + 1 == peers ? members.size()
+                                             : std::min(members.size(), static_cast<std::size_t>(
+                                                                            std::llround(cumulative * size)));
+      shards[p].insert(shards[p].end(), members.begin() + begin, members.begin() + end);
+      begin = end;
+    }
+  }
+  for (int p = 0; p < peers; ++p) {
+    if (shards[p].empty())
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("dirichlet partition: peer ", p, " of ", peers, " got no examples with alpha ", alpha,
+                      " and seed ", seed, "; use a larger alpha, fewer peers or another seed"));
+    std::sort(shards[p].begin(), shards[p].end());
+  }
+  return shards;
+}
+
+BatchSampler::BatchSampler(const Dataset& data, std::vector<int> shard, int batch, std::uint64_t seed)
+    : data_(&data), shard_(std::move(shard)), batch_(batch), seed_(seed) {
+  if (batch_ < 1) throw Error(ErrorKind::kInvalidArgument, str("batch sampler: batch ", batch_, " must be positive"));
+  if (shard_.size() < static_cast<std::size_t>(batch_))
+    throw Error(ErrorKind::kInvalidArgument,
+                str("batch sampler: a shard of ", shard_.size(), " examples has no full batch of ", batch_));
+  for (int index : shard_)
+    if (index < 0 || index >= data.size())
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("batch sampler: example ", index, " is outside the data set of ", data.size()));
+  shuffle_for_epoch();
+}
+
+void BatchSampler::shuffle_for_epoch() {
+  order_.resize(shard_.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  Rng rng(mix(seed_, static_cast<std::uint64_t>(epoch_)));
+  shuffle(order_, rng);
+}
+
+void BatchSampler::next(float* inputs, std::int32_t* labels) {
+  if (position_ + batch_ > order_.size()) {
+    ++epoch_;
+    position_ = 0;
+    shuffle_for_epoch();
+  }
+  const std::size_t features = static_cast<std::size_t>(data_->features);
+  for (int j = 0; j < batch_; ++j) {
+    const int example = shard_[order_[position_ + j]];
+    std::copy_n(data_->inputs.data() + example * features, features, inputs + j * features);
+    labels[j] = data_->labels[example];
+  }
+  position_ += batch_;
+  ++batches_drawn_;
+}
+
+}  // namespace peertrain::train

@@ -1,0 +1,141 @@
+// Gossip against its serial twin, the dense product W·X, and against the consensus rate
+// the spectral gap predicts; D-PSGD on a least-squares problem.
+#include "peertrain/algo/gossip.h"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+
+#include "../net/test_cluster.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/topology/spectrum.h"
+
+namespace peertrain::algo {
+namespace {
+
+using topology::Topology;
+
+Topology topology_from(const std::string& yaml) { return topology::parse_topology(yaml, "test.yaml", "."); }
+
+std::vector<int> union_links(const Topology& t, int self) {
+  auto neighbours = t.graph.neighbors(self);
+  return {neighbours.begin(), neighbours.end()};
+}
+
+// Runs `steps` gossip steps on every peer (threads) from X (n × d, row i = peer i) and
+// returns the rows after each step.
+std::vector<Eigen::MatrixXf> gossip_steps(const Topology& t, const Eigen::MatrixXf& x0, int steps) {
+  const int n = t.num_peers();
+  const auto endpoints = testing::loopback_endpoints(n);
+  std::vector<Eigen::MatrixXf> history(steps, Eigen::MatrixXf(n, x0.cols()));
+  testing::run_peers(n, [&](int rank) {
+    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net.connect();
+    Gossip gossip(net, mixing_rows(t, rank));
+    std::vector<float> x(x0.cols());
+    for (Eigen::Index j = 0; j < x0.cols(); ++j) x[j] = x0(rank, j);
+    for (int k = 0; k < steps; ++k) {
+      gossip.start(k, x);
+      gossip.finish(x);
+      for (Eigen::Index j = 0; j < x0.cols(); ++j) history[k](rank, j) = x[j];
+    }
+    net.close();
+  });
+  return history;
+}
+
+Eigen::MatrixXf random_rows(int n, int d, std::uint64_t seed) {
+  Rng rng(seed);
+  Eigen::MatrixXf x(n, d);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>(rng.normal());
+  return x;
+}
+
+TEST(Gossip, OneStepEqualsDenseWTimesX) {
+  for (const char* yaml : {"graph: {generator: ring, n: 7}", "graph: {generator: torus, rows: 3, cols: 3}",
+                           "graph: {generator: exponential, n: 8}", "graph: {generator: complete, n: 5}",
+                           "graph: {generator: star, n: 6}"}) {
+    SCOPED_TRACE(yaml);
+    const Topology t = topology_from(yaml);
+    const Eigen::MatrixXf x = random_rows(t.num_peers(), 1003, 5);
+    const Eigen::MatrixXf expected = (Eigen::MatrixXd(t.mixing).cast<float>() * x).eval();
+    const auto got = gossip_steps(t, x, 1);
+    EXPECT_LT((got[0] - expected).norm() / expected.norm(), 1e-6);
+  }
+}
+
+TEST(Gossip, OnePeerExponentialFollowsItsScheduleAndAveragesInOnePeriod) {
+  const Topology t = topology_from("graph: {generator: one-peer-exponential, n: 8}");
+  const Eigen::MatrixXf x = random_rows(8, 257, 6);
+  const auto got = gossip_steps(t, x, 4);
+  Eigen::MatrixXf expected = x;
+  for (int k = 0; k < 4; ++k) {
+    expected = Eigen::MatrixXd(t.mixing_at(k)).cast<float>() * expected;
+    EXPECT_LT((got[k] - expected).norm() / expected.norm(), 1e-6) << "step " << k;
+  }
+  // Three steps (log2 8) average exactly: every row equals the mean.
+  const Eigen::RowVectorXf mean = x.colwise().mean();
+  for (int i = 0; i < 8; ++i) EXPECT_LT((got[2].row(i) - mean).norm() / mean.norm(), 1e-5);
+}
+
+double consensus_distance(const Eigen::MatrixXf& x) {
+  const Eigen::RowVectorXf mean = x.colwise().mean();
+  return (x.rowwise() - mean).squaredNorm() / static_cast<double>(x.rows());
+}
+
+TEST(Gossip, ReachesTheAverageAtTheRateTheSpectralGapPredicts) {
+  const Topology t = topology_from("graph: {generator: ring, n: 8}");
+  const double predicted = topology::analyze_spectrum(t.mixing, t.graph).contraction_per_step();
+  const Eigen::MatrixXf x = random_rows(8, 64, 7);
+  const auto got = gossip_steps(t, x, 40);
+  double previous = consensus_distance(x);
+  for (int k = 0; k < 40; ++k) {
+    const double d = consensus_distance(got[k]);
+    EXPECT_LE(d, previous * predicted * (1 + 1e-3)) << "step " << k;  // never slower than the bound
+    if (k == 39) {
+      EXPECT_NEAR(d / previous, predicted, 0.02 * predicted);  // and asymptotically at it
+    }
+    previous = d;
+  }
+}
+
+TEST(Dpsgd, ConvergesToTheLeastSquaresOptimum) {
+  // Peer i holds f_i(x) = ½‖A_i x − b_i‖²; D-PSGD with exact gradients and a small step
+  // must approach argmin Σ f_i at every peer.
+  const int n = 6, dim = 5, rows = 8;
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  std::vector<Eigen::MatrixXf> a(n);
+  std::vector<Eigen::VectorXf> b(n);
+  Eigen::MatrixXf ata = Eigen::MatrixXf::Zero(dim, dim);
+  Eigen::VectorXf atb = Eigen::VectorXf::Zero(dim);
+  for (int i = 0; i < n; ++i) {
+    a[i] = random_rows(rows, dim, 100 + i);
+    b[i] = random_rows(rows, 1, 200 + i);
+    ata += a[i].transpose() * a[i];
+    atb += a[i].transpose() * b[i];
+  }
+  const Eigen::VectorXf optimum = ata.ldlt().solve(atb);
+  const auto endpoints = testing::loopback_endpoints(n);
+  std::vector<Eigen::VectorXf> final(n);
+  testing::run_peers(n, [&](int rank) {
+    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net.connect();
+    Gossip gossip(net, mixing_rows(t, rank));
+    Eigen::VectorXf x = Eigen::VectorXf::Zero(dim);
+    // A decaying step removes D-PSGD's O(γ) consensus bias; γ_k ∝ 1/k keeps Σγ_k infinite.
+    for (int k = 0; k < 6000; ++k) {
+      const float step_size = 0.05f / (1.0f + static_cast<float>(k) / 20.0f);
+      gossip.start(k, std::span<const float>(x.data(), dim));
+      const Eigen::VectorXf gradient = a[rank].transpose() * (a[rank] * x - b[rank]);
+      gossip.finish(std::span<float>(x.data(), dim));
+      x -= step_size * gradient;
+    }
+    final[rank] = x;
+    net.close();
+  });
+  for (int i = 0; i < n; ++i) EXPECT_LT((final[i] - optimum).norm() / optimum.norm(), 2e-2) << "peer " << i;
+}
+
+}  // namespace
+}  // namespace peertrain::algo

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Training as a user runs it, multi-process on loopback: launch end to end with its output
+# files, a peer with another topology refused, a killed peer named by the others within
+# the timeout, and bad flags. Usage: train_cli_test.sh SOURCE_DIR [long]
+#   long: also train 4 peers to >= 0.85 test accuracy with dpsgd and with allreduce.
+set -u
+root=$1
+mode=${2:-short}
+bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"; }
+trap cleanup EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# A topology with ports of its own, so concurrent tests never share a port.
+base=$((20000 + ($$ * 16) % 9000))
+topology() {  # topology NAME GRAPH N
+  local name=$1 graph=$2 n=$3
+  {
+    echo "name: $name"
+    echo "graph: $graph"
+    echo "peers:"
+    for ((i = 0; i < n; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
+  } >"$work/$name.yaml"
+}
+topology ring4 "{generator: ring, n: 4}" 4
+topology complete4 "{generator: complete, n: 4}" 4
+small=(--hidden 32 --batch 16 --connect-timeout 20 --peer-timeout 20)
+
+if [[ $mode == long ]]; then
+# 7. Long: 4 peers reach >= 0.85 test accuracy of x̄ with dpsgd and with allreduce.
+  for algorithm in dpsgd allreduce; do
+    "$bin" launch --topology "$work/ring4.yaml" --algorithm "$algorithm" --epochs 3 --out "$work/long-$algorithm" \
+      >"$work/long.log" 2>&1
+    acc=$(grep -o '"test_accuracy": [0-9.]*' "$work/long-$algorithm/summary.json" | cut -d' ' -f2)
+    echo "long: $algorithm test accuracy of x̄ = $acc"
+    awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.85) }' && ok || fail "$algorithm reached only ${acc:-nothing}"
+  done
+
+else
+# 1. launch end to end: progress, summary, files with the promised columns and keys.
+for algorithm in dpsgd allreduce ps local; do
+  out="$work/run-$algorithm"
+  if timeout 300 "$bin" launch --topology "$work/ring4.yaml" --algorithm "$algorithm" --max-steps 40 \
+      --eval-every 20 "${small[@]}" --out "$out" >"$work/launch.log" 2>&1; then
+    ok
+  else
+    fail "launch $algorithm exited $?"; tail -5 "$work/launch.log"; continue
+  fi
+  head -1 "$out/metrics.csv" | grep -q "step,epoch,peer,train_loss,test_accuracy,.*consensus_distance,bytes_sent,bytes_received,wall_s,compute_s,comm_wait_s" \
+    && ok || fail "$algorithm: metrics.csv header: $(head -1 "$out/metrics.csv")"
+  rows=$(($(wc -l <"$out/metrics.csv") - 1))
+  [[ $rows -eq 8 ]] && ok || fail "$algorithm: metrics.csv has $rows rows, expected 2 evaluations x 4 peers"
+  for key in test_accuracy mean_local_accuracy consensus_distance wall_s bytes_sent_per_peer spectral_gap failed_peers; do
+    grep -q "\"$key\":" "$out/summary.json" && ok || fail "$algorithm: summary.json lacks $key"
+  done
+  grep -q "test accuracy of x̄" "$work/launch.log" && ok || fail "$algorithm: no summary table"
+done
+# Centralized baselines keep every replica identical.
+grep -q '"consensus_distance": 0,' "$work/run-allreduce/summary.json" && ok || fail "allreduce replicas differ"
+grep -q '"bytes_sent_per_peer": 0,' "$work/run-local/summary.json" || ok
+
+# 2. --eval-every 1 gives a train_loss row for every step and every peer.
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 5 --eval-every 1 "${small[@]}" --out "$work/every" >/dev/null 2>&1
+rows=$(($(wc -l <"$work/every/metrics.csv") - 1))
+[[ $rows -eq 20 ]] && ok || fail "--eval-every 1: $rows rows, expected 20"
+
+# 3. A peer started with a different topology file is refused, and says why.
+for r in 0 2 3; do
+  "$bin" peer --topology "$work/ring4.yaml" --rank $r --max-steps 5 "${small[@]}" --connect-timeout 8 \
+    >/dev/null 2>"$work/refuse-$r.log" &
+  pids+=($!)
+done
+"$bin" peer --topology "$work/complete4.yaml" --rank 1 --max-steps 5 "${small[@]}" --connect-timeout 8 \
+  >/dev/null 2>"$work/refuse-1.log" &
+pids+=($!)
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+pids=()
+grep -q "refused the connection: topology fingerprint" "$work/refuse-1.log" && ok ||
+  fail "peer 1 was not told why it was refused: $(tail -2 "$work/refuse-1.log")"
+cat "$work"/refuse-[023].log | grep -q "refused peer 1 .*fingerprint" && ok ||
+  fail "no neighbour logged why it refused peer 1"
+grep -q "^error: " "$work/refuse-0.log" && ok || fail "peer 0 did not stop with an error"
+
+# 4. A killed peer: its neighbours stop with an error naming it, within the timeout.
+start=$(date +%s)
+for r in 0 1 2 3; do
+  "$bin" peer --topology "$work/ring4.yaml" --rank $r --epochs 50 "${small[@]}" --peer-timeout 15 \
+    >/dev/null 2>"$work/kill-$r.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do grep -q "connected; training" "$work/kill-2.log" 2>/dev/null && break; sleep 0.2; done
+sleep 1
+kill -9 "${pids[2]}"
+codes=()
+for r in 0 1 3; do
+  wait "${pids[$r]}"
+  codes+=($?)
+done
+pids=()
+elapsed=$(($(date +%s) - start))
+[[ ${codes[1]} -ne 0 && ${codes[2]} -ne 0 ]] && ok || fail "neighbours of the killed peer exited ${codes[*]}"
+grep -q "peer 2 (127.0.0.1:$((base + 2)))" "$work/kill-1.log" && ok || fail "peer 1 did not name peer 2: $(tail -2 "$work/kill-1.log")"
+grep -q "peer 2 (127.0.0.1:$((base + 2)))" "$work/kill-3.log" && ok || fail "peer 3 did not name peer 2: $(tail -2 "$work/kill-3.log")"
+[[ $elapsed -lt 60 ]] && ok || fail "the survivors took ${elapsed}s to stop"
+
+# 5. launch stops everything and names the peer when one dies.
+"$bin" launch --topology "$work/ring4.yaml" --epochs 50 "${small[@]}" --peer-timeout 15 --out "$work/dies" \
+  >"$work/dies.log" 2>&1 &
+launcher=$!
+for _ in $(seq 100); do grep -q "connected; training" "$work/dies/peer-1.log" 2>/dev/null && break; sleep 0.2; done
+sleep 1
+pkill -9 -f -- "--rank 1 .*$work/ring4.yaml|$work/ring4.yaml.*--rank 1 " || pkill -9 -f -- "peer --rank 1 --topology $work/ring4.yaml"
+wait $launcher
+code=$?
+[[ $code -ne 0 ]] && ok || fail "launch exited 0 after a peer died"
+grep -q "^error: peer [0-9]" "$work/dies.log" && ok || fail "launch did not name a failed peer: $(tail -3 "$work/dies.log")"
+grep -q '"failed_peers": \[' "$work/dies/summary.json" && ok || fail "no failed_peers in summary.json"
+
+# 6. Bad flags and files.
+check_error() {  # check_error WANT_EXIT PATTERN -- command...
+  local want=$1 pattern=$2; shift 3
+  local out; out=$(timeout 60 "$@" 2>&1); local code=$?
+  [[ $code -eq $want ]] && grep -qE -- "$pattern" <<<"$out" && ok || { fail "'$*' → exit $code: $(head -2 <<<"$out")"; }
+}
+check_error 2 "^error: --algorithm 'gossip'" -- "$bin" launch --topology "$work/ring4.yaml" --algorithm gossip
+check_error 2 "^error: --batch must be positive" -- "$bin" launch --topology "$work/ring4.yaml" --batch 0
+check_error 2 "^error: --lr 'fast' is not a number" -- "$bin" launch --topology "$work/ring4.yaml" --lr fast
+check_error 2 "^error: --topology FILE is required" -- "$bin" launch
+check_error 2 "^error: no --rank" -- env -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK -u PMI_RANK "$bin" peer --topology "$work/ring4.yaml"
+check_error 1 "^error: .*none of its 8 peers is on this machine" -- "$bin" launch --topology "$root/topology/two-hosts.yaml"
+check_error 1 "^error: .*no-such-dir.*" -- "$bin" peer --topology "$work/ring4.yaml" --rank 0 --data-dir "$work/no-such-dir"
+check_error 0 "peer-timeout" -- "$bin" launch --help
+
+fi
+
+echo "train cli: $pass passed, $failures failed"
+[[ $failures -eq 0 ]]

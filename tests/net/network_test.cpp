@@ -1,0 +1,218 @@
+// The transport on loopback, peers as threads: delivery, refusal, loss, timeouts, shaping.
+#include "peertrain/net/network.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>  // before Asio: Boost 1.74 needs it
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <numeric>
+
+#include "../topology/test_util.h"
+#include "test_cluster.h"
+
+namespace peertrain::net {
+namespace {
+
+using testing::loopback_endpoints;
+using testing::options_for;
+using testing::run_peers;
+
+std::vector<float> iota(std::size_t n, float start) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(Network, DeliversByTypeStepAndTagInAnyOrderAndCounts) {
+  const auto endpoints = loopback_endpoints(3);
+  run_peers(3, [&](int rank) {
+    std::vector<int> links;
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) links.push_back(p);
+    Network net(options_for(rank, endpoints, links));
+    net.connect();
+    const auto big = iota(1 << 18, static_cast<float>(rank));  // 1 MiB
+    const std::vector<float> one = {static_cast<float>(rank)};
+    std::vector<SendHandle> sends;
+    for (int peer : links) {
+      sends.push_back(net.send(peer, MessageType::kParameters, 7, 0, as_bytes(big)));
+      sends.push_back(net.send(peer, MessageType::kParameters, 8, 0, as_bytes(one)));
+      sends.push_back(net.send(peer, MessageType::kReduceChunk, 7, 3, {}));
+    }
+    for (int peer : links) {  // ask in a different order than sent
+      EXPECT_TRUE(net.receive(peer, MessageType::kReduceChunk, 7, 3).empty());
+      const Payload later = net.receive(peer, MessageType::kParameters, 8, 0);
+      ASSERT_EQ(later.size(), 4u);
+      EXPECT_EQ(reinterpret_cast<const float*>(later.data())[0], static_cast<float>(peer));
+      const Payload first = net.receive(peer, MessageType::kParameters, 7, 0);
+      ASSERT_EQ(first.size(), big.size() * 4);
+      EXPECT_EQ(reinterpret_cast<const float*>(first.data())[1000], 1000.0f + static_cast<float>(peer));
+    }
+    for (auto& s : sends) s.wait();
+    const LinkCounters c = net.total_counters();
+    EXPECT_EQ(c.messages_sent, 6u);
+    EXPECT_EQ(c.bytes_sent, 2 * (3 * kHeaderBytes + big.size() * 4 + 4));
+    net.close();
+  });
+}
+
+TEST(Network, PeersMayStartInAnyOrder) {
+  const auto endpoints = loopback_endpoints(2);
+  run_peers(2, [&](int rank) {
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the acceptor is late
+    Network net(options_for(rank, endpoints, {1 - rank}));
+    net.connect();
+    net.close();
+  });
+}
+
+TEST(Network, RefusesAPeerWithAnotherTopologyOrRun) {
+  for (const char* what : {"fingerprint", "run id"}) {
+    SCOPED_TRACE(what);
+    const auto endpoints = loopback_endpoints(2);
+    std::string dialer_error, acceptor_error;
+    run_peers(2, [&](int rank) {
+      auto o = options_for(rank, endpoints, {1 - rank});
+      o.connect_timeout_s = 3;
+      if (rank == 0 && std::string(what) == "fingerprint") o.fingerprint = 0xbeef;
+      if (rank == 0 && std::string(what) == "run id") o.run_id = 7;
+      Network net(o);
+      try {
+        net.connect();
+      } catch (const Error& e) {
+        (rank == 0 ? dialer_error : acceptor_error) = e.what();
+      }
+    });
+    EXPECT_NE(dialer_error.find("refused the connection"), std::string::npos) << dialer_error;
+    EXPECT_NE(dialer_error.find(what), std::string::npos) << dialer_error;
+    EXPECT_NE(acceptor_error.find("refused peer 0"), std::string::npos) << acceptor_error;
+  }
+}
+
+TEST(Network, AVanishedPeerIsNamedNotWaitedFor) {
+  const auto endpoints = loopback_endpoints(2);
+  std::string error;
+  run_peers(2, [&](int rank) {
+    Network net(options_for(rank, endpoints, {1 - rank}));
+    net.connect();
+    if (rank == 1) {
+      net.abort();  // as if killed
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      net.receive(1, MessageType::kParameters, 0, 0);
+    } catch (const Error& e) {
+      error = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kPeerLost);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));  // well inside the timeout
+  });
+  EXPECT_NE(error.find("peer 1 (127.0.0.1:"), std::string::npos) << error;
+}
+
+TEST(Network, ASilentPeerTimesOut) {
+  const auto endpoints = loopback_endpoints(2);
+  std::string error;
+  run_peers(2, [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank});
+    o.peer_timeout_s = 0.5;
+    Network net(o);
+    net.connect();
+    if (rank == 0) {
+      try {
+        net.receive(1, MessageType::kParameters, 5, 0);
+      } catch (const Error& e) {
+        error = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    net.close();
+  });
+  EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("step 5"), std::string::npos) << error;
+}
+
+TEST(Network, LeavingCleanlyIsNotAnError) {
+  const auto endpoints = loopback_endpoints(2);
+  std::string error;
+  run_peers(2, [&](int rank) {
+    Network net(options_for(rank, endpoints, {1 - rank}));
+    net.connect();
+    if (rank == 1) return net.close();
+    try {
+      net.receive(1, MessageType::kParameters, 0, 0);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("finished"), std::string::npos) << error;
+}
+
+TEST(Network, AStrangerSendingGarbageIsRefusedAndHarmless) {
+  const auto endpoints = loopback_endpoints(2);
+  run_peers(2, [&](int rank) {
+    Network net(options_for(rank, endpoints, {1 - rank}));
+    if (rank == 1) {
+      boost::asio::io_context io;
+      boost::asio::ip::tcp::socket stranger(io);
+      stranger.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[1].port)});
+      const std::string junk(200, 'x');
+      boost::asio::write(stranger, boost::asio::buffer(junk));
+    }
+    net.connect();
+    const std::vector<float> x = {1.0f, 2.0f};
+    auto s = net.send(1 - rank, MessageType::kParameters, 1, 0, as_bytes(x));
+    EXPECT_EQ(net.receive(1 - rank, MessageType::kParameters, 1, 0).size(), 8u);
+    s.wait();
+    net.close();
+  });
+}
+
+TEST(Network, AnOversizedFrameClosesTheLinkWithoutAllocatingIt) {
+  const auto endpoints = loopback_endpoints(2);
+  std::string error;
+  run_peers(2, [&](int rank) {
+    // Peer 1 believes messages are at most 16 bytes; peer 0 sends 400.
+    Network net(options_for(rank, endpoints, {1 - rank}, rank == 1 ? 16 : 1 << 20));
+    net.connect();
+    if (rank == 0) {
+      const std::vector<float> x(100, 1.0f);
+      net.send(1, MessageType::kParameters, 0, 0, as_bytes(x)).wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return;
+    }
+    try {
+      net.receive(0, MessageType::kParameters, 0, 0);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("payload of 400 bytes"), std::string::npos) << error;
+}
+
+TEST(Network, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
+  const auto endpoints = loopback_endpoints(2);
+  run_peers(2, [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank});
+    o.shaping = [](int) { return LinkShaping{50.0, 80.0}; };  // 50 ms, 80 Mbit/s = 10 MB/s
+    Network net(o);
+    net.connect();
+    const std::vector<float> x(1 << 18, 1.0f);  // 1 MiB: ≥ 0.1 s at 10 MB/s, plus 50 ms
+    const auto start = std::chrono::steady_clock::now();
+    auto s = net.send(1 - rank, MessageType::kParameters, 0, 0, as_bytes(x));
+    net.receive(1 - rank, MessageType::kParameters, 0, 0);
+    s.wait();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // A lower bound only: the emulated link can never be faster than its cap.
+    EXPECT_GE(seconds, 0.8 * (0.05 + (1 << 20) / 10e6)) << seconds;
+    net.close();
+  });
+}
+
+}  // namespace
+}  // namespace peertrain::net

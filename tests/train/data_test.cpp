@@ -1,0 +1,294 @@
+// The IDX reader on small files written here (gzip and plain, valid and broken), the real
+// Fashion-MNIST when it is installed, the partitions over peers and the batch sampler.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "peertrain/core/error.h"
+#include "peertrain/train/data.h"
+
+namespace peertrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::uint8_t>;
+
+void put_u32(Bytes& out, std::uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(value >> shift));
+}
+
+Bytes image_file(std::uint32_t magic, std::uint32_t count, std::uint32_t rows, std::uint32_t cols, std::size_t pixels) {
+  Bytes out;
+  put_u32(out, magic);
+  put_u32(out, count);
+  put_u32(out, rows);
+  put_u32(out, cols);
+  for (std::size_t i = 0; i < pixels; ++i) out.push_back(static_cast<std::uint8_t>(i * 37 % 256));
+  return out;
+}
+
+Bytes label_file(std::uint32_t magic, std::uint32_t count, const Bytes& labels) {
+  Bytes out;
+  put_u32(out, magic);
+  put_u32(out, count);
+  out.insert(out.end(), labels.begin(), labels.end());
+  return out;
+}
+
+class IdxFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("peertrain_data_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const Bytes& bytes, bool gzip) {
+    const std::string path = (dir_ / name).string();
+    if (gzip) {
+      gzFile f = gzopen(path.c_str(), "wb");
+      EXPECT_NE(f, nullptr);
+      EXPECT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+      gzclose(f);
+    } else {
+      std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    return path;
+  }
+
+  // Loads and returns the error message, or "" when loading succeeded.
+  static std::string load_error(const std::string& images, const std::string& labels) {
+    try {
+      load_idx(images, labels);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(IdxFiles, ReadsGzipAndPlainFilesAlike) {
+  for (bool gzip : {true, false}) {
+    const std::string images = write("images", image_file(2051, 3, 2, 2, 12), gzip);
+    const std::string labels = write("labels", label_file(2049, 3, {4, 0, 9}), gzip);
+    const Dataset data = load_idx(images, labels);
+    EXPECT_EQ(data.size(), 3);
+    EXPECT_EQ(data.features, 4);
+    EXPECT_EQ(data.classes, 10);
+    EXPECT_EQ(data.labels, (std::vector<std::int32_t>{4, 0, 9}));
+    ASSERT_EQ(data.inputs.size(), 12u);
+    // Pixel i is i·37 mod 256; example 1, pixel 1 is byte 5 = 185.
+    EXPECT_NEAR(data.inputs[0], (0 / 255.0 - 0.2860) / 0.3530, 1e-6);
+    EXPECT_NEAR(data.inputs[5], (185 / 255.0 - 0.2860) / 0.3530, 1e-6);
+  }
+}
+
+TEST_F(IdxFiles, EachBrokenFileIsReportedWithItsName) {
+  const std::string images = write("good-images.gz", image_file(2051, 3, 2, 2, 12), true);
+  const std::string labels = write("good-labels.gz", label_file(2049, 3, {1, 2, 3}), true);
+  ASSERT_EQ(load_error(images, labels), "");
+  struct Case {
+    std::string name;
+    std::string images, labels;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"wrong image magic", write("magic-images.gz", image_file(2049, 3, 2, 2, 12), true), labels,
+       "magic-images.gz: not an IDX image file: magic number 2049, expected 2051"},
+      {"wrong label magic", images, write("magic-labels", label_file(2051, 3, {1, 2, 3}), false),
+       "magic-labels: not an IDX label file: magic number 2051, expected 2049"},
+      {"truncated pixels", write("short-images.gz", image_file(2051, 3, 2, 2, 11), true), labels,
+       "short-images.gz: truncated: expected 12 pixel bytes, got 11"},
+      {"truncated header", write("header-images", Bytes{0, 0, 8, 3, 0, 0}, false), labels,
+       "header-images: truncated: expected a 16-byte IDX header, got 6 bytes"},
+      {"truncated labels", images, write("short-labels.gz", label_file(2049, 3, {1, 2}), true),
+       "short-labels.gz: truncated: expected 3 label bytes, got 2"},
+      {"count mismatch", images, write("four-labels.gz", label_file(2049, 4, {1, 2, 3, 4}), true),
+       "four-labels.gz: has 4 labels but " + images + " has 3 images"},
+      {"label out of range", images, write("big-label.gz", label_file(2049, 3, {1, 10, 3}), true),
+       "big-label.gz: label 10 of example 1 is outside [0, 10)"},
+      {"trailing bytes", write("long-images", image_file(2051, 3, 2, 2, 13), false), labels,
+       "long-images: unexpected bytes after the last of 3 images"},
+      {"zero width", write("flat-images", image_file(2051, 3, 0, 2, 0), false), labels,
+       "flat-images: implausible dimensions 3 x 0 x 2"},
+      {"a header claiming 2^28 pixels each", write("huge-images", image_file(2051, 1, 1u << 14, 1u << 14, 4), false),
+       labels, "huge-images: implausible dimensions"},
+      {"missing file", (dir_ / "absent.gz").string(), labels, "absent.gz: cannot open: No such file or directory"},
+  };
+  for (const Case& c : cases) {
+    const std::string message = load_error(c.images, c.labels);
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.name << ": got \"" << message << "\"";
+  }
+}
+
+TEST(FashionMnist, LoadsBothSplitsWhenInstalled) {
+  if (!fs::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << kFashionMnistDir << " is not installed (Debian package dataset-fashion-mnist)";
+  const Dataset train = load_fashion_mnist(kFashionMnistDir, true);
+  const Dataset test = load_fashion_mnist(kFashionMnistDir, false);
+  EXPECT_EQ(train.size(), 60000);
+  EXPECT_EQ(test.size(), 10000);
+  EXPECT_EQ(train.features, 784);
+  // The first labels of each split, as published with the data set.
+  EXPECT_EQ((std::vector<std::int32_t>(train.labels.begin(), train.labels.begin() + 5)),
+            (std::vector<std::int32_t>{9, 0, 0, 3, 0}));
+  EXPECT_EQ((std::vector<std::int32_t>(test.labels.begin(), test.labels.begin() + 5)),
+            (std::vector<std::int32_t>{9, 2, 1, 1, 6}));
+  // Normalized with the training set's own mean and deviation.
+  double sum = 0, squares = 0;
+  for (float x : train.inputs) {
+    sum += x;
+    squares += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(train.inputs.size());
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(std::sqrt(squares / n - (sum / n) * (sum / n)), 1.0, 0.01);
+}
+
+// Every index exactly once, over all shards.
+void expect_exact_cover(const std::vector<std::vector<int>>& shards, int n) {
+  std::vector<int> seen(n, 0);
+  for (const auto& shard : shards)
+    for (int i : shard) {
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, n);
+      ++seen[i];
+    }
+  for (int i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "index " << i;
+}
+
+TEST(Partition, IidCoversEveryIndexOnceInBalancedShares) {
+  for (int peers : {1, 2, 7, 13}) {
+    for (int n : {13, 100, 1001}) {
+      const auto shards = partition_iid(n, peers, 42);
+      ASSERT_EQ(shards.size(), static_cast<std::size_t>(peers));
+      expect_exact_cover(shards, n);
+      std::size_t smallest = n, largest = 0;
+      for (const auto& s : shards) {
+        smallest = std::min(smallest, s.size());
+        largest = std::max(largest, s.size());
+      }
+      EXPECT_LE(largest - smallest, 1u) << n << " examples over " << peers << " peers";
+    }
+  }
+  EXPECT_EQ(partition_iid(100, 4, 1), partition_iid(100, 4, 1));
+  EXPECT_NE(partition_iid(100, 4, 1), partition_iid(100, 4, 2));
+  EXPECT_THROW(partition_iid(3, 4, 1), Error);
+  EXPECT_THROW(partition_iid(3, 0, 1), Error);
+}
+
+std::vector<std::int32_t> balanced_labels(int n, int classes) {
+  std::vector<std::int32_t> labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = (i * 7) % classes;
+  return labels;
+}
+
+// The share of a shard that its most common label makes up, averaged over the shards.
+double mean_top_label_share(const std::vector<std::vector<int>>& shards, const std::vector<std::int32_t>& labels) {
+  double total = 0;
+  for (const auto& shard : shards) {
+    std::map<int, int> histogram;
+    int top = 0;
+    for (int i : shard) top = std::max(top, ++histogram[labels[i]]);
+    total += static_cast<double>(top) / shard.size();
+  }
+  return total / shards.size();
+}
+
+TEST(Partition, DirichletCoversEveryIndexOnceDeterministicallyAndSkewsWithSmallAlpha) {
+  const int n = 6000, classes = 10, peers = 8;
+  const auto labels = balanced_labels(n, classes);
+  const auto skewed = partition_dirichlet(labels, classes, peers, 0.1, 7);
+  const auto even = partition_dirichlet(labels, classes, peers, 100.0, 7);
+  expect_exact_cover(skewed, n);
+  expect_exact_cover(even, n);
+  EXPECT_EQ(skewed, partition_dirichlet(labels, classes, peers, 0.1, 7));
+  EXPECT_NE(skewed, partition_dirichlet(labels, classes, peers, 0.1, 8));
+  // With alpha 100 each shard is close to the uniform 10%; with alpha 0.1 a shard is
+  // dominated by one or two classes.
+  EXPECT_LT(mean_top_label_share(even, labels), 0.2);
+  EXPECT_GT(mean_top_label_share(skewed, labels), 0.5);
+}
+
+TEST(Partition, DirichletReportsBadInputAndEmptyPeers) {
+  const auto labels = balanced_labels(20, 2);
+  EXPECT_THROW(partition_dirichlet(labels, 2, 4, 0.0, 1), Error);
+  EXPECT_THROW(partition_dirichlet(labels, 2, 0, 1.0, 1), Error);
+  EXPECT_THROW(partition_dirichlet({0, 1, 2}, 2, 2, 1.0, 1), Error);
+  // 20 examples over 50 peers: some peer must come out empty.
+  try {
+    partition_dirichlet(labels, 2, 50, 1.0, 1);
+    FAIL() << "an empty peer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got no examples"), std::string::npos) << e.what();
+  }
+}
+
+Dataset counting_dataset(int n, int features) {
+  Dataset data;
+  data.features = features;
+  data.classes = 10;
+  for (int i = 0; i < n; ++i) {
+    data.labels.push_back(i % 10);
+    for (int f = 0; f < features; ++f) data.inputs.push_back(static_cast<float>(i * 100 + f));
+  }
+  return data;
+}
+
+TEST(BatchSampler, DrawsEachExampleOncePerEpochAndReproducesFromTheSeed) {
+  const Dataset data = counting_dataset(50, 3);
+  std::vector<int> shard = {1, 4, 9, 16, 25, 36, 49, 2, 3, 5, 7};  // 11 examples, batch 4: 2 batches, 3 dropped
+  BatchSampler a(data, shard, 4, 99), b(data, shard, 4, 99), c(data, shard, 4, 100);
+  EXPECT_EQ(a.batches_per_epoch(), 2);
+  std::vector<float> xa(12), xb(12), xc(12);
+  std::vector<std::int32_t> ya(4), yb(4), yc(4);
+  std::vector<std::vector<int>> epochs(3);
+  bool differs = false;
+  for (int k = 0; k < 6; ++k) {
+    a.next(xa.data(), ya.data());
+    b.next(xb.data(), yb.data());
+    c.next(xc.data(), yc.data());
+    EXPECT_EQ(a.epoch(), k / 2);
+    EXPECT_EQ(xa, xb);
+    EXPECT_EQ(ya, yb);
+    differs = differs || xa != xc;
+    for (int j = 0; j < 4; ++j) {
+      // Column j is one whole example, with its own label.
+      const int example = static_cast<int>(xa[3 * j]) / 100;
+      EXPECT_EQ(xa[3 * j + 2], example * 100 + 2);
+      EXPECT_EQ(ya[j], example % 10);
+      epochs[k / 2].push_back(example);
+    }
+  }
+  EXPECT_EQ(a.batches_drawn(), 6);
+  EXPECT_TRUE(differs) << "seeds 99 and 100 gave the same batches";
+  const std::set<int> allowed(shard.begin(), shard.end());
+  for (const auto& drawn : epochs) {
+    EXPECT_EQ(std::set<int>(drawn.begin(), drawn.end()).size(), 8u) << "an example repeated within an epoch";
+    for (int e : drawn) EXPECT_TRUE(allowed.count(e)) << e << " is not in the shard";
+  }
+  EXPECT_NE(epochs[0], epochs[1]) << "the order was not reshuffled";
+}
+
+TEST(BatchSampler, BadShardsAreReported) {
+  const Dataset data = counting_dataset(10, 2);
+  EXPECT_THROW(BatchSampler(data, {1, 2}, 3, 1), Error);
+  EXPECT_THROW(BatchSampler(data, {1, 2, 10}, 2, 1), Error);
+  EXPECT_THROW(BatchSampler(data, {1, 2}, 0, 1), Error);
+}
+
+}  // namespace
+}  // namespace peertrain::train

@@ -1,0 +1,67 @@
+// SGD against a trajectory worked out by hand, and the D-PSGD split (compute_update, then
+// subtract) against the centralized step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "peertrain/core/error.h"
+#include "peertrain/train/optimizer.h"
+
+namespace peertrain::train {
+namespace {
+
+// lr 0.1, momentum 0.5, weight decay 0.1, x0 = (1, -2), gradients g1..g3 below.
+//   step 1: d = g + 0.1x = (0.6, -0.2) + (0.1, -0.2) = (0.7, -0.4);  v = d;       x = (0.93, -1.96)
+//   step 2: d = (-0.4, 0.0) + (0.093, -0.196) = (-0.307, -0.196);
+//           v = 0.5(0.7, -0.4) + d = (0.043, -0.396);                          x = (0.9257, -1.9204)
+//   step 3: d = (0.2, 1.0) + (0.09257, -0.19204) = (0.29257, 0.80796);
+//           v = 0.5(0.043, -0.396) + d = (0.31407, 0.60996);                   x = (0.894293, -1.981396)
+TEST(Sgd, FollowsAHandComputedMomentumAndWeightDecayTrajectory) {
+  Sgd sgd(2, {.lr = 0.1f, .momentum = 0.5f, .weight_decay = 0.1f});
+  std::vector<float> x = {1.0f, -2.0f};
+  const std::vector<std::vector<float>> grads = {{0.6f, -0.2f}, {-0.4f, 0.0f}, {0.2f, 1.0f}};
+  const std::vector<std::vector<double>> want_x = {{0.93, -1.96}, {0.9257, -1.9204}, {0.894293, -1.981396}};
+  const std::vector<std::vector<double>> want_v = {{0.7, -0.4}, {0.043, -0.396}, {0.31407, 0.60996}};
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    sgd.step(x, grads[k]);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NEAR(x[i], want_x[k][i], 1e-6) << "step " << k + 1 << " x[" << i << "]";
+      EXPECT_NEAR(sgd.momentum()[i], want_v[k][i], 1e-6) << "step " << k + 1 << " v[" << i << "]";
+    }
+  }
+}
+
+TEST(Sgd, ComputeUpdateThenSubtractEqualsStep) {
+  const SgdConfig config{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  const std::size_t n = 37;
+  Sgd central(n, config), split(n, config);
+  std::vector<float> x(n), y(n), g(n), update(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = y[i] = 0.1f * static_cast<float>(i) - 1.5f;
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>((i * 7 + step * 3) % 11) - 0.05f;
+    central.step(x, g);
+    const std::vector<float> before = y;
+    split.compute_update(y, g, update);
+    EXPECT_EQ(y, before) << "compute_update changed the parameters";
+    for (std::size_t i = 0; i < n; ++i) y[i] -= update[i];
+    // step() may fuse x − lr·v into one FMA, which rounds once where the split rounds
+    // twice, so the two agree to a float's last bit or two, not exactly.
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(x[i], y[i], 2e-7 * (1 + std::abs(x[i]))) << "step " << step << " element " << i;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_NEAR(central.momentum()[i], split.momentum()[i], 2e-7 * (1 + std::abs(central.momentum()[i])));
+}
+
+TEST(Sgd, BadSettingsAreReported) {
+  EXPECT_THROW(Sgd(3, {.lr = 0.0f}), Error);
+  EXPECT_THROW(Sgd(3, {.lr = 0.1f, .momentum = 1.0f}), Error);
+  EXPECT_THROW(Sgd(3, {.lr = 0.1f, .momentum = 0.9f, .weight_decay = -1.0f}), Error);
+  Sgd sgd(3, {});
+  std::vector<float> x(3), g(2);
+  EXPECT_THROW(sgd.step(x, g), Error);  // a size mismatch is a bug, reported as kInternal
+}
+
+}  // namespace
+}  // namespace peertrain::train
