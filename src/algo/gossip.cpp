@@ -36,7 +36,7 @@ void Gossip::start(std::uint64_t step, std::span<const float> x) {
   for (int peer : row.peers) sends_.push_back(network_.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
 }
 
-double Gossip::finish(std::span<float> x) {
+double Gossip::finish(std::span<float> x, std::span<const float> update) {
   const auto begin = std::chrono::steady_clock::now();
   const MixingRow& row = rows_[step_ % rows_.size()];
   std::vector<net::Payload> received;
@@ -52,15 +52,40 @@ double Gossip::finish(std::span<float> x) {
   sends_.clear();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 
+  // One pass over memory: the mix is bandwidth-bound, so fusing the neighbours (two per
+  // pass) and the update halves its time against a pass per term (bench/gossip_bench.cpp).
+  PEERTRAIN_CHECK(update.empty() || update.size() == x.size(), "update of ", update.size(), " for ", x.size());
   const std::size_t n = x.size();
   float* out = x.data();
-  const float self_weight = row.self_weight;
-  for (std::size_t i = 0; i < n; ++i) out[i] *= self_weight;
-  for (std::size_t j = 0; j < received.size(); ++j) {
-    const auto* in = reinterpret_cast<const float*>(received[j].data());
-    const float w = row.weights[j];
-    for (std::size_t i = 0; i < n; ++i) out[i] += w * in[i];
+  auto input = [&](std::size_t j) { return reinterpret_cast<const float*>(received[j].data()); };
+  const float* minus = update.empty() ? nullptr : update.data();
+  float self_weight = row.self_weight;
+  std::size_t j = 0;
+  auto finish_pass = [&] {
+    self_weight = 1.0f;
+    minus = nullptr;
+  };
+  for (; j + 2 <= received.size(); j += 2) {
+    const float* a = input(j);
+    const float* b = input(j + 1);
+    const float wa = row.weights[j], wb = row.weights[j + 1];
+    if (minus)
+      for (std::size_t i = 0; i < n; ++i) out[i] = self_weight * out[i] + wa * a[i] + wb * b[i] - minus[i];
+    else
+      for (std::size_t i = 0; i < n; ++i) out[i] = self_weight * out[i] + wa * a[i] + wb * b[i];
+    finish_pass();
   }
+  if (j < received.size()) {
+    const float* a = input(j);
+    const float wa = row.weights[j];
+    if (minus)
+      for (std::size_t i = 0; i < n; ++i) out[i] = self_weight * out[i] + wa * a[i] - minus[i];
+    else
+      for (std::size_t i = 0; i < n; ++i) out[i] = self_weight * out[i] + wa * a[i];
+    finish_pass();
+  }
+  if (self_weight != 1.0f || minus)
+    for (std::size_t i = 0; i < n; ++i) out[i] = self_weight * out[i] - (minus ? minus[i] : 0.0f);
   for (auto& payload : received) network_.recycle(std::move(payload));
   return waited;
 }

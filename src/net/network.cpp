@@ -53,7 +53,12 @@ void SendHandle::wait() const {
 
 namespace {
 
-constexpr std::size_t kShapedPiece = 64 * 1024;  // bytes written per token-bucket grant
+// Bytes written per token-bucket grant: at least 64 KiB, and at fast emulated rates what
+// the link carries in 1 ms, so a fast link does not cost a timer wake-up every 64 KiB.
+constexpr std::size_t kShapedPiece = 64 * 1024;
+std::size_t shaped_piece(double bandwidth_mbps) {
+  return std::max<std::size_t>(kShapedPiece, static_cast<std::size_t>(bandwidth_mbps * 1e6 / 8 / 1000));
+}
 constexpr std::size_t kHelloBytes = 32;
 constexpr std::uint64_t kMaxReplyBytes = 1024;
 constexpr double kHandshakeTimeoutS = 10;
@@ -283,10 +288,12 @@ struct Network::Impl {
       return;
     }
     const std::size_t total = kHeaderBytes + out.payload.size();
-    const std::size_t piece = std::min(kShapedPiece, total - out.written);
+    const std::size_t burst = shaped_piece(l.shaping.bandwidth_mbps);
+    const std::size_t piece = std::min(burst, total - out.written);
     if (l.shaping.bandwidth_mbps > 0) {
       const double rate = l.shaping.bandwidth_mbps * 1e6 / 8;  // bytes per second
-      l.tokens = std::min<double>(kShapedPiece, l.tokens + rate * std::chrono::duration<double>(now - l.refilled).count());
+      l.tokens = std::min<double>(static_cast<double>(burst),
+                                  l.tokens + rate * std::chrono::duration<double>(now - l.refilled).count());
       l.refilled = now;
       if (l.tokens < static_cast<double>(piece)) {
         const auto wait = std::chrono::duration<double>((static_cast<double>(piece) - l.tokens) / rate);
@@ -353,8 +360,6 @@ struct Network::Impl {
   void established(Link& l, tcp::socket socket) {
     boost::system::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
-    socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
     l.socket = std::move(socket);
     {
       std::lock_guard lock(mutex);

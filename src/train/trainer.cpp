@@ -294,13 +294,10 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       case Algorithm::kDpsgd: {
         gossip.start(step, x);  // overlaps the gradient: both read x_k
         step_compute = compute();
-        auto begin = Clock::now();
+        const auto begin = Clock::now();
         sgd.compute_update(x, grads, update);
         step_compute += seconds_since(begin);
-        step_wait = gossip.finish(x);
-        begin = Clock::now();
-        for (std::size_t i = 0; i < size; ++i) x[i] -= update[i];
-        step_compute += seconds_since(begin);
+        step_wait = gossip.finish(x, update);  // x ← Σ_j W_ij x_j − u
         break;
       }
       case Algorithm::kAllreduce: {

@@ -31,8 +31,10 @@ class Gossip {
   // Starts sending x to this step's neighbours. x must not change until finish() returns.
   void start(std::uint64_t step, std::span<const float> x);
   // Waits for the sends and for every neighbour's x of this step, then mixes in place:
-  // x ← W_ii·x + Σ_j W_ij·x_j. Returns the seconds spent waiting.
-  double finish(std::span<float> x);
+  // x ← W_ii·x + Σ_j W_ij·x_j − update (update may be empty). Folding D-PSGD's optimizer
+  // update into the mix saves a pass over the parameters after the exchange, where it
+  // cannot overlap anything. Returns the seconds spent waiting.
+  double finish(std::span<float> x, std::span<const float> update = {});
 
  private:
   net::Network& network_;
