@@ -142,6 +142,8 @@ struct Network::Impl {
   std::condition_variable changed;
   std::map<std::tuple<int, int, std::uint64_t, std::uint32_t>, Payload> mailbox;
   std::vector<Payload> pool;  // received buffers handed back by recycle()
+  double node_tokens = 0;     // the shared egress token bucket (I/O thread only)
+  Clock::time_point node_refilled = Clock::now();
   std::string fatal;  // a refusal that ends connect()
   std::string last_refusal;
   bool closed = false;
@@ -273,7 +275,8 @@ struct Network::Impl {
     }
     l.writing = true;
     Outgoing& out = l.queue.front();
-    const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0);
+    const double node_mbps = options.node_bandwidth_mbps;
+    const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0 || node_mbps > 0);
     if (!shaped) {
       std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(out.payload.data(), out.payload.size())};
       asio::async_write(l.socket, buffers, [this, &l](boost::system::error_code ec, std::size_t) { wrote(l, ec, true); });
@@ -288,23 +291,30 @@ struct Network::Impl {
       return;
     }
     const std::size_t total = kHeaderBytes + out.payload.size();
-    const std::size_t burst = shaped_piece(l.shaping.bandwidth_mbps);
+    const double link_mbps = l.shaping.bandwidth_mbps;
+    const std::size_t burst = shaped_piece(std::max(link_mbps, node_mbps));
     const std::size_t piece = std::min(burst, total - out.written);
-    if (l.shaping.bandwidth_mbps > 0) {
-      const double rate = l.shaping.bandwidth_mbps * 1e6 / 8;  // bytes per second
-      l.tokens = std::min<double>(static_cast<double>(burst),
-                                  l.tokens + rate * std::chrono::duration<double>(now - l.refilled).count());
-      l.refilled = now;
-      if (l.tokens < static_cast<double>(piece)) {
-        const auto wait = std::chrono::duration<double>((static_cast<double>(piece) - l.tokens) / rate);
-        l.timer.expires_after(std::chrono::duration_cast<Clock::duration>(wait));
-        l.timer.async_wait([this, &l](boost::system::error_code ec) {
-          if (!ec) write_next(l);
-        });
-        return;
-      }
-      l.tokens -= static_cast<double>(piece);
+    // Two token buckets, the link's and the card's shared by every link; a piece goes when
+    // both hold enough.
+    double wait_s = 0;
+    auto refill = [&](double& tokens, Clock::time_point& refilled, double mbps) {
+      const double rate = mbps * 1e6 / 8;  // bytes per second
+      tokens = std::min<double>(static_cast<double>(shaped_piece(mbps)),
+                                tokens + rate * std::chrono::duration<double>(now - refilled).count());
+      refilled = now;
+      if (tokens < static_cast<double>(piece)) wait_s = std::max(wait_s, (static_cast<double>(piece) - tokens) / rate);
+    };
+    if (link_mbps > 0) refill(l.tokens, l.refilled, link_mbps);
+    if (node_mbps > 0) refill(node_tokens, node_refilled, node_mbps);
+    if (wait_s > 0) {
+      l.timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
+      l.timer.async_wait([this, &l](boost::system::error_code ec) {
+        if (!ec) write_next(l);
+      });
+      return;
     }
+    if (link_mbps > 0) l.tokens -= static_cast<double>(piece);
+    if (node_mbps > 0) node_tokens -= static_cast<double>(piece);
     std::vector<asio::const_buffer> buffers;
     std::size_t from = out.written, left = piece;
     if (from < kHeaderBytes) {

@@ -245,6 +245,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   options.connect_timeout_s = config.connect_timeout_s;
   options.peer_timeout_s = config.peer_timeout_s;
   options.max_payload_bytes = size * sizeof(float) + kReportDoubles * sizeof(double);
+  options.node_bandwidth_mbps = t.node_bandwidth_mbps;
   options.shaping = [&t, rank](int peer) {
     const auto link = t.link(rank, peer);
     return net::LinkShaping{link.latency_ms, link.bandwidth_mbps};

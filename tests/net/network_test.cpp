@@ -214,5 +214,31 @@ TEST(Network, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
   });
 }
 
+TEST(Network, ANodeCapIsSharedByAllLinks) {
+  const auto endpoints = loopback_endpoints(3);
+  run_peers(3, [&](int rank) {
+    std::vector<int> links;
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) links.push_back(p);
+    auto o = options_for(rank, endpoints, links);
+    if (rank == 0) o.node_bandwidth_mbps = 80.0;  // 10 MB/s for both links together
+    Network net(o);
+    net.connect();
+    const std::vector<float> x(1 << 18, 1.0f);  // 1 MiB to each of two peers
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      auto a = net.send(1, MessageType::kParameters, 0, 0, as_bytes(x));
+      auto b = net.send(2, MessageType::kParameters, 0, 0, as_bytes(x));
+      a.wait();
+      b.wait();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_GE(seconds, 0.8 * 2 * (1 << 20) / 10e6) << seconds;  // a lower bound: the card is shared
+    } else {
+      net.receive(0, MessageType::kParameters, 0, 0);
+    }
+    net.close();
+  });
+}
+
 }  // namespace
 }  // namespace peertrain::net

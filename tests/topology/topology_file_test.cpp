@@ -54,6 +54,8 @@ links:
   EXPECT_EQ(t.peers[1].port, 7001);
   EXPECT_EQ(t.link(1, 0).latency_ms, 20);
   EXPECT_EQ(t.link(2, 3).bandwidth_mbps, 100);
+  EXPECT_EQ(t.node_bandwidth_mbps, 0);
+  EXPECT_EQ(parse("graph: {generator: ring, n: 3}\nlinks: {node_bandwidth_mbps: 250}").node_bandwidth_mbps, 250);
   const Topology d = parse("graph: {generator: ring, n: 3}");
   EXPECT_EQ(d.name, "t");
   EXPECT_EQ(d.peers[2].host, "127.0.0.1");
@@ -68,7 +70,8 @@ TEST(TopologyFile, WritesWhatItReads) {
         "graph: {n: 4, edges: [[0, 1], [1, 2], [2, 3]]}\nweights: explicit\n"
         "matrix: [[0.5, 0.5, 0, 0], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5], [0, 0, 0.5, 0.5]]",
         "graph: {generator: ring, n: 4}\npeers: [{id: 0, host: a, port: 1}, {id: 1, host: a, port: 2}, "
-        "{id: 2, host: b, port: 1}, {id: 3, host: b, port: 2}]\nlinks: {overrides: [{between: [0, 3], latency_ms: 2}]}"}) {
+        "{id: 2, host: b, port: 1}, {id: 3, host: b, port: 2}]\nlinks: {overrides: [{between: [0, 3], latency_ms: 2}]}",
+        "graph: {generator: star, n: 5}\nlinks: {node_bandwidth_mbps: 100}"}) {
     SCOPED_TRACE(yaml);
     const Topology a = parse(yaml);
     const Topology b = parse(to_yaml(a));

@@ -39,6 +39,7 @@ struct NetworkOptions {
   double peer_timeout_s = 60;       // every later wait
   std::uint64_t max_payload_bytes = 1 << 20;
   std::function<LinkShaping(int peer)> shaping;  // empty: no emulation
+  double node_bandwidth_mbps = 0;  // cap on this peer's outgoing traffic over all links; 0 = none
 };
 
 struct LinkCounters {

@@ -54,6 +54,9 @@ class Topology {
   std::vector<PeerAddress> peers;
   LinkProperties default_link;
   std::vector<LinkOverride> link_overrides;
+  // Cap on each peer's total outgoing traffic, shared by its links like one network card
+  // (0 = none). A parameter server's links then share one card, as in Lian et al. 2017.
+  double node_bandwidth_mbps = 0;
 
   int num_peers() const { return graph.num_peers(); }
   bool time_varying() const;
