@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake git pkg-config
-  libeigen3-dev libspectra-dev libboost-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libomp-dev
+  libeigen3-dev libspectra-dev libboost-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libomp-dev libssl-dev
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist fortunes
 )

@@ -1,5 +1,6 @@
 #include "peertrain/algo/gossip.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "peertrain/core/error.h"
@@ -25,32 +26,104 @@ std::vector<MixingRow> mixing_rows(const topology::Topology& topology, int self)
   return rows;
 }
 
-Gossip::Gossip(net::Network& network, std::vector<MixingRow> rows) : network_(network), rows_(std::move(rows)) {
-  PEERTRAIN_CHECK(!rows_.empty(), "gossip needs at least one mixing row");
+std::vector<MixingRow> mixing_rows_without(const topology::Topology& topology, int self, const std::vector<int>& lost) {
+  auto gone = [&](int peer) { return std::find(lost.begin(), lost.end(), peer) != lost.end(); };
+  if (topology.time_varying()) {
+    std::vector<MixingRow> rows = mixing_rows(topology, self);
+    for (MixingRow& row : rows) {
+      MixingRow kept;
+      kept.self_weight = row.self_weight;
+      for (std::size_t j = 0; j < row.peers.size(); ++j) {
+        if (gone(row.peers[j])) {
+          kept.self_weight += row.weights[j];
+        } else {
+          kept.peers.push_back(row.peers[j]);
+          kept.weights.push_back(row.weights[j]);
+        }
+      }
+      row = std::move(kept);
+    }
+    return rows;
+  }
+  // Metropolis–Hastings on the survivors' graph: every survivor computes the same W.
+  const topology::Graph& g = topology.graph;
+  auto survivor_degree = [&](int peer) {
+    int d = 0;
+    for (int q : g.neighbors(peer)) d += gone(q) ? 0 : 1;
+    return d;
+  };
+  MixingRow row;
+  row.self_weight = 1.0f;
+  double self_weight = 1.0;
+  const int mine = survivor_degree(self);
+  for (int q : g.neighbors(self)) {
+    if (gone(q)) continue;
+    const double w = 1.0 / (1.0 + std::max(mine, survivor_degree(q)));
+    row.peers.push_back(q);
+    row.weights.push_back(static_cast<float>(w));
+    self_weight -= w;
+  }
+  row.self_weight = static_cast<float>(self_weight);
+  return {row};
 }
+
+Gossip::Gossip(net::Network& network, std::vector<MixingRow> rows) : network_(network) { set_rows(std::move(rows)); }
+
+void Gossip::set_rows(std::vector<MixingRow> rows) {
+  PEERTRAIN_CHECK(!rows.empty(), "gossip needs at least one mixing row");
+  PEERTRAIN_CHECK(sends_.empty(), "set_rows() between start() and finish()");
+  rows_ = std::move(rows);
+}
+
+bool Gossip::is_lost(int peer) const { return std::find(lost_.begin(), lost_.end(), peer) != lost_.end(); }
 
 void Gossip::start(std::uint64_t step, std::span<const float> x) {
   PEERTRAIN_CHECK(sends_.empty(), "start() twice without finish() at step ", step);
   step_ = step;
   const MixingRow& row = rows_[step % rows_.size()];
-  for (int peer : row.peers) sends_.push_back(network_.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
+  for (int peer : row.peers)
+    if (!is_lost(peer)) sends_.push_back(network_.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
 }
 
 double Gossip::finish(std::span<float> x, std::span<const float> update) {
   const auto begin = std::chrono::steady_clock::now();
-  const MixingRow& row = rows_[step_ % rows_.size()];
+  newly_lost_.clear();
+  MixingRow row = rows_[step_ % rows_.size()];
   std::vector<net::Payload> received;
+  std::vector<float> weights;
   received.reserve(row.peers.size());
-  for (int peer : row.peers) {
-    received.push_back(network_.receive(peer, net::MessageType::kParameters, step_, 0));
-    if (received.back().size() != x.size_bytes())
-      throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", received.back().size(),
-                                            " bytes of parameters for step ", step_, ", expected ", x.size_bytes()));
+  for (std::size_t j = 0; j < row.peers.size(); ++j) {
+    const int peer = row.peers[j];
+    if (is_lost(peer)) {
+      row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
+      continue;
+    }
+    try {
+      net::Payload payload = network_.receive(peer, net::MessageType::kParameters, step_, 0);
+      if (payload.size() != x.size_bytes())
+        throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
+                                              " bytes of parameters for step ", step_, ", expected ", x.size_bytes()));
+      received.push_back(std::move(payload));
+      weights.push_back(row.weights[j]);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+      lost_.push_back(peer);
+      newly_lost_.emplace_back(peer, e.what());
+      network_.drop(peer, str("peer ", network_.self(), " dropped ", network_.peer_name(peer), " at step ", step_));
+      row.self_weight += row.weights[j];
+    }
   }
-  // Our x must not change while it is being sent.
-  for (auto& send : sends_) send.wait();
+  // Our x must not change while it is being sent; a send to a peer just lost may fail.
+  for (auto& send : sends_) {
+    try {
+      send.wait();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+    }
+  }
   sends_.clear();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  row.weights = std::move(weights);
 
   // One pass over memory: the mix is bandwidth-bound, so fusing the neighbours (two per
   // pass) and the update halves its time against a pass per term (bench/gossip_bench.cpp).

@@ -252,6 +252,8 @@ int run_launch(int argc, char** argv) {
   }
 
   ProgressLine progress(isatty(STDERR_FILENO));
+  const bool survivable = config.algorithm == train::Algorithm::kDpsgd;
+  std::vector<int> lost;
   std::string failure;
   int failed_peer = -1;
   std::size_t running = children.size();
@@ -287,8 +289,16 @@ int run_launch(int argc, char** argv) {
           c.status = status;
           --running;
           if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) && failure.empty()) {
-            failed_peer = c.rank;
-            failure = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
+            const std::string what = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
+            if (survivable && c.rank != 0) {
+              // D-PSGD drops a lost peer and goes on; peer 0 coordinates and must stay.
+              progress.end();
+              std::fprintf(stderr, "%s; the others go on without it\n", what.c_str());
+              lost.push_back(c.rank);
+            } else {
+              failed_peer = c.rank;
+              failure = what;
+            }
           }
         }
     }
@@ -323,6 +333,11 @@ int run_launch(int argc, char** argv) {
     return g_interrupted ? 130 : 1;
   }
   print_summary(out);
+  if (!lost.empty()) {
+    std::string list;
+    for (int r : lost) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("  lost peers: %s (the survivors finished; see failed_peers in summary.json)\n", list.c_str());
+  }
   return 0;
 }
 

@@ -11,7 +11,7 @@ namespace {
 // Flags forwarded from launch to its peers (everything that shapes the run).
 const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
-    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id"};
+    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -58,7 +58,9 @@ void add_training_options(cxxopts::Options& options) {
       ("connect-timeout", "seconds to wait for every peer to come up", cxxopts::value<std::string>()->default_value("60"))
       ("threads", "Eigen threads per peer", cxxopts::value<std::string>()->default_value("1"))
       ("run-id", "run id all peers share (default: derived from the configuration)",
-       cxxopts::value<std::string>()->default_value("0"));
+       cxxopts::value<std::string>()->default_value("0"))
+      ("on-split", "D-PSGD when lost peers split the graph: continue (each piece alone) | stop",
+       cxxopts::value<std::string>()->default_value("continue"));
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {
@@ -94,6 +96,9 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   c.connect_timeout_s = positive<double>(args, "connect-timeout");
   c.threads = positive<int>(args, "threads");
   c.run_id = number_flag<std::uint64_t>(args, "run-id");
+  const std::string split = args["on-split"].as<std::string>();
+  if (split != "continue" && split != "stop") throw UsageError("--on-split '" + split + "' is not one of continue, stop");
+  c.stop_on_split = split == "stop";
   return c;
 }
 

@@ -42,6 +42,7 @@ const char* to_string(MessageType type) {
     case MessageType::kReduceChunk: return "reduce-chunk";
     case MessageType::kReport: return "report";
     case MessageType::kGoodbye: return "goodbye";
+    case MessageType::kMembership: return "membership";
   }
   return "unknown";
 }

@@ -689,6 +689,49 @@ Payload Network::receive(int peer, MessageType type, std::uint64_t step, std::ui
   }
 }
 
+std::optional<Payload> Network::try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) {
+  Impl& m = *impl_;
+  Link& l = m.link(peer);
+  std::lock_guard lock(m.mutex);
+  if (auto it = m.mailbox.find(std::make_tuple(peer, static_cast<int>(type), step, tag)); it != m.mailbox.end()) {
+    Payload payload = std::move(it->second);
+    m.mailbox.erase(it);
+    return payload;
+  }
+  if (l.dead) throw Error(ErrorKind::kPeerLost, l.death);
+  return std::nullopt;
+}
+
+void Network::drop(int peer, const std::string& why) {
+  Impl& m = *impl_;
+  Link& l = m.link(peer);
+  auto done = std::make_shared<std::promise<void>>();
+  asio::post(m.io, [&m, &l, why, done] {
+    {
+      std::lock_guard lock(m.mutex);
+      if (!l.dead) {
+        l.dead = true;
+        l.death = why;
+      }
+    }
+    boost::system::error_code ignored;
+    l.socket.close(ignored);
+    l.timer.cancel();
+    for (Outgoing& out : l.queue) out.state->finish(why);
+    l.queue.clear();
+    l.writing = false;
+    m.changed.notify_all();
+    done->set_value();
+  });
+  done->get_future().wait_for(std::chrono::seconds(5));
+}
+
+bool Network::alive(int peer) const {
+  std::lock_guard lock(impl_->mutex);
+  const Link& l = impl_->link(peer);
+  return l.connected && !l.dead && !l.left;
+}
+
 void Network::close() {
   Impl& m = *impl_;
   {
@@ -714,17 +757,17 @@ void Network::close() {
     std::lock_guard lock(m.mutex);
     m.closed = true;
   }
-  std::promise<void> done;
-  asio::post(m.io, [&m, &done] {
+  auto done = std::make_shared<std::promise<void>>();
+  asio::post(m.io, [&m, done] {
     boost::system::error_code ignored;
     m.acceptor.close(ignored);
     for (auto& [peer, link] : m.links) {
       link->socket.shutdown(tcp::socket::shutdown_send, ignored);
       link->timer.cancel();
     }
-    done.set_value();
+    done->set_value();
   });
-  done.get_future().wait_for(std::chrono::seconds(5));
+  done->get_future().wait_for(std::chrono::seconds(5));
 }
 
 void Network::abort() {
@@ -733,17 +776,17 @@ void Network::abort() {
     std::lock_guard lock(m.mutex);
     m.closed = true;
   }
-  std::promise<void> done;
-  asio::post(m.io, [&m, &done] {
+  auto done = std::make_shared<std::promise<void>>();
+  asio::post(m.io, [&m, done] {
     boost::system::error_code ignored;
     m.acceptor.close(ignored);
     for (auto& [peer, link] : m.links) {
       link->socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
       link->socket.close(ignored);
     }
-    done.set_value();
+    done->set_value();
   });
-  done.get_future().wait_for(std::chrono::seconds(5));
+  done->get_future().wait_for(std::chrono::seconds(5));
 }
 
 void Network::recycle(Payload payload) {

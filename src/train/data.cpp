@@ -266,6 +266,19 @@ void BatchSampler::shuffle_for_epoch() {
   shuffle(order_, rng);
 }
 
+void BatchSampler::restore(const State& state) {
+  if (state.epoch < 0 || state.batches_drawn < 0 || state.position > shard_.size() ||
+      state.position % static_cast<std::size_t>(batch_) != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("batch sampler: cannot restore epoch ", state.epoch, ", position ", state.position, ", ",
+                    state.batches_drawn, " batches drawn into a sampler of ", shard_.size(), " examples in batches of ",
+                    batch_, " (the position must be a multiple of the batch within the shard)"));
+  epoch_ = state.epoch;
+  position_ = state.position;
+  batches_drawn_ = state.batches_drawn;
+  shuffle_for_epoch();
+}
+
 void BatchSampler::next(float* inputs, std::int32_t* labels) {
   if (position_ + batch_ > order_.size()) {
     ++epoch_;

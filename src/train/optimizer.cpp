@@ -18,6 +18,13 @@ void Sgd::check_sizes(std::size_t params, std::size_t grads) const {
                   " floats got params of ", params, " and grads of ", grads);
 }
 
+void Sgd::restore_momentum(std::span<const float> momentum) {
+  if (momentum.size() != velocity_.size())
+    throw Error(ErrorKind::kInvalidArgument, str("SGD over ", velocity_.size(), " floats cannot restore a momentum buffer of ",
+                                                 momentum.size()));
+  velocity_.assign(momentum.begin(), momentum.end());
+}
+
 void Sgd::compute_update(std::span<const float> params, std::span<const float> grads, std::span<float> update) {
   check_sizes(params.size(), grads.size());
   PEERTRAIN_CHECK(update.size() == velocity_.size(), "update has ", update.size(), " floats, SGD ",

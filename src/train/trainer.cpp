@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "peertrain/algo/collectives.h"
 #include "peertrain/algo/gossip.h"
@@ -20,6 +21,7 @@
 #include "peertrain/model/mlp.h"
 #include "peertrain/net/network.h"
 #include "peertrain/topology/spectrum.h"
+#include "membership.h"
 
 namespace peertrain::train {
 namespace {
@@ -96,6 +98,7 @@ class Recorder {
       char line[512];
       for (std::size_t peer = 0; peer < reports.size(); ++peer) {
         const Report& r = reports[peer];
+        if (r.step == 0) continue;  // lost: no row
         std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.6g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f\n",
                       static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
                       consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s);
@@ -120,17 +123,29 @@ class Recorder {
     std::fflush(stdout);
   }
 
-  void finish() {
+  void finish(const std::vector<Failure>& failures) {
     if (config_.out_dir.empty() || last_.empty()) return;
     double local = 0, sent = 0, wall = 0, compute = 0, wait = 0;
+    double alive = 0;
     for (const Report& r : last_) {
+      if (r.step == 0) continue;  // a lost peer's row
+      alive += 1;
       local += r.test_accuracy;
       sent += r.bytes_sent;
       wall = std::max(wall, r.wall_s);
       compute += r.compute_s;
       wait += r.comm_wait_s;
     }
-    const double n = static_cast<double>(last_.size());
+    const double n = std::max(alive, 1.0);
+    std::vector<int> failed;
+    std::string details = "[";
+    for (const Failure& f : failures) {
+      failed.push_back(f.peer);
+      json::Object one;
+      one.add("peer", f.peer).add("step", static_cast<long long>(f.step)).add("reason", f.reason);
+      details += (details.size() > 1 ? ", " : "") + one.dump(0);
+    }
+    details += "]";
     json::Object o;
     o.add("topology", topology_.name)
         .add("algorithm", to_string(config_.algorithm))
@@ -146,9 +161,11 @@ class Recorder {
         .add("mean_compute_s", compute / n)
         .add("mean_comm_wait_s", wait / n)
         .add("bytes_sent_per_peer", sent / n)
+        .add("survivors", static_cast<long long>(alive))
         .add("items_per_s", wall > 0 ? last_[0].step * config_.batch * n / wall : 0.0)
         .add("spectral_gap", spectral_gap_)
-        .add_raw("failed_peers", "[]");
+        .add_raw("failed_peers", json::array(failed))
+        .add_raw("failures", details);
     std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
     out << o.dump() << "\n";
     if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
@@ -156,9 +173,13 @@ class Recorder {
 
  private:
   double mean_loss() const {
-    double sum = 0;
-    for (const Report& r : last_) sum += r.train_loss;
-    return last_.empty() ? 0 : sum / static_cast<double>(last_.size());
+    double sum = 0, count = 0;
+    for (const Report& r : last_)
+      if (r.step > 0) {
+        sum += r.train_loss;
+        count += 1;
+      }
+    return count > 0 ? sum / count : 0;
   }
 
   const TrainConfig& config_;
@@ -217,12 +238,29 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   log::set_prefix(str("peer ", rank));
   Eigen::setNbThreads(config.threads);
 
-  const Dataset train_set = load_fashion_mnist(config.data_dir, true);
+  // Keep only this peer's shard: 32 peers on one machine would otherwise hold 32 copies of
+  // the whole training set (188 MB each).
+  Dataset train_set;
+  int train_size = 0;
+  {
+    const Dataset full = load_fashion_mnist(config.data_dir, true);
+    train_size = full.size();
+    const auto shards = config.partition == Partition::kIid
+                            ? partition_iid(full.size(), n, config.seed)
+                            : partition_dirichlet(full.labels, full.classes, n, config.alpha, config.seed);
+    train_set.features = full.features;
+    train_set.classes = full.classes;
+    const auto features = static_cast<std::size_t>(full.features);
+    for (int index : shards[rank]) {
+      train_set.inputs.insert(train_set.inputs.end(), full.inputs.begin() + index * features,
+                              full.inputs.begin() + (index + 1) * features);
+      train_set.labels.push_back(full.labels[index]);
+    }
+  }
   const Dataset test_set = load_fashion_mnist(config.data_dir, false);
-  const auto shards = config.partition == Partition::kIid
-                          ? partition_iid(train_set.size(), n, config.seed)
-                          : partition_dirichlet(train_set.labels, train_set.classes, n, config.alpha, config.seed);
-  BatchSampler sampler(train_set, shards[rank], config.batch, config.seed + 1000003ULL * rank);
+  std::vector<int> shard(train_set.size());
+  std::iota(shard.begin(), shard.end(), 0);  // the sampler shuffles positions: same batches as the full set
+  BatchSampler sampler(train_set, shard, config.batch, config.seed + 1000003ULL * rank);
 
   model::Mlp mlp({train_set.features, config.hidden, train_set.classes});
   const std::size_t size = mlp.num_parameters();
@@ -231,7 +269,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   Sgd sgd(size, config.sgd);
 
   // An epoch is one pass over the training set by all peers together.
-  const long long steps_per_epoch = std::max<long long>(1, train_set.size() / (static_cast<long long>(n) * config.batch));
+  const long long steps_per_epoch = std::max<long long>(1, train_size / (static_cast<long long>(n) * config.batch));
   long long total_steps = steps_per_epoch * config.epochs;
   if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
   const long long eval_every = config.eval_every > 0 ? config.eval_every : steps_per_epoch;
@@ -263,6 +301,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
             ", ", size, " parameters");
 
   algo::Gossip gossip(network, algo::mixing_rows(t, rank));
+  Membership membership(network, t, rank, config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue);
   std::vector<int> ring(n), workers;
   for (int p = 0; p < n; ++p) ring[p] = p;
   for (int p = 1; p < n; ++p) workers.push_back(p);
@@ -293,12 +332,14 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     double step_compute = 0;
     switch (config.algorithm) {
       case Algorithm::kDpsgd: {
+        if (auto rows = membership.poll(static_cast<std::uint64_t>(step))) gossip.set_rows(std::move(*rows));
         gossip.start(step, x);  // overlaps the gradient: both read x_k
         step_compute = compute();
         const auto begin = Clock::now();
         sgd.compute_update(x, grads, update);
         step_compute += seconds_since(begin);
         step_wait = gossip.finish(x, update);  // x ← Σ_j W_ij x_j − u
+        if (!gossip.newly_lost().empty()) membership.report_lost(static_cast<std::uint64_t>(step), gossip.newly_lost());
         break;
       }
       case Algorithm::kAllreduce: {
@@ -364,39 +405,58 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
                   wall_s, compute_s, wait_s};
     loss_sum = 0;
     loss_count = 0;
+    const bool tolerant = config.algorithm == Algorithm::kDpsgd;  // the baselines stop on any loss
     if (rank != 0) {
+      if (membership.coordinator_lost()) continue;
       std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size * sizeof(float));
       std::memcpy(payload.data(), &report, sizeof report);
       std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
-      network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
+      try {
+        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
+      } catch (const Error& e) {
+        if (!tolerant) throw;
+        membership.report_lost(static_cast<std::uint64_t>(step), {{0, e.what()}});
+      }
       continue;
     }
-    std::vector<Report> reports(n);
+    std::vector<Report> reports(n);  // step 0 marks a lost peer
     reports[0] = report;
     Eigen::VectorXd mean = Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>();
     std::vector<net::Payload> others(n);
+    int reporting = 1;
     for (int p = 1; p < n; ++p) {
-      others[p] = network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
-      if (others[p].size() != kReportDoubles * sizeof(double) + size * sizeof(float))
-        throw Error(ErrorKind::kPeerLost, str(network.peer_name(p), " sent a report of ", others[p].size(), " bytes"));
+      if (membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
+      try {
+        others[p] = network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
+        if (others[p].size() != kReportDoubles * sizeof(double) + size * sizeof(float))
+          throw Error(ErrorKind::kPeerLost, str(network.peer_name(p), " sent a report of ", others[p].size(), " bytes"));
+      } catch (const Error& e) {
+        if (!tolerant || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
+        others[p].clear();
+        membership.lost_outside_gossip(static_cast<std::uint64_t>(step), p, e.what());
+        continue;
+      }
       std::memcpy(&reports[p], others[p].data(), sizeof(Report));
       mean += Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
                   .cast<double>();
+      ++reporting;
     }
-    mean /= static_cast<double>(n);
+    mean /= static_cast<double>(reporting);
     double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
     for (int p = 1; p < n; ++p)
-      consensus += (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
-                        .cast<double>() -
-                    mean)
-                       .squaredNorm();
-    consensus /= static_cast<double>(n);
+      if (!others[p].empty())
+        consensus +=
+            (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
+                 .cast<double>() -
+             mean)
+                .squaredNorm();
+    consensus /= static_cast<double>(reporting);
     std::vector<float> average_f(size);
     for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
     const Evaluation avg = evaluate(mlp, average_f, test_set);
     recorder->record(reports, avg.accuracy, consensus);
   }
-  if (recorder) recorder->finish();
+  if (recorder) recorder->finish(membership.failures());
   network.close();
   log::info("finished ", total_steps, " steps in ", wall_s, " s");
 }

@@ -32,6 +32,28 @@ topology complete4 "{generator: complete, n: 4}" 4
 small=(--hidden 32 --batch 16 --connect-timeout 20 --peer-timeout 20)
 
 if [[ $mode == long ]]; then
+  # One of 8 peers killed mid-training, on a ring and on an exponential graph: the
+  # others finish within 2 points of the run without failure.
+  topology ring8 "{generator: ring, n: 8}" 8
+  topology exponential8 "{generator: exponential, n: 8}" 8
+  for name in ring8 exponential8; do
+    "$bin" launch --topology "$work/$name.yaml" --epochs 2 --peer-timeout 20 --out "$work/$name-clean" >/dev/null 2>&1
+    "$bin" launch --topology "$work/$name.yaml" --epochs 2 --peer-timeout 20 --out "$work/$name-kill" \
+      >"$work/$name-kill.log" 2>&1 &
+    launcher=$!
+    for _ in $(seq 300); do grep -q '"step": [0-9]*[0-9][0-9][0-9]' "$work/$name-kill.log" 2>/dev/null && break; \
+      [[ $(grep -c "" "$work/$name-kill/metrics.csv" 2>/dev/null || echo 0) -gt 1 ]] && break; sleep 0.2; done
+    pkill -9 -f -- "peer --rank 5 --topology $work/$name.yaml"
+    wait $launcher
+    code=$?
+    clean=$(grep -o '"test_accuracy": [0-9.]*' "$work/$name-clean/summary.json" | cut -d' ' -f2)
+    killed=$(grep -o '"test_accuracy": [0-9.]*' "$work/$name-kill/summary.json" | cut -d' ' -f2)
+    echo "long: $name x̄ accuracy without failure ${clean:-?}, with peer 5 killed mid-run ${killed:-?} (launch exit $code)"
+    [[ $code -eq 0 ]] && ok || fail "$name: launch exited $code after losing peer 5"
+    grep -q '"failed_peers": \[5\]' "$work/$name-kill/summary.json" && ok || fail "$name: peer 5 not in failed_peers"
+    awk -v a="${clean:-0}" -v b="${killed:-0}" 'BEGIN { exit !(b >= a - 0.02) }' && ok ||
+      fail "$name: accuracy fell from ${clean:-?} to ${killed:-?}"
+  done
 # 7. Long: 4 peers reach >= 0.85 test accuracy of x̄ with dpsgd and with allreduce.
   for algorithm in dpsgd allreduce; do
     "$bin" launch --topology "$work/ring4.yaml" --algorithm "$algorithm" --epochs 3 --out "$work/long-$algorithm" \
@@ -86,11 +108,12 @@ cat "$work"/refuse-[023].log | grep -q "refused peer 1 .*fingerprint" && ok ||
   fail "no neighbour logged why it refused peer 1"
 grep -q "^error: " "$work/refuse-0.log" && ok || fail "peer 0 did not stop with an error"
 
-# 4. A killed peer: its neighbours stop with an error naming it, within the timeout.
+# 4. A killed peer under a centralized baseline: its ring neighbours stop with an error
+#    naming it, within the timeout.
 start=$(date +%s)
 for r in 0 1 2 3; do
-  "$bin" peer --topology "$work/ring4.yaml" --rank $r --epochs 50 "${small[@]}" --peer-timeout 15 \
-    >/dev/null 2>"$work/kill-$r.log" &
+  "$bin" peer --topology "$work/ring4.yaml" --rank $r --algorithm allreduce --epochs 50 "${small[@]}" \
+    --peer-timeout 15 >/dev/null 2>"$work/kill-$r.log" &
   pids+=($!)
 done
 for _ in $(seq 100); do grep -q "connected; training" "$work/kill-2.log" 2>/dev/null && break; sleep 0.2; done
@@ -108,18 +131,34 @@ grep -q "peer 2 (127.0.0.1:$((base + 2)))" "$work/kill-1.log" && ok || fail "pee
 grep -q "peer 2 (127.0.0.1:$((base + 2)))" "$work/kill-3.log" && ok || fail "peer 3 did not name peer 2: $(tail -2 "$work/kill-3.log")"
 [[ $elapsed -lt 60 ]] && ok || fail "the survivors took ${elapsed}s to stop"
 
-# 5. launch stops everything and names the peer when one dies.
-"$bin" launch --topology "$work/ring4.yaml" --epochs 50 "${small[@]}" --peer-timeout 15 --out "$work/dies" \
-  >"$work/dies.log" 2>&1 &
+# 5. launch: with allreduce it stops everything and names the peer that died; with
+#    D-PSGD the survivors drop it, recompute W, finish, and report it.
+kill_rank_after_start() {  # OUT RANK
+  for _ in $(seq 150); do grep -q "connected; training" "$1/peer-$2.log" 2>/dev/null && break; sleep 0.2; done
+  sleep 1
+  pkill -9 -f -- "peer --rank $2 --topology $work/ring4.yaml"
+}
+"$bin" launch --topology "$work/ring4.yaml" --algorithm allreduce --epochs 50 "${small[@]}" --peer-timeout 15 \
+  --out "$work/dies" >"$work/dies.log" 2>&1 &
 launcher=$!
-for _ in $(seq 100); do grep -q "connected; training" "$work/dies/peer-1.log" 2>/dev/null && break; sleep 0.2; done
-sleep 1
-pkill -9 -f -- "--rank 1 .*$work/ring4.yaml|$work/ring4.yaml.*--rank 1 " || pkill -9 -f -- "peer --rank 1 --topology $work/ring4.yaml"
+kill_rank_after_start "$work/dies" 1
 wait $launcher
 code=$?
-[[ $code -ne 0 ]] && ok || fail "launch exited 0 after a peer died"
+[[ $code -ne 0 ]] && ok || fail "launch exited 0 after a peer died under allreduce"
 grep -q "^error: peer [0-9]" "$work/dies.log" && ok || fail "launch did not name a failed peer: $(tail -3 "$work/dies.log")"
 grep -q '"failed_peers": \[' "$work/dies/summary.json" && ok || fail "no failed_peers in summary.json"
+
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 6000 --eval-every 1000 "${small[@]}" --peer-timeout 15 \
+  --out "$work/survive" >"$work/survive.log" 2>&1 &
+launcher=$!
+kill_rank_after_start "$work/survive" 2
+wait $launcher
+code=$?
+[[ $code -eq 0 ]] && ok || fail "D-PSGD launch exited $code after losing a peer: $(tail -3 "$work/survive.log")"
+grep -q "peer 2 was killed by signal 9.*the others go on" "$work/survive.log" && ok || fail "launch did not report the lost peer"
+grep -q '"failed_peers": \[2\]' "$work/survive/summary.json" && ok || fail "summary.json: $(grep failed "$work/survive/summary.json")"
+grep -q '"survivors": 3' "$work/survive/summary.json" && ok || fail "summary.json does not count 3 survivors"
+grep -q "switch to recomputed weights" "$work/survive/peer-0.log" && ok || fail "peer 0 did not announce recomputed weights"
 
 # 6. Bad flags and files.
 check_error() {  # check_error WANT_EXIT PATTERN -- command...

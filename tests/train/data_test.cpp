@@ -290,5 +290,47 @@ TEST(BatchSampler, BadShardsAreReported) {
   EXPECT_THROW(BatchSampler(data, {1, 2}, 0, 1), Error);
 }
 
+
+// A sampler restored from state() draws what the original draws next, across epoch ends:
+// 11 examples in batches of 4 give 2 batches an epoch, so 3 draws stop inside epoch 1 and
+// 4 stop at its end, where the next draw starts epoch 2.
+TEST(BatchSampler, RestoredStateDrawsTheSameBatches) {
+  const Dataset data = counting_dataset(50, 3);
+  const std::vector<int> shard = {1, 4, 9, 16, 25, 36, 49, 2, 3, 5, 7};
+  for (int before : {0, 1, 2, 3, 4}) {
+    BatchSampler original(data, shard, 4, 99);
+    std::vector<float> xa(12), xb(12);
+    std::vector<std::int32_t> ya(4), yb(4);
+    for (int k = 0; k < before; ++k) original.next(xa.data(), ya.data());
+    const BatchSampler::State saved = original.state();
+    EXPECT_EQ(saved.batches_drawn, before);
+
+    BatchSampler resumed(data, shard, 4, 99);
+    resumed.next(xb.data(), yb.data());  // a fresh sampler that moved on, to be overwritten
+    resumed.restore(saved);
+    EXPECT_EQ(resumed.state(), saved);
+    EXPECT_EQ(resumed.epoch(), original.epoch());
+    for (int k = 0; k < 5; ++k) {
+      original.next(xa.data(), ya.data());
+      resumed.next(xb.data(), yb.data());
+      ASSERT_EQ(xa, xb) << "after " << before << " draws, then " << k;
+      ASSERT_EQ(ya, yb) << "after " << before << " draws, then " << k;
+      ASSERT_EQ(resumed.epoch(), original.epoch());
+    }
+    EXPECT_EQ(resumed.state(), original.state());
+  }
+}
+
+TEST(BatchSampler, StatesThatCannotBelongToTheSamplerAreReported) {
+  const Dataset data = counting_dataset(50, 3);
+  BatchSampler sampler(data, {1, 4, 9, 16, 25, 36, 49, 2, 3, 5, 7}, 4, 99);
+  const BatchSampler::State before = sampler.state();
+  for (const BatchSampler::State bad : {BatchSampler::State{-1, 0, 0}, BatchSampler::State{0, 3, 0},
+                                        BatchSampler::State{0, 12, 3}, BatchSampler::State{0, 0, -1}}) {
+    EXPECT_THROW(sampler.restore(bad), Error) << "epoch " << bad.epoch << " position " << bad.position;
+    EXPECT_EQ(sampler.state(), before) << "a refused restore changed the sampler";
+  }
+}
+
 }  // namespace
 }  // namespace peertrain::train

@@ -2,7 +2,9 @@
 // subtract) against the centralized step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "peertrain/core/error.h"
@@ -61,6 +63,50 @@ TEST(Sgd, BadSettingsAreReported) {
   Sgd sgd(3, {});
   std::vector<float> x(3), g(2);
   EXPECT_THROW(sgd.step(x, g), Error);  // a size mismatch is a bug, reported as kInternal
+}
+
+
+// A resumed run restores x and v; from there its updates must be the original run's, bit
+// for bit, in both the centralized and the D-PSGD form.
+TEST(Sgd, RestoredMomentumGivesIdenticalUpdates) {
+  const SgdConfig config{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  const std::size_t n = 53;
+  auto grads_at = [n](int step) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(step));
+    return g;
+  };
+  Sgd original(n, config);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = std::cos(0.11f * static_cast<float>(i));
+  for (int step = 0; step < 3; ++step) original.step(x, grads_at(step));
+
+  Sgd resumed(n, config);
+  resumed.restore_momentum(original.momentum());
+  EXPECT_TRUE(std::equal(original.momentum().begin(), original.momentum().end(), resumed.momentum().begin()));
+  std::vector<float> y = x, update_a(n), update_b(n);
+  for (int step = 3; step < 6; ++step) {
+    const auto g = grads_at(step);
+    original.compute_update(x, g, update_a);
+    resumed.compute_update(y, g, update_b);
+    ASSERT_EQ(update_a, update_b) << "step " << step;
+    original.step(x, g);
+    resumed.step(y, g);
+    ASSERT_EQ(x, y) << "step " << step;
+  }
+}
+
+TEST(Sgd, RestoringMomentumOfTheWrongSizeIsReported) {
+  Sgd sgd(4, {});
+  const std::vector<float> wrong(5, 1.0f);
+  try {
+    sgd.restore_momentum(wrong);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("5"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(sgd.momentum()[0], 0.0f) << "a refused restore changed the buffer";
 }
 
 }  // namespace

@@ -24,9 +24,21 @@ struct MixingRow {
 // Rows for steps 0..period−1; step t uses rows[t % period].
 std::vector<MixingRow> mixing_rows(const topology::Topology& topology, int self);
 
+// Rows once the peers in `lost` are gone: Metropolis–Hastings recomputed on the graph of
+// the survivors (so W stays symmetric and doubly stochastic), or, for a time-varying
+// topology, its schedule with lost partners sitting the step out.
+std::vector<MixingRow> mixing_rows_without(const topology::Topology& topology, int self, const std::vector<int>& lost);
+
+// A neighbour that fails (its link breaks, or it sends nothing within the peer timeout) is
+// dropped at once: its weight moves to the diagonal, which keeps W symmetric and doubly
+// stochastic among the survivors using only what this peer knows. The trainer later
+// switches everyone to rows recomputed on the survivors' graph at an agreed step.
 class Gossip {
  public:
   Gossip(net::Network& network, std::vector<MixingRow> rows);
+  void set_rows(std::vector<MixingRow> rows);
+  // Peers this one has dropped; finish() adds to it.
+  const std::vector<int>& lost() const { return lost_; }
 
   // Starts sending x to this step's neighbours. x must not change until finish() returns.
   void start(std::uint64_t step, std::span<const float> x);
@@ -35,12 +47,18 @@ class Gossip {
   // update into the mix saves a pass over the parameters after the exchange, where it
   // cannot overlap anything. Returns the seconds spent waiting.
   double finish(std::span<float> x, std::span<const float> update = {});
+  // Neighbours lost during the last finish(), with the reason.
+  const std::vector<std::pair<int, std::string>>& newly_lost() const { return newly_lost_; }
 
  private:
+  bool is_lost(int peer) const;
+
   net::Network& network_;
   std::vector<MixingRow> rows_;
   std::uint64_t step_ = 0;
   std::vector<net::SendHandle> sends_;
+  std::vector<int> lost_;
+  std::vector<std::pair<int, std::string>> newly_lost_;
 };
 
 }  // namespace peertrain::algo

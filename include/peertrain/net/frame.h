@@ -31,7 +31,8 @@ enum class MessageType : std::uint16_t {
   kReduceChunk = 5,  // one chunk of a ring all-reduce
   kReport = 6,       // metrics and parameters for evaluation at peer 0
   kGoodbye = 7,      // the sender finished cleanly and will close the link
-  kLast = kGoodbye,
+  kMembership = 8,   // a lost peer reported to peer 0, or peer 0's new membership
+  kLast = kMembership,
 };
 const char* to_string(MessageType type);
 

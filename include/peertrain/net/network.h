@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,6 +88,13 @@ class Network {
   // Blocks until that message arrives (at most the peer timeout); throws Error naming the
   // peer on timeout, on a lost link or on a bad frame.
   Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag);
+
+  // The message if it has arrived, without waiting; throws like receive() if the link is lost.
+  std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag);
+
+  // Closes the link to a peer this one has given up on, so that peer learns it was dropped.
+  void drop(int peer, const std::string& why);
+  bool alive(int peer) const;
 
   // Hands a received payload back so a later message can reuse its memory: a 10 MB
   // buffer allocated per message costs its page faults on every step.

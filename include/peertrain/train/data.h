@@ -4,6 +4,7 @@
 // Classification"), and the per-peer batch sampler.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +61,20 @@ class BatchSampler {
   int epoch() const { return epoch_; }  // of the batch drawn last (0 before the first)
   int batches_per_epoch() const { return static_cast<int>(shard_.size()) / batch_; }
   long long batches_drawn() const { return batches_drawn_; }
+
+  // Where the sampler stands, for checkpoints. The epoch's order is not part of it: it is a
+  // function of (seed, epoch), so restore() recomputes it.
+  struct State {
+    int epoch = 0;
+    std::size_t position = 0;  // examples of this epoch's order already drawn
+    long long batches_drawn = 0;
+    bool operator==(const State&) const = default;
+  };
+  State state() const { return {epoch_, position_, batches_drawn_}; }
+  // Continues from a state taken from a sampler over the same shard, batch and seed: the
+  // batches that follow are the ones that sampler would have drawn. Throws Error when the
+  // state cannot belong to this sampler (negative, past the shard, not on a batch boundary).
+  void restore(const State& state);
 
  private:
   void shuffle_for_epoch();

@@ -29,6 +29,9 @@ class Sgd {
 
   const SgdConfig& config() const { return config_; }
   std::span<const float> momentum() const { return velocity_; }
+  // Replaces the momentum buffer, e.g. by one saved in a checkpoint, so the updates that
+  // follow are those of the run that saved it. Throws Error when the size differs.
+  void restore_momentum(std::span<const float> momentum);
 
  private:
   void check_sizes(std::size_t params, std::size_t grads) const;

@@ -46,6 +46,7 @@ struct TrainConfig {
   std::uint64_t run_id = 0;  // 0: derived from the configuration and the topology
   bool progress = false;   // peer 0 prints "@progress {json}" lines for `launch`
   int threads = 1;         // Eigen threads per peer
+  bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.

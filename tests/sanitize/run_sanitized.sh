@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the test suite with AddressSanitizer and UndefinedBehaviorSanitizer in its own
+# folder and runs it (the unit tests, and the command-line tests against the sanitized
+# binary). Any sanitizer report fails the run. Usage: run_sanitized.sh SOURCE BUILD
+set -euo pipefail
+root=$1
+build=$2
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPEERTRAIN_SANITIZE=address,undefined \
+  -DPEERTRAIN_CUDA=OFF -DPEERTRAIN_BENCHMARKS=OFF -DPEERTRAIN_NATIVE=OFF >"$build.configure.log" 2>&1 ||
+  { cat "$build.configure.log"; exit 1; }
+cmake --build "$build" -j"$(nproc)" >"$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+cd "$build"
+# The long accuracy runs, the fuzzers (sanitized already) and this test itself are left out.
+ctest --output-on-failure -j"$(nproc)" -E "^(long|fuzz|sanitize|experiments)" --timeout 900
