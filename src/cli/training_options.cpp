@@ -11,7 +11,7 @@ namespace {
 // Flags forwarded from launch to its peers (everything that shapes the run).
 const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
-    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split"};
+    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -60,7 +60,10 @@ void add_training_options(cxxopts::Options& options) {
       ("run-id", "run id all peers share (default: derived from the configuration)",
        cxxopts::value<std::string>()->default_value("0"))
       ("on-split", "D-PSGD when lost peers split the graph: continue (each piece alone) | stop",
-       cxxopts::value<std::string>()->default_value("continue"));
+       cxxopts::value<std::string>()->default_value("continue"))
+      ("secret-file", "a key file every peer shares (16+ bytes); without it nobody can join or inject frames "
+                      "(make one: head -c 32 /dev/urandom > run.key && chmod 600 run.key)",
+       cxxopts::value<std::string>());
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {
@@ -99,6 +102,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   const std::string split = args["on-split"].as<std::string>();
   if (split != "continue" && split != "stop") throw UsageError("--on-split '" + split + "' is not one of continue, stop");
   c.stop_on_split = split == "stop";
+  if (args.count("secret-file")) c.secret_file = args["secret-file"].as<std::string>();
   return c;
 }
 

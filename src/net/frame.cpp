@@ -43,6 +43,7 @@ const char* to_string(MessageType type) {
     case MessageType::kReport: return "report";
     case MessageType::kGoodbye: return "goodbye";
     case MessageType::kMembership: return "membership";
+    case MessageType::kHelloProof: return "hello-proof";
   }
   return "unknown";
 }

@@ -59,7 +59,9 @@ constexpr std::size_t kShapedPiece = 64 * 1024;
 std::size_t shaped_piece(double bandwidth_mbps) {
   return std::max<std::size_t>(kShapedPiece, static_cast<std::size_t>(bandwidth_mbps * 1e6 / 8 / 1000));
 }
-constexpr std::size_t kHelloBytes = 32;
+constexpr std::size_t kHelloBytes = 64;
+constexpr std::size_t kAuthReplyBytes = 4 + kNonceBytes + kProofBytes;
+constexpr std::uint32_t kFlagAuthenticated = 1;
 constexpr std::uint64_t kMaxReplyBytes = 1024;
 constexpr double kHandshakeTimeoutS = 10;
 
@@ -78,6 +80,8 @@ struct Hello {
   std::uint32_t target = 0;
   std::uint64_t fingerprint = 0;
   std::uint64_t run_id = 0;
+  std::uint32_t flags = 0;  // kFlagAuthenticated: the dialer uses --secret-file
+  Nonce nonce{};            // the dialer's, for the challenge–response
 };
 
 Payload encode_hello(const Hello& h) {
@@ -87,6 +91,8 @@ Payload encode_hello(const Hello& h) {
   std::memcpy(bytes.data() + 8, &h.target, 4);
   std::memcpy(bytes.data() + 12, &h.fingerprint, 8);
   std::memcpy(bytes.data() + 20, &h.run_id, 8);
+  std::memcpy(bytes.data() + 28, &h.flags, 4);
+  std::memcpy(bytes.data() + 32, h.nonce.data(), kNonceBytes);
   return bytes;
 }
 
@@ -97,6 +103,8 @@ Hello decode_hello(const Payload& bytes) {
   std::memcpy(&h.target, bytes.data() + 8, 4);
   std::memcpy(&h.fingerprint, bytes.data() + 12, 8);
   std::memcpy(&h.run_id, bytes.data() + 20, 8);
+  std::memcpy(&h.flags, bytes.data() + 28, 4);
+  std::memcpy(h.nonce.data(), bytes.data() + 32, kNonceBytes);
   return h;
 }
 
@@ -128,6 +136,7 @@ struct Link {
   bool left = false;  // said goodbye
   std::string death;
   LinkCounters counters;
+  std::unique_ptr<FrameAuthenticator> auth;  // set by the handshake when a secret is in use
 };
 
 struct Network::Impl {
@@ -201,10 +210,16 @@ struct Network::Impl {
       l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
       asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l](boost::system::error_code ec2, std::size_t) {
         if (ec2) return read_failed(l, ec2);
-        try {
-          verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
-        } catch (const Error& e) {
-          return fail_link(l, e.what());
+        if (l.auth) {
+          if (!l.auth->verify(l.header_in, l.payload_in))
+            return fail_link(l, str("bad frame from ", l.name, ": authentication failed on a ", to_string(l.pending.type),
+                                    " frame for step ", l.pending.step, " (forged, corrupted or replayed); closing the link"));
+        } else {
+          try {
+            verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+          } catch (const Error& e) {
+            return fail_link(l, e.what());
+          }
         }
         deliver(l);
       });
@@ -264,6 +279,8 @@ struct Network::Impl {
         return;
       }
     }
+    // Signed here, on the I/O thread, so that signing order is wire order.
+    if (l.auth) l.auth->sign(out.header, out.payload);
     l.queue.push_back(std::move(out));
     if (!l.writing) write_next(l);
   }
@@ -348,14 +365,14 @@ struct Network::Impl {
   }
 
   Outgoing make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, std::span<const std::byte> payload,
-                      bool shaped, const std::string& to) {
+                      bool shaped, const std::string& to, bool authenticated = false) {
     FrameHeader h;
     h.type = type;
     h.sender = static_cast<std::uint32_t>(options.self);
     h.tag = tag;
     h.step = step;
     h.length = payload.size();
-    h.checksum = frame_checksum(h, checksum_payload(payload));
+    if (!authenticated) h.checksum = frame_checksum(h, checksum_payload(payload));  // else the tag replaces it
     Outgoing out;
     out.header = encode_header(h);
     out.payload = payload;
@@ -419,13 +436,18 @@ struct Network::Impl {
   void send_hello(Link& l, Clock::time_point deadline, std::shared_ptr<tcp::socket> socket) {
     Hello hello{kProtocolVersion, static_cast<std::uint32_t>(options.self), static_cast<std::uint32_t>(l.peer),
                 options.fingerprint, options.run_id};
+    if (options.secret) {
+      hello.flags = kFlagAuthenticated;
+      hello.nonce = random_nonce();
+    }
     auto payload = std::make_shared<Payload>(encode_hello(hello));
     auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHello, 0, 0, *payload, false, l.name));
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*payload)};
-    asio::async_write(*socket, buffers, [this, &l, deadline, socket, payload, frame](boost::system::error_code ec, std::size_t) {
+    asio::async_write(*socket, buffers, [this, &l, deadline, socket, payload, frame, hello](boost::system::error_code ec,
+                                                                                           std::size_t) {
       if (ec) return retry_dial(l, deadline, ec.message());
       read_frame(socket, static_cast<std::uint32_t>(l.peer), kMaxReplyBytes, l.name,
-                 [this, &l, deadline, socket](const std::string& error, FrameHeader h, Payload reply) {
+                 [this, &l, deadline, socket, hello](const std::string& error, FrameHeader h, Payload reply) {
                    if (!error.empty()) return retry_dial(l, deadline, error);
                    if (h.type != MessageType::kHelloReply || reply.size() < 4)
                      return refuse_fatally(str(l.name, " answered the handshake with a ", to_string(h.type), " frame"));
@@ -436,8 +458,33 @@ struct Network::Impl {
                      log::error(l.name, " refused us: ", reason);
                      return refuse_fatally(str(l.name, " refused the connection: ", reason));
                    }
-                   established(l, std::move(*socket));
+                   if (!options.secret) return established(l, std::move(*socket));
+                   prove_as_dialer(l, socket, hello, reply);
                  });
+    });
+  }
+
+  // The acceptor proved it holds the key; now we prove it, then the link is authenticated.
+  void prove_as_dialer(Link& l, std::shared_ptr<tcp::socket> socket, const Hello& hello, const Payload& reply) {
+    if (reply.size() != kAuthReplyBytes)
+      return refuse_fatally(str(l.name, " answered without authentication; it was not started with --secret-file"));
+    HandshakeContext context{static_cast<std::uint32_t>(options.self), static_cast<std::uint32_t>(l.peer), hello.nonce,
+                             {}, options.fingerprint, options.run_id};
+    std::memcpy(context.acceptor_nonce.data(), reply.data() + 4, kNonceBytes);
+    std::span<const std::uint8_t, kProofBytes> their_proof(reinterpret_cast<const std::uint8_t*>(reply.data()) + 4 + kNonceBytes,
+                                                           kProofBytes);
+    if (!verify_handshake_proof(*options.secret, Role::kAcceptor, context, their_proof))
+      return refuse_fatally(str(l.name, " failed authentication: its proof does not match our --secret-file (do both "
+                                        "peers use the same key?)"));
+    const Proof mine = handshake_proof(*options.secret, Role::kDialer, context);
+    auto proof = std::make_shared<Payload>(kProofBytes);
+    std::memcpy(proof->data(), mine.data(), kProofBytes);
+    auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHelloProof, 0, 0, *proof, false, l.name));
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*proof)};
+    asio::async_write(*socket, buffers, [this, &l, socket, proof, frame, context](boost::system::error_code ec, std::size_t) {
+      if (ec) return refuse_fatally(str("sending our proof to ", l.name, " failed: ", ec.message()));
+      l.auth = std::make_unique<FrameAuthenticator>(*options.secret, context, Role::kDialer);
+      established(l, std::move(*socket));
     });
   }
 
@@ -522,8 +569,7 @@ struct Network::Impl {
           log::warn("refused a connection: ", e.what());
           return;
         }
-        timer->cancel();
-        answer_hello(socket, decode_hello(*payload), from);
+        answer_hello(socket, decode_hello(*payload), from, timer);
       });
     });
   }
@@ -532,6 +578,11 @@ struct Network::Impl {
     const int peer = static_cast<int>(hello.peer);
     if (hello.target != static_cast<std::uint32_t>(options.self))
       return str("it dialed peer ", hello.target, " but reached peer ", options.self, " (check the addresses)");
+    const bool dialer_authenticates = (hello.flags & kFlagAuthenticated) != 0;
+    if (options.secret && !dialer_authenticates)
+      return "we require --secret-file, and it was started without one";
+    if (!options.secret && dialer_authenticates)
+      return "it uses --secret-file, but we were started without one";
     if (hello.fingerprint != options.fingerprint)
       return str("topology fingerprint ", hex(hello.fingerprint), " differs from ours ", hex(options.fingerprint),
                  " (was it started with a different topology file?)");
@@ -545,28 +596,68 @@ struct Network::Impl {
     return "";
   }
 
-  void answer_hello(std::shared_ptr<tcp::socket> socket, const Hello& hello, const std::string& from) {
+  void answer_hello(std::shared_ptr<tcp::socket> socket, const Hello& hello, const std::string& from,
+                    std::shared_ptr<asio::steady_timer> timer) {
     const std::string reason = check_hello(hello);
     if (!reason.empty()) {
       log::error("refused peer ", hello.peer, " from ", from, ": ", reason);
       std::lock_guard lock(mutex);
       last_refusal = str("refused peer ", hello.peer, " from ", from, ": ", reason);
     }
-    auto reply = std::make_shared<Payload>(4 + reason.size());
-    const std::uint32_t status = reason.empty() ? 0 : 1;
+    const bool accepted = reason.empty();
+    const bool authenticate = accepted && options.secret.has_value();
+    HandshakeContext context{hello.peer, static_cast<std::uint32_t>(options.self), hello.nonce, {}, options.fingerprint,
+                             options.run_id};
+    auto reply = std::make_shared<Payload>(authenticate ? kAuthReplyBytes : 4 + reason.size());
+    const std::uint32_t status = accepted ? 0 : 1;
     std::memcpy(reply->data(), &status, 4);
-    std::memcpy(reply->data() + 4, reason.data(), reason.size());
+    if (authenticate) {
+      context.acceptor_nonce = random_nonce();
+      const Proof proof = handshake_proof(*options.secret, Role::kAcceptor, context);
+      std::memcpy(reply->data() + 4, context.acceptor_nonce.data(), kNonceBytes);
+      std::memcpy(reply->data() + 4 + kNonceBytes, proof.data(), kProofBytes);
+    } else {
+      std::memcpy(reply->data() + 4, reason.data(), reason.size());
+    }
     auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHelloReply, 0, 0, *reply, false, from));
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*reply)};
     const int peer = static_cast<int>(hello.peer);
-    const bool accepted = reason.empty();
-    asio::async_write(*socket, buffers, [this, socket, reply, frame, peer, accepted](boost::system::error_code ec, std::size_t) {
+    asio::async_write(*socket, buffers, [this, socket, reply, frame, peer, accepted, authenticate, context, from, timer](
+                                            boost::system::error_code ec, std::size_t) {
       if (ec || !accepted) {
         boost::system::error_code ignore;
         socket->close(ignore);
         return;
       }
-      established(*links.at(peer), std::move(*socket));
+      if (!authenticate) {
+        timer->cancel();
+        return established(*links.at(peer), std::move(*socket));
+      }
+      // The dialer must now prove it holds the key too; the handshake timer still runs.
+      read_frame(socket, static_cast<std::uint32_t>(peer), kProofBytes, str("peer ", peer, " at ", from),
+                 [this, socket, peer, context, from, timer](const std::string& error, FrameHeader h, Payload proof) {
+                   std::string why = error;
+                   if (why.empty() && (h.type != MessageType::kHelloProof || proof.size() != kProofBytes))
+                     why = str("expected a hello-proof frame, got ", to_string(h.type));
+                   if (why.empty() &&
+                       !verify_handshake_proof(*options.secret, Role::kDialer, context,
+                                               std::span<const std::uint8_t, kProofBytes>(
+                                                   reinterpret_cast<const std::uint8_t*>(proof.data()), kProofBytes)))
+                     why = "authentication failed (its --secret-file differs from ours?)";
+                   if (!why.empty()) {
+                     log::error("refused peer ", peer, " from ", from, ": ", why);
+                     {
+                       std::lock_guard lock(mutex);
+                       last_refusal = str("refused peer ", peer, " from ", from, ": ", why);
+                     }
+                     boost::system::error_code ignore;
+                     socket->close(ignore);
+                     return;
+                   }
+                   timer->cancel();
+                   links.at(peer)->auth = std::make_unique<FrameAuthenticator>(*options.secret, context, Role::kAcceptor);
+                   established(*links.at(peer), std::move(*socket));
+                 });
     });
   }
 };
@@ -655,7 +746,7 @@ SendHandle Network::send(int peer, MessageType type, std::uint64_t step, std::ui
   Link& l = m.link(peer);
   PEERTRAIN_CHECK(payload.size() <= m.options.max_payload_bytes, "payload of ", payload.size(), " bytes exceeds ",
                   m.options.max_payload_bytes);
-  Outgoing out = m.make_frame(type, step, tag, payload, shaped, l.name);
+  Outgoing out = m.make_frame(type, step, tag, payload, shaped, l.name, m.options.secret.has_value());
   out.ready_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(l.shaping.latency_ms / 1000.0));
   SendHandle handle;

@@ -75,6 +75,7 @@ class Decoder {
     PEERTRAIN_CHECK(at_ + count * sizeof(float) <= bytes_.size(), "decoding ", count, " floats past ", bytes_.size(),
                     " bytes at ", at_);
     std::vector<float> values(count);
+    if (count == 0) return values;  // memcpy must not see the empty vector's null data()
     std::memcpy(values.data(), bytes_.data() + at_, count * sizeof(float));
     at_ += count * sizeof(float);
     return values;

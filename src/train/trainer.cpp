@@ -275,6 +275,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   const long long eval_every = config.eval_every > 0 ? config.eval_every : steps_per_epoch;
 
   net::NetworkOptions options;
+  if (!config.secret_file.empty()) options.secret = net::Secret::load(config.secret_file);
   options.self = rank;
   for (const auto& p : t.peers) options.endpoints.push_back({p.host, p.port});
   options.links = links_for(config.algorithm, t, rank);

@@ -160,7 +160,30 @@ grep -q '"failed_peers": \[2\]' "$work/survive/summary.json" && ok || fail "summ
 grep -q '"survivors": 3' "$work/survive/summary.json" && ok || fail "summary.json does not count 3 survivors"
 grep -q "switch to recomputed weights" "$work/survive/peer-0.log" && ok || fail "peer 0 did not announce recomputed weights"
 
-# 6. Bad flags and files.
+# 6. Authentication: peers sharing --secret-file train; one without the key is refused.
+head -c 32 /dev/urandom >"$work/run.key"
+chmod 600 "$work/run.key"
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 20 --eval-every 20 "${small[@]}" --secret-file "$work/run.key" \
+  --out "$work/auth" >"$work/auth.log" 2>&1 && ok || fail "launch with --secret-file: $(tail -2 "$work/auth.log")"
+for r in 0 2 3; do
+  "$bin" peer --topology "$work/ring4.yaml" --rank $r --max-steps 5 "${small[@]}" --secret-file "$work/run.key" \
+    --connect-timeout 6 >/dev/null 2>"$work/noauth-$r.log" &
+  pids+=($!)
+done
+"$bin" peer --topology "$work/ring4.yaml" --rank 1 --max-steps 5 "${small[@]}" --connect-timeout 6 \
+  >/dev/null 2>"$work/noauth-1.log" &
+pids+=($!)
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+pids=()
+grep -q "refused the connection: we require --secret-file" "$work/noauth-1.log" && ok ||
+  fail "a peer without the key was not refused: $(tail -2 "$work/noauth-1.log")"
+cat "$work"/noauth-[023].log | grep -q "refused peer 1 .*we require --secret-file" && ok ||
+  fail "no peer logged why it refused the keyless peer"
+: >"$work/empty.key"
+check_error_early() { local out; out=$("$@" 2>&1); [[ $? -eq 1 ]] && grep -q "$work/empty.key" <<<"$out" && ok || fail "bad key file: $out"; }
+check_error_early "$bin" peer --topology "$work/ring4.yaml" --rank 0 --secret-file "$work/empty.key"
+
+# 7. Bad flags and files.
 check_error() {  # check_error WANT_EXIT PATTERN -- command...
   local want=$1 pattern=$2; shift 3
   local out; out=$(timeout 60 "$@" 2>&1); local code=$?

@@ -248,6 +248,7 @@ TEST(Auth, KnownAnswers) {
   const std::string text = "hello";
   const std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(text.data()), text.size());
   FrameHeader h;
+  h.version = 1;  // the vectors were computed over a version-1 header; they pin the MAC, not the version
   h.type = MessageType::kParameters;
   h.sender = 2;
   h.tag = 7;

@@ -240,5 +240,53 @@ TEST(Network, ANodeCapIsSharedByAllLinks) {
   });
 }
 
+Secret secret_of(const std::string& text) {
+  return Secret::from_bytes(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+}
+
+TEST(Network, PeersWithTheSameSecretAuthenticateAndTalk) {
+  const auto endpoints = loopback_endpoints(2);
+  run_peers(2, [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank});
+    o.secret = secret_of("0123456789abcdef-shared");
+    Network net(o);
+    net.connect();
+    const std::vector<float> x(1000, static_cast<float>(rank));
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      auto s = net.send(1 - rank, MessageType::kParameters, step, 0, as_bytes(x));
+      const Payload got = net.receive(1 - rank, MessageType::kParameters, step, 0);
+      EXPECT_EQ(reinterpret_cast<const float*>(got.data())[999], static_cast<float>(1 - rank));
+      s.wait();
+    }
+    net.close();
+  });
+}
+
+TEST(Network, AProcessWithoutTheKeyCannotJoin) {
+  for (const char* case_name : {"other key", "no key"}) {
+    SCOPED_TRACE(case_name);
+    const auto endpoints = loopback_endpoints(2);
+    std::string dialer_error, acceptor_error;
+    run_peers(2, [&](int rank) {
+      auto o = options_for(rank, endpoints, {1 - rank});
+      o.connect_timeout_s = 3;
+      if (rank == 1) o.secret = secret_of("0123456789abcdef-shared");
+      if (rank == 0 && std::string(case_name) == "other key") o.secret = secret_of("fedcba9876543210-wrong!");
+      Network net(o);
+      try {
+        net.connect();
+      } catch (const Error& e) {
+        (rank == 0 ? dialer_error : acceptor_error) = e.what();
+      }
+    });
+    if (std::string(case_name) == "other key") {
+      EXPECT_NE(dialer_error.find("failed authentication"), std::string::npos) << dialer_error;
+    } else {
+      EXPECT_NE(dialer_error.find("we require --secret-file"), std::string::npos) << dialer_error;
+    }
+    EXPECT_NE(acceptor_error.find("could not connect"), std::string::npos) << acceptor_error;
+  }
+}
+
 }  // namespace
 }  // namespace peertrain::net

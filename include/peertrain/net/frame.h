@@ -20,7 +20,7 @@
 namespace peertrain::net {
 
 inline constexpr std::uint32_t kMagic = 0x31525450;  // "PTR1" in memory order
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
 inline constexpr std::size_t kHeaderBytes = 48;
 
 enum class MessageType : std::uint16_t {
@@ -32,7 +32,8 @@ enum class MessageType : std::uint16_t {
   kReport = 6,       // metrics and parameters for evaluation at peer 0
   kGoodbye = 7,      // the sender finished cleanly and will close the link
   kMembership = 8,   // a lost peer reported to peer 0, or peer 0's new membership
-  kLast = kMembership,
+  kHelloProof = 9,   // handshake, dialer's proof that it holds the shared secret
+  kLast = kHelloProof,
 };
 const char* to_string(MessageType type);
 

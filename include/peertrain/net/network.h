@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "peertrain/net/auth.h"
 #include "peertrain/net/frame.h"
 
 namespace peertrain::net {
@@ -41,6 +42,9 @@ struct NetworkOptions {
   std::uint64_t max_payload_bytes = 1 << 20;
   std::function<LinkShaping(int peer)> shaping;  // empty: no emulation
   double node_bandwidth_mbps = 0;  // cap on this peer's outgoing traffic over all links; 0 = none
+  // The shared key (--secret-file): the handshake then proves both sides hold it, and every
+  // later frame carries a ChaCha20-Poly1305 tag instead of the checksum (docs/net.md).
+  std::optional<Secret> secret;
 };
 
 struct LinkCounters {

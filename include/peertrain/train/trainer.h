@@ -47,6 +47,7 @@ struct TrainConfig {
   bool progress = false;   // peer 0 prints "@progress {json}" lines for `launch`
   int threads = 1;         // Eigen threads per peer
   bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
+  std::string secret_file;     // shared key: only peers holding it may join or send frames
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.
