@@ -51,6 +51,13 @@ int run_peer(int argc, char** argv) {
     return 2;
   }
   if (args.count("out")) config.out_dir = args["out"].as<std::string>();
+  if ((config.checkpoint_every > 0 || config.resume) && config.checkpoint_dir.empty()) {
+    if (config.out_dir.empty()) {
+      std::fprintf(stderr, "error: --checkpoint-every and --resume need --checkpoint-dir or --out\n");
+      return 2;
+    }
+    config.checkpoint_dir = config.out_dir + "/checkpoints";
+  }
   config.progress = args.count("progress") > 0;
   const auto topology = topology::load_topology_file(args["topology"].as<std::string>());
   train::run_peer(topology, rank, config);

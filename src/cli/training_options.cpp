@@ -11,7 +11,7 @@ namespace {
 // Flags forwarded from launch to its peers (everything that shapes the run).
 const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
-    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file"};
+    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -61,6 +61,9 @@ void add_training_options(cxxopts::Options& options) {
        cxxopts::value<std::string>()->default_value("0"))
       ("on-split", "D-PSGD when lost peers split the graph: continue (each piece alone) | stop",
        cxxopts::value<std::string>()->default_value("continue"))
+      ("checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))
+      ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())
+      ("resume", "restart every peer from the latest complete set of checkpoints")
       ("secret-file", "a key file every peer shares (16+ bytes); without it nobody can join or inject frames "
                       "(make one: head -c 32 /dev/urandom > run.key && chmod 600 run.key)",
        cxxopts::value<std::string>());
@@ -103,11 +106,15 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   if (split != "continue" && split != "stop") throw UsageError("--on-split '" + split + "' is not one of continue, stop");
   c.stop_on_split = split == "stop";
   if (args.count("secret-file")) c.secret_file = args["secret-file"].as<std::string>();
+  c.checkpoint_every = positive<long long>(args, "checkpoint-every", true);
+  if (args.count("checkpoint-dir")) c.checkpoint_dir = args["checkpoint-dir"].as<std::string>();
+  c.resume = args.count("resume") > 0;
   return c;
 }
 
 std::vector<std::string> forwarded_training_flags(const cxxopts::ParseResult& args) {
   std::vector<std::string> out;
+  if (args.count("resume")) out.push_back("--resume");
   for (const std::string& name : kTrainingFlags)
     if (args.count(name)) {
       out.push_back("--" + name);

@@ -789,7 +789,8 @@ std::optional<Payload> Network::try_receive(int peer, MessageType type, std::uin
     m.mailbox.erase(it);
     return payload;
   }
-  if (l.dead) throw Error(ErrorKind::kPeerLost, l.death);
+  // A peer that finished cleanly is not lost: it simply has nothing more to say.
+  if (l.dead && !l.left) throw Error(ErrorKind::kPeerLost, l.death);
   return std::nullopt;
 }
 

@@ -22,6 +22,7 @@
 #include "peertrain/net/network.h"
 #include "peertrain/topology/spectrum.h"
 #include "membership.h"
+#include "peertrain/train/checkpoint.h"
 
 namespace peertrain::train {
 namespace {
@@ -80,14 +81,24 @@ Evaluation evaluate(model::Mlp& mlp, std::span<const float> params, const Datase
 // Peer 0's view of the whole run: it writes the files and the progress lines.
 class Recorder {
  public:
-  Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps)
+  Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps,
+           long long resumed_at)
       : config_(config), topology_(topology), spectral_gap_(spectral_gap), total_steps_(total_steps) {
     if (config.out_dir.empty()) return;
     std::filesystem::create_directories(config.out_dir);
-    csv_.open(std::filesystem::path(config.out_dir) / "metrics.csv");
-    if (!csv_) throw Error(ErrorKind::kIo, str(config.out_dir, "/metrics.csv: cannot write"));
+    const auto path = std::filesystem::path(config.out_dir) / "metrics.csv";
+    std::string kept;
+    if (resumed_at > 0) {  // keep the rows up to the checkpoint, drop what came after it
+      std::ifstream old(path);
+      std::string line;
+      while (std::getline(old, line))
+        if (line.rfind("step,", 0) != 0 && std::atoll(line.c_str()) <= resumed_at) kept += line + "\n";
+    }
+    csv_.open(path);
+    if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
     csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
-            "wall_s,compute_s,comm_wait_s\n";
+            "wall_s,compute_s,comm_wait_s\n"
+         << kept;
   }
 
   void record(const std::vector<Report>& reports, double avg_accuracy, double consensus) {
@@ -99,7 +110,7 @@ class Recorder {
       for (std::size_t peer = 0; peer < reports.size(); ++peer) {
         const Report& r = reports[peer];
         if (r.step == 0) continue;  // lost: no row
-        std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.6g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f\n",
+        std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f\n",
                       static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
                       consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s);
         csv_ << line;
@@ -218,14 +229,11 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   };
   mix(static_cast<double>(c.algorithm));
   for (int width : c.hidden) mix(width);
-  mix(c.epochs);
-  mix(static_cast<double>(c.max_steps));
   mix(c.batch);
   mix(c.sgd.lr);
   mix(c.sgd.momentum);
   mix(c.sgd.weight_decay);
   mix(static_cast<double>(c.seed));
-  mix(static_cast<double>(c.eval_every));
   mix(static_cast<double>(c.partition));
   mix(c.alpha);
   return h;
@@ -274,13 +282,24 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
   const long long eval_every = config.eval_every > 0 ? config.eval_every : steps_per_epoch;
 
+  // The step to resume from: every peer must find the same one, so it is folded into the
+  // run id and a peer that found another is refused at the handshake.
+  std::uint64_t resume_step = 0;
+  const std::uint64_t base_run_id = config.run_id ? config.run_id : derive_run_id(config, t);
+  if (config.resume) {
+    const auto found = latest_complete_step(config.checkpoint_dir, n, {t.fingerprint(), base_run_id, size});
+    if (!found)
+      throw Error(ErrorKind::kInvalidArgument, str("--resume: no complete set of checkpoints of this run (all ", n,
+                                                   " peers, same topology and training flags) in ", config.checkpoint_dir));
+    resume_step = *found;
+  }
   net::NetworkOptions options;
   if (!config.secret_file.empty()) options.secret = net::Secret::load(config.secret_file);
   options.self = rank;
   for (const auto& p : t.peers) options.endpoints.push_back({p.host, p.port});
   options.links = links_for(config.algorithm, t, rank);
   options.fingerprint = t.fingerprint();
-  options.run_id = config.run_id ? config.run_id : derive_run_id(config, t);
+  options.run_id = base_run_id ^ (resume_step * 0x9e3779b97f4a7c15ULL);
   options.connect_timeout_s = config.connect_timeout_s;
   options.peer_timeout_s = config.peer_timeout_s;
   options.max_payload_bytes = size * sizeof(float) + kReportDoubles * sizeof(double);
@@ -310,17 +329,125 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   std::unique_ptr<Recorder> recorder;
   if (rank == 0) {
     const double gap = t.time_varying() ? 0.0 : topology::analyze_spectrum(t.mixing, t.graph).spectral_gap;
-    recorder = std::make_unique<Recorder>(config, t, gap, total_steps);
+    recorder = std::make_unique<Recorder>(config, t, gap, total_steps, static_cast<long long>(resume_step));
   }
 
   std::vector<float> inputs(static_cast<std::size_t>(train_set.features) * config.batch);
   std::vector<std::int32_t> labels(config.batch);
   double wall_s = 0, compute_s = 0, wait_s = 0, loss_sum = 0;
   long long loss_count = 0;
+  long long first_step = 0;
+  std::uint64_t sent_base = 0, received_base = 0;  // bytes of the run before a resume
+  const CheckpointMatch match{t.fingerprint(), base_run_id, size};
+  if (config.resume) {
+    // resume_step was found before connecting, so that it is part of the run id.
+    const CheckpointState saved = read_checkpoint(checkpoint_path(config.checkpoint_dir, rank, resume_step));
+    if (saved.peer != static_cast<std::uint32_t>(rank) || saved.params.size() != size)
+      throw Error(ErrorKind::kParse, str(checkpoint_path(config.checkpoint_dir, rank, resume_step),
+                                         ": belongs to another peer or model"));
+    x = saved.params;
+    sgd.restore_momentum(saved.momentum);
+    sampler.restore(saved.sampler);
+    loss_sum = saved.loss_sum;
+    loss_count = saved.loss_count;
+    wall_s = saved.wall_s;
+    compute_s = saved.compute_s;
+    wait_s = saved.comm_wait_s;
+    sent_base = saved.bytes_sent;
+    received_base = saved.bytes_received;
+    first_step = static_cast<long long>(resume_step);
+    log::info("resumed from step ", first_step, " (", checkpoint_path(config.checkpoint_dir, rank, resume_step), ")");
+  }
+  // Written at the end of a step, after its evaluation; not part of the step timings.
+  auto save = [&](long long done) {
+    const auto counters = network.total_counters();
+    CheckpointState state;
+    state.peer = static_cast<std::uint32_t>(rank);
+    state.peers = static_cast<std::uint32_t>(n);
+    state.fingerprint = match.fingerprint;
+    state.run_id = match.run_id;
+    state.step = static_cast<std::uint64_t>(done);
+    state.sampler = sampler.state();
+    state.loss_sum = loss_sum;
+    state.loss_count = loss_count;
+    state.wall_s = wall_s;
+    state.compute_s = compute_s;
+    state.comm_wait_s = wait_s;
+    state.bytes_sent = sent_base + counters.bytes_sent;
+    state.bytes_received = received_base + counters.bytes_received;
+    state.params = x;
+    state.momentum.assign(sgd.momentum().begin(), sgd.momentum().end());
+    write_checkpoint(config.checkpoint_dir, state);
+    if (rank == 0) prune_checkpoints(config.checkpoint_dir, n, 2, match);
+  };
   auto last_progress = Clock::now();
   const float inverse_n = 1.0f / static_cast<float>(n);
 
-  for (long long step = 0; step < total_steps; ++step) {
+  // Evaluation: each peer tests its model and reports to peer 0, which tests x̄ and writes
+  // the metrics. Not part of the step timings.
+  auto evaluate_round = [&](long long step, double epoch) {
+    const long long done = step + 1;
+    const Evaluation local = evaluate(mlp, x, test_set);
+    const auto counters = network.total_counters();
+    Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
+                  local.loss, static_cast<double>(sent_base + counters.bytes_sent),
+                  static_cast<double>(received_base + counters.bytes_received),
+                  wall_s, compute_s, wait_s};
+    loss_sum = 0;
+    loss_count = 0;
+    const bool tolerant = config.algorithm == Algorithm::kDpsgd;  // the baselines stop on any loss
+    if (rank != 0) {
+      if (membership.coordinator_lost()) return;
+      std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size * sizeof(float));
+      std::memcpy(payload.data(), &report, sizeof report);
+      std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
+      try {
+        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
+      } catch (const Error& e) {
+        if (!tolerant) throw;
+        membership.report_lost(static_cast<std::uint64_t>(step), {{0, e.what()}});
+      }
+      return;
+    }
+    std::vector<Report> reports(n);  // step 0 marks a lost peer
+    reports[0] = report;
+    Eigen::VectorXd mean = Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>();
+    std::vector<net::Payload> others(n);
+    int reporting = 1;
+    for (int p = 1; p < n; ++p) {
+      if (membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
+      try {
+        others[p] = network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
+        if (others[p].size() != kReportDoubles * sizeof(double) + size * sizeof(float))
+          throw Error(ErrorKind::kPeerLost, str(network.peer_name(p), " sent a report of ", others[p].size(), " bytes"));
+      } catch (const Error& e) {
+        if (!tolerant || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
+        others[p].clear();
+        membership.lost_outside_gossip(static_cast<std::uint64_t>(step), p, e.what());
+        continue;
+      }
+      std::memcpy(&reports[p], others[p].data(), sizeof(Report));
+      mean += Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
+                  .cast<double>();
+      ++reporting;
+    }
+    mean /= static_cast<double>(reporting);
+    double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
+    for (int p = 1; p < n; ++p)
+      if (!others[p].empty())
+        consensus +=
+            (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
+                 .cast<double>() -
+             mean)
+                .squaredNorm();
+    consensus /= static_cast<double>(reporting);
+    std::vector<float> average_f(size);
+    for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
+    const Evaluation avg = evaluate(mlp, average_f, test_set);
+    recorder->record(reports, avg.accuracy, consensus);
+  };
+
+  for (long long step = first_step; step < total_steps; ++step) {
     const auto step_start = Clock::now();
     sampler.next(inputs.data(), labels.data());
     double step_wait = 0;
@@ -396,66 +523,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       recorder->progress(static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), wall_s, false);
       last_progress = Clock::now();
     }
-    if (done % eval_every != 0 && done != total_steps) continue;
-
-    // Evaluation: not part of the step timings.
-    const Evaluation local = evaluate(mlp, x, test_set);
-    const auto counters = network.total_counters();
-    Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
-                  local.loss, static_cast<double>(counters.bytes_sent), static_cast<double>(counters.bytes_received),
-                  wall_s, compute_s, wait_s};
-    loss_sum = 0;
-    loss_count = 0;
-    const bool tolerant = config.algorithm == Algorithm::kDpsgd;  // the baselines stop on any loss
-    if (rank != 0) {
-      if (membership.coordinator_lost()) continue;
-      std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size * sizeof(float));
-      std::memcpy(payload.data(), &report, sizeof report);
-      std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
-      try {
-        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
-      } catch (const Error& e) {
-        if (!tolerant) throw;
-        membership.report_lost(static_cast<std::uint64_t>(step), {{0, e.what()}});
-      }
-      continue;
-    }
-    std::vector<Report> reports(n);  // step 0 marks a lost peer
-    reports[0] = report;
-    Eigen::VectorXd mean = Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>();
-    std::vector<net::Payload> others(n);
-    int reporting = 1;
-    for (int p = 1; p < n; ++p) {
-      if (membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
-      try {
-        others[p] = network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
-        if (others[p].size() != kReportDoubles * sizeof(double) + size * sizeof(float))
-          throw Error(ErrorKind::kPeerLost, str(network.peer_name(p), " sent a report of ", others[p].size(), " bytes"));
-      } catch (const Error& e) {
-        if (!tolerant || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
-        others[p].clear();
-        membership.lost_outside_gossip(static_cast<std::uint64_t>(step), p, e.what());
-        continue;
-      }
-      std::memcpy(&reports[p], others[p].data(), sizeof(Report));
-      mean += Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
-                  .cast<double>();
-      ++reporting;
-    }
-    mean /= static_cast<double>(reporting);
-    double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
-    for (int p = 1; p < n; ++p)
-      if (!others[p].empty())
-        consensus +=
-            (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
-                 .cast<double>() -
-             mean)
-                .squaredNorm();
-    consensus /= static_cast<double>(reporting);
-    std::vector<float> average_f(size);
-    for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
-    const Evaluation avg = evaluate(mlp, average_f, test_set);
-    recorder->record(reports, avg.accuracy, consensus);
+    if (done % eval_every == 0 || done == total_steps) evaluate_round(step, epoch);
+    if (config.checkpoint_every > 0 && (done % config.checkpoint_every == 0 || done == total_steps)) save(done);
   }
   if (recorder) recorder->finish(membership.failures());
   network.close();

@@ -183,7 +183,34 @@ cat "$work"/noauth-[023].log | grep -q "refused peer 1 .*we require --secret-fil
 check_error_early() { local out; out=$("$@" 2>&1); [[ $? -eq 1 ]] && grep -q "$work/empty.key" <<<"$out" && ok || fail "bad key file: $out"; }
 check_error_early "$bin" peer --topology "$work/ring4.yaml" --rank 0 --secret-file "$work/empty.key"
 
-# 7. Bad flags and files.
+# 7. Checkpoints: a run stopped at step 40 and resumed follows the uninterrupted run's
+#    trajectory (every train_loss to 1e-6); a corrupt newest checkpoint falls back to the
+#    previous complete set.
+S=(--hidden 32 --batch 16 --eval-every 10 --connect-timeout 20 --peer-timeout 20)
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 60 "${S[@]}" --out "$work/straight" >/dev/null 2>&1
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 40 "${S[@]}" --checkpoint-every 20 --out "$work/resumed" \
+  >/dev/null 2>&1
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 60 "${S[@]}" --checkpoint-every 20 --resume \
+  --out "$work/resumed" >"$work/resume.log" 2>&1 && ok || fail "--resume failed: $(tail -3 "$work/resume.log")"
+grep -q "resumed from step 40" "$work/resumed/peer-2.log" && ok || fail "peer 2 did not resume from step 40"
+compare_losses() {  # A B: same rows, train_loss within 1e-6 relative
+  awk -F, 'NR == FNR { if (FNR > 1) loss[$1 "," $3] = $4; next }
+           FNR > 1 { key = $1 "," $3; seen++; if (!(key in loss)) { bad++; next }
+                     d = loss[key] - $4; if (d < 0) d = -d; if (d > 1e-6 * (loss[key] < 0 ? -loss[key] : loss[key])) bad++ }
+           END { exit !(seen == 24 && bad == 0) }' "$1" "$2"
+}
+compare_losses "$work/straight/metrics.csv" "$work/resumed/metrics.csv" && ok ||
+  fail "the resumed trajectory differs: $(diff <(cut -d, -f1,3,4 "$work/straight/metrics.csv") <(cut -d, -f1,3,4 "$work/resumed/metrics.csv") | head -4)"
+printf 'garbage' | dd of="$work/resumed/checkpoints/peer-1-step-60.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 60 "${S[@]}" --resume --out "$work/resumed" \
+  >"$work/resume2.log" 2>&1 && ok || fail "--resume after corruption failed: $(tail -3 "$work/resume2.log")"
+grep -q "resumed from step 40" "$work/resumed/peer-0.log" && ok || fail "did not fall back to step 40"
+grep -q "peer-1-step-60.ckpt" "$work/resumed/peer-0.log" "$work/resumed/peer-1.log" && ok || fail "the corrupt file was not named"
+compare_losses "$work/straight/metrics.csv" "$work/resumed/metrics.csv" && ok || fail "the second resume differs"
+check_error_early2() { local out; out=$("$@" 2>&1); [[ $? -ne 0 ]] && grep -q "no complete set of checkpoints" <<<"$out" && ok || fail "resume without checkpoints: $out"; }
+check_error_early2 "$bin" peer --topology "$work/ring4.yaml" --rank 0 --resume --checkpoint-dir "$work/nothing-here" "${S[@]}"
+
+# 8. Bad flags and files.
 check_error() {  # check_error WANT_EXIT PATTERN -- command...
   local want=$1 pattern=$2; shift 3
   local out; out=$(timeout 60 "$@" 2>&1); local code=$?

@@ -48,6 +48,9 @@ struct TrainConfig {
   int threads = 1;         // Eigen threads per peer
   bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
   std::string secret_file;     // shared key: only peers holding it may join or send frames
+  long long checkpoint_every = 0;  // steps between checkpoints; 0: none
+  std::string checkpoint_dir;      // where every peer writes its checkpoint files
+  bool resume = false;             // start from the latest complete set in checkpoint_dir
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.
