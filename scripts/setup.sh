@@ -8,6 +8,7 @@ packages=(
   libeigen3-dev libspectra-dev libboost-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libomp-dev libssl-dev
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist fortunes
+  gnuplot-nox python3 iperf3  # experiment plots and reports, the loopback baseline
 )
 if [[ ${1:-} == --test ]]; then
   packages+=(clang libclang-rt-dev)  # libFuzzer and the sanitizers for the fuzz test

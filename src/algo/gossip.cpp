@@ -75,6 +75,31 @@ void Gossip::set_rows(std::vector<MixingRow> rows) {
   rows_ = std::move(rows);
 }
 
+double Gossip::deadline_s() const {
+  constexpr double kFloor = 10.0, kFactor = 30.0;
+  if (rounds_ < 10 || slow_round_expected_) return network_.peer_timeout_s();  // the user's bound
+  return std::min(network_.peer_timeout_s(), std::max(kFloor, kFactor * slowest_round_s_));
+}
+
+// Waits for the neighbour's parameters of this step. Past the adaptive deadline it counts
+// as lost only if it has also been silent that long: a neighbour that is itself waiting
+// on a stalled peer still sends heartbeats, and dropping it would spread one failure
+// across the graph. --peer-timeout bounds the whole wait either way.
+net::Payload Gossip::receive_or_give_up(int peer) {
+  const auto start = std::chrono::steady_clock::now();
+  const double limit = network_.peer_timeout_s();
+  while (true) {
+    const double deadline = deadline_s();
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    try {
+      return network_.receive(peer, net::MessageType::kParameters, step_, 0, std::min(deadline, limit - spent));
+    } catch (const Error& e) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (e.kind() != ErrorKind::kTimeout || waited >= limit - 1e-3 || network_.silence_s(peer) >= deadline) throw;
+    }
+  }
+}
+
 bool Gossip::is_lost(int peer) const { return std::find(lost_.begin(), lost_.end(), peer) != lost_.end(); }
 
 void Gossip::start(std::uint64_t step, std::span<const float> x) {
@@ -99,7 +124,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
       continue;
     }
     try {
-      net::Payload payload = network_.receive(peer, net::MessageType::kParameters, step_, 0);
+      net::Payload payload = receive_or_give_up(peer);
       if (payload.size() != x.size_bytes())
         throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
                                               " bytes of parameters for step ", step_, ", expected ", x.size_bytes()));
@@ -123,6 +148,9 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
   }
   sends_.clear();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  if (!slow_round_expected_) slowest_round_s_ = std::max(waited, 0.99 * slowest_round_s_);
+  slow_round_expected_ = false;
+  ++rounds_;
   row.weights = std::move(weights);
 
   // One pass over memory: the mix is bandwidth-bound, so fusing the neighbours (two per

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
@@ -254,6 +256,7 @@ int run_launch(int argc, char** argv) {
   ProgressLine progress(isatty(STDERR_FILENO));
   const bool survivable = config.algorithm == train::Algorithm::kDpsgd;
   std::vector<int> lost;
+  std::optional<Clock::time_point> coordinator_done;
   std::string failure;
   int failed_peer = -1;
   std::size_t running = children.size();
@@ -304,6 +307,26 @@ int run_launch(int argc, char** argv) {
     }
     if (g_interrupted && failure.empty()) failure = "interrupted";
     if (!failure.empty()) break;
+    // Peer 0 finished the run; a peer still there long after was dropped by the others
+    // (stalled, cut off) and has no one left to train with.
+    const Child* coordinator = nullptr;
+    for (const auto& c : children)
+      if (c.rank == 0) coordinator = &c;
+    if (coordinator && coordinator->exited && WIFEXITED(coordinator->status) && WEXITSTATUS(coordinator->status) == 0) {
+      if (!coordinator_done) coordinator_done = Clock::now();
+      if (Clock::now() - *coordinator_done > std::chrono::seconds(20)) {
+        for (auto& c : children)
+          if (!c.exited) {
+            std::fprintf(stderr, "peer %d is still running 20 s after peer 0 finished (stalled or cut off); stopping it\n",
+                         c.rank);
+            kill(c.pid, SIGKILL);
+            waitpid(c.pid, &c.status, 0);
+            c.exited = true;
+            --running;
+            if (std::find(lost.begin(), lost.end(), c.rank) == lost.end()) lost.push_back(c.rank);
+          }
+      }
+    }
   }
   progress.end();
 

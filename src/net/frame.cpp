@@ -44,6 +44,7 @@ const char* to_string(MessageType type) {
     case MessageType::kGoodbye: return "goodbye";
     case MessageType::kMembership: return "membership";
     case MessageType::kHelloProof: return "hello-proof";
+    case MessageType::kHeartbeat: return "heartbeat";
   }
   return "unknown";
 }

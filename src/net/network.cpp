@@ -137,6 +137,9 @@ struct Link {
   std::string death;
   LinkCounters counters;
   std::unique_ptr<FrameAuthenticator> auth;  // set by the handshake when a secret is in use
+  std::unique_ptr<asio::steady_timer> heartbeat;
+  Clock::time_point last_write = Clock::now();  // I/O thread only
+  Clock::time_point last_heard = Clock::now();  // guarded by Impl::mutex
 };
 
 struct Network::Impl {
@@ -182,6 +185,7 @@ struct Network::Impl {
     boost::system::error_code ignored;
     l.socket.close(ignored);
     l.timer.cancel();
+    if (l.heartbeat) l.heartbeat->cancel();
     for (Outgoing& out : l.queue) out.state->finish(why);
     l.queue.clear();
     l.writing = false;
@@ -250,8 +254,11 @@ struct Network::Impl {
       std::lock_guard lock(mutex);
       l.counters.bytes_received += kHeaderBytes + h.length;
       ++l.counters.messages_received;
+      l.last_heard = Clock::now();
       if (h.type == MessageType::kGoodbye) {
         l.left = true;
+      } else if (h.type == MessageType::kHeartbeat) {
+        // nothing to deliver: hearing it was the point
       } else {
         auto key = std::make_tuple(l.peer, static_cast<int>(h.type), h.step, h.tag);
         if (mailbox.count(key)) {
@@ -351,6 +358,7 @@ struct Network::Impl {
 
   void wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {
     if (ec) return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
+    l.last_write = Clock::now();
     if (frame_done) {
       Outgoing done = std::move(l.queue.front());
       l.queue.pop_front();
@@ -393,8 +401,30 @@ struct Network::Impl {
       l.connected = true;
     }
     log::debug("connected to ", l.name);
+    {
+      std::lock_guard lock(mutex);
+      l.last_heard = Clock::now();
+    }
     changed.notify_all();
     start_read(l);
+    l.heartbeat = std::make_unique<asio::steady_timer>(io);
+    schedule_heartbeat(l);
+  }
+
+  void schedule_heartbeat(Link& l) {
+    l.heartbeat->expires_after(std::chrono::seconds(1));
+    l.heartbeat->async_wait([this, &l](boost::system::error_code ec) {
+      if (ec) return;
+      {
+        std::lock_guard lock(mutex);
+        if (closed || l.dead || l.left) return;
+      }
+      if (!l.writing && l.queue.empty() && Clock::now() - l.last_write > std::chrono::milliseconds(900)) {
+        Outgoing beat = make_frame(MessageType::kHeartbeat, 0, 0, {}, false, l.name, options.secret.has_value());
+        enqueue(l, std::move(beat));
+      }
+      schedule_heartbeat(l);
+    });
   }
 
   void refuse_fatally(const std::string& why) {
@@ -757,11 +787,17 @@ SendHandle Network::send(int peer, MessageType type, std::uint64_t step, std::ui
 }
 
 Payload Network::receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) {
+  return receive(peer, type, step, tag, impl_->options.peer_timeout_s);
+}
+
+double Network::peer_timeout_s() const { return impl_->options.peer_timeout_s; }
+
+Payload Network::receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double timeout_s) {
   Impl& m = *impl_;
   Link& l = m.link(peer);
   const auto key = std::make_tuple(peer, static_cast<int>(type), step, tag);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(m.options.peer_timeout_s));
+  timeout_s = std::min(timeout_s, m.options.peer_timeout_s);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::unique_lock lock(m.mutex);
   while (true) {
     if (auto it = m.mailbox.find(key); it != m.mailbox.end()) {
@@ -775,8 +811,9 @@ Payload Network::receive(int peer, MessageType type, std::uint64_t step, std::ui
       throw Error(ErrorKind::kPeerLost, str(l.name, " finished and left before sending ", waiting));
     if (m.changed.wait_until(lock, deadline) == std::cv_status::timeout &&
         m.mailbox.find(key) == m.mailbox.end())
-      throw Error(ErrorKind::kTimeout, str(l.name, " sent no ", waiting, " within ", m.options.peer_timeout_s,
-                                           " s (--peer-timeout); peer ", m.options.self, " gives up"));
+      throw Error(ErrorKind::kTimeout, str(l.name, " sent no ", waiting, " within ", timeout_s, " s",
+                                           timeout_s < m.options.peer_timeout_s ? " (adaptive deadline)" : " (--peer-timeout)",
+                                           "; peer ", m.options.self, " gives up"));
   }
 }
 
@@ -818,6 +855,11 @@ void Network::drop(int peer, const std::string& why) {
   done->get_future().wait_for(std::chrono::seconds(5));
 }
 
+double Network::silence_s(int peer) const {
+  std::lock_guard lock(impl_->mutex);
+  return std::chrono::duration<double>(Clock::now() - impl_->link(peer).last_heard).count();
+}
+
 bool Network::alive(int peer) const {
   std::lock_guard lock(impl_->mutex);
   const Link& l = impl_->link(peer);
@@ -856,6 +898,7 @@ void Network::close() {
     for (auto& [peer, link] : m.links) {
       link->socket.shutdown(tcp::socket::shutdown_send, ignored);
       link->timer.cancel();
+      if (link->heartbeat) link->heartbeat->cancel();
     }
     done->set_value();
   });

@@ -523,8 +523,14 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       recorder->progress(static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), wall_s, false);
       last_progress = Clock::now();
     }
-    if (done % eval_every == 0 || done == total_steps) evaluate_round(step, epoch);
-    if (config.checkpoint_every > 0 && (done % config.checkpoint_every == 0 || done == total_steps)) save(done);
+    if (done % eval_every == 0 || done == total_steps) {
+      evaluate_round(step, epoch);
+      gossip.expect_slow_round();
+    }
+    if (config.checkpoint_every > 0 && (done % config.checkpoint_every == 0 || done == total_steps)) {
+      save(done);
+      gossip.expect_slow_round();
+    }
   }
   if (recorder) recorder->finish(membership.failures());
   network.close();

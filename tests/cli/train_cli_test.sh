@@ -160,6 +160,25 @@ grep -q '"failed_peers": \[2\]' "$work/survive/summary.json" && ok || fail "summ
 grep -q '"survivors": 3' "$work/survive/summary.json" && ok || fail "summary.json does not count 3 survivors"
 grep -q "switch to recomputed weights" "$work/survive/peer-0.log" && ok || fail "peer 0 did not announce recomputed weights"
 
+# 5b. A stalled peer (SIGSTOP) is detected by the adaptive deadline, well inside a long
+#     --peer-timeout, without its waiting neighbours being dropped too; launch stops it
+#     once peer 0 has finished.
+start=$(date +%s)
+"$bin" launch --topology "$work/ring4.yaml" --epochs 100 --max-steps 20000 --eval-every 10000 "${small[@]}" \
+  --peer-timeout 120 --out "$work/stalled" >"$work/stalled.log" 2>&1 &
+launcher=$!
+for _ in $(seq 150); do grep -q "connected; training" "$work/stalled/peer-2.log" 2>/dev/null && break; sleep 0.2; done
+sleep 1
+pkill -STOP -f -- "peer --rank 2 --topology $work/ring4.yaml"
+wait $launcher
+code=$?
+elapsed=$(($(date +%s) - start))
+[[ $code -eq 0 ]] && ok || fail "launch exited $code with a stalled peer: $(tail -3 "$work/stalled.log")"
+grep -q '"failed_peers": \[2\]' "$work/stalled/summary.json" && ok ||
+  fail "stalled: $(grep failed_peers "$work/stalled/summary.json")"
+grep -q "adaptive deadline" "$work/stalled/peer-0.log" && ok || fail "the stall was not caught by the adaptive deadline"
+[[ $elapsed -lt 110 ]] && ok || fail "a stalled peer took ${elapsed}s to handle with --peer-timeout 120"
+
 # 6. Authentication: peers sharing --secret-file train; one without the key is refused.
 head -c 32 /dev/urandom >"$work/run.key"
 chmod 600 "$work/run.key"

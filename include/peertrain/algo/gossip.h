@@ -47,11 +47,21 @@ class Gossip {
   // update into the mix saves a pass over the parameters after the exchange, where it
   // cannot overlap anything. Returns the seconds spent waiting.
   double finish(std::span<float> x, std::span<const float> update = {});
+  // How long a neighbour may keep us waiting before it counts as lost: 30 times the
+  // slowest recent round (a decaying maximum), at least 10 s, at most --peer-timeout. A
+  // fixed timeout must be guessed for the slowest network a run might see; this one
+  // follows the rounds actually observed, so a stalled peer on a fast network is
+  // dropped in seconds while a slow emulated link is given the time it needs.
+  double deadline_s() const;
+  // The next round may be slow for a known reason (the peers just evaluated or wrote a
+  // checkpoint, at different speeds): it waits up to --peer-timeout.
+  void expect_slow_round() { slow_round_expected_ = true; }
   // Neighbours lost during the last finish(), with the reason.
   const std::vector<std::pair<int, std::string>>& newly_lost() const { return newly_lost_; }
 
  private:
   bool is_lost(int peer) const;
+  net::Payload receive_or_give_up(int peer);
 
   net::Network& network_;
   std::vector<MixingRow> rows_;
@@ -59,6 +69,9 @@ class Gossip {
   std::vector<net::SendHandle> sends_;
   std::vector<int> lost_;
   std::vector<std::pair<int, std::string>> newly_lost_;
+  double slowest_round_s_ = 0;  // decaying maximum of the wait per round
+  long long rounds_ = 0;
+  bool slow_round_expected_ = false;
 };
 
 }  // namespace peertrain::algo

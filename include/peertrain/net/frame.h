@@ -33,7 +33,8 @@ enum class MessageType : std::uint16_t {
   kGoodbye = 7,      // the sender finished cleanly and will close the link
   kMembership = 8,   // a lost peer reported to peer 0, or peer 0's new membership
   kHelloProof = 9,   // handshake, dialer's proof that it holds the shared secret
-  kLast = kHelloProof,
+  kHeartbeat = 10,   // "still here": sent on a link that has been quiet for a second
+  kLast = kHeartbeat,
 };
 const char* to_string(MessageType type);
 

@@ -92,6 +92,9 @@ class Network {
   // Blocks until that message arrives (at most the peer timeout); throws Error naming the
   // peer on timeout, on a lost link or on a bad frame.
   Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag);
+  // The same with a deadline shorter than the peer timeout (never longer).
+  Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double timeout_s);
+  double peer_timeout_s() const;
 
   // The message if it has arrived, without waiting; throws like receive() if the link is lost.
   std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag);
@@ -99,6 +102,11 @@ class Network {
   // Closes the link to a peer this one has given up on, so that peer learns it was dropped.
   void drop(int peer, const std::string& why);
   bool alive(int peer) const;
+  // Seconds since anything (a message or a heartbeat) last arrived from `peer`. Every link
+  // carries a heartbeat when it has been quiet for a second, and it comes from the I/O
+  // thread, so a peer that is blocked waiting for someone else still sounds alive, while
+  // a stopped or cut-off one falls silent.
+  double silence_s(int peer) const;
 
   // Hands a received payload back so a later message can reuse its memory: a 10 MB
   // buffer allocated per message costs its page faults on every step.

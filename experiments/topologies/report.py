@@ -1,0 +1,421 @@
+#!/usr/bin/python3
+"""Report of the topologies experiment: reads RESULTS/manifest.tsv and the run
+directories it names, writes runs.csv, curves.csv, the PNG plots and README.md.
+
+Usage: report.py RESULTS_DIR
+
+Every number in the README comes from the runs' metrics.csv / summary.json /
+inspect.json; the observations are computed, not written by hand.
+"""
+
+import math
+import os
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import expkit as ek  # noqa: E402
+
+DATA_TITLES = {"iid": "iid shards", "noniid": "non-iid shards (Dirichlet {alpha})"}
+TOPO_TITLES = {
+    "ring": "ring",
+    "torus": "torus",
+    "exponential": "exponential",
+    "one-peer-exponential": "one-peer exponential",
+    "complete": "complete",
+    "allreduce": "all-reduce (exact average)",
+}
+COLORS = {
+    "ring": "#1f77b4",
+    "torus": "#ff7f0e",
+    "exponential": "#2ca02c",
+    "one-peer-exponential": "#d62728",
+    "complete": "#9467bd",
+    "allreduce": "#000000",
+}
+
+RUN_FIELDS = [
+    "label", "data", "topology", "algorithm", "peers", "hidden", "batch", "lr", "seed", "steps", "epochs",
+    "spectral_gap", "contraction_per_step", "time_varying", "period",
+    "test_accuracy", "mean_local_accuracy", "consensus_distance", "final_train_loss",
+    "bytes_sent_per_peer", "bytes_per_peer_per_step", "train_bytes_per_peer_per_step_peer0",
+    "wall_s", "wall_s_peer0", "items_per_s", "mean_compute_s", "mean_comm_wait_s", "run_dir",
+]
+CURVE_FIELDS = [
+    "label", "data", "topology", "algorithm", "step", "epoch", "train_loss", "avg_accuracy",
+    "mean_local_accuracy", "consensus_distance", "bytes_sent_mean", "bytes_sent_peer0",
+    "wall_s_peer0", "wall_s_max",
+]
+
+
+def contraction(gap):
+    """(1 - gap)^2, with the rounding error of a gap of 1 (the complete graph) read as 0."""
+    c = (1.0 - gap) ** 2
+    return 0.0 if c < 1e-12 else c
+
+
+def load(results):
+    manifest = ek.read_tsv(os.path.join(results, "manifest.tsv"))
+    if not manifest:
+        raise SystemExit(f"error: {results}/manifest.tsv lists no runs")
+    runs = []
+    for m in manifest:
+        d = os.path.join(results, m["run_dir"])
+        summary = ek.read_json(os.path.join(d, "summary.json"))
+        inspect = ek.read_json(os.path.join(d, "inspect.json"))
+        curve = ek.per_evaluation(ek.read_metrics(os.path.join(d, "metrics.csv")))
+        exact = m["algorithm"] == "allreduce"
+        steps = int(summary["steps"])
+        period = inspect.get("period", {}).get("period", 1) if inspect.get("time_varying") else 1
+        run = dict(m)
+        run.update({
+            "peers": int(m["peers"]),
+            "steps": steps,
+            "epochs": float(summary["epochs"]),
+            # All-reduce averages exactly every step: W = 11^T/n, gap 1, whatever graph the file has.
+            "spectral_gap": 1.0 if exact else float(inspect["spectral_gap"]),
+            "contraction_per_step": 0.0 if exact else contraction(float(inspect["spectral_gap"])),
+            "time_varying": bool(inspect.get("time_varying", False)),
+            "period": period,
+            "test_accuracy": float(summary["test_accuracy"]),
+            "mean_local_accuracy": float(summary["mean_local_accuracy"]),
+            "consensus_distance": float(summary["consensus_distance"]),
+            "final_train_loss": float(summary["final_train_loss"]),
+            "bytes_sent_per_peer": float(summary["bytes_sent_per_peer"]),
+            "bytes_per_peer_per_step": float(summary["bytes_sent_per_peer"]) / steps,
+            "train_bytes_per_peer_per_step_peer0": curve[-1]["bytes_sent_peer0"] / steps,
+            "wall_s": float(summary["wall_s"]),
+            "wall_s_peer0": curve[-1]["wall_s_peer0"],
+            "items_per_s": float(summary["items_per_s"]),
+            "mean_compute_s": float(summary["mean_compute_s"]),
+            "mean_comm_wait_s": float(summary["mean_comm_wait_s"]),
+            "curve": curve,
+            "inspect": inspect,
+        })
+        runs.append(run)
+    return runs
+
+
+def data_title(data, alpha):
+    return DATA_TITLES.get(data, data).format(alpha=f"α = {alpha}")
+
+
+# ---------------------------------------------------------------- plots
+
+def plot_all(results, runs, settings, alpha):
+    pd = os.path.join(results, "plotdata")
+    os.makedirs(pd, exist_ok=True)
+    for r in runs:
+        rows = []
+        for p in r["curve"]:
+            rows.append([p["step"], p["epoch"], p["avg_accuracy"], p["mean_local_accuracy"],
+                         p["consensus_distance"], p["bytes_sent_peer0"] / 1e6])
+        r["dat"] = os.path.join(pd, f"{r['data']}-{r['topology']}.dat")
+        ek.write_dat(r["dat"], ["step", "epoch", "avg_accuracy", "mean_local_accuracy", "consensus", "MB_sent_peer0"], rows)
+    term = ek.gnuplot_terminal()
+    figures = []
+
+    def multiplot(name, title, panel, height=520, panel_width=640):
+        png = os.path.join(results, name)
+        gp = [f"set terminal {term} size {panel_width * len(settings)},{height}", f"set output {ek.gp_quote(png)}",
+              f"set multiplot layout 1,{len(settings)} title {ek.gp_quote(title)}",
+              "set grid", "set key box opaque samplen 3 spacing 1.1"]
+        for data in settings:
+            gp.append("unset logscale; unset format; set autoscale")
+            gp.extend(panel(data))
+        gp.append("unset multiplot")
+        script = os.path.join(pd, name.replace(".png", ".gp"))
+        with open(script, "w") as f:
+            f.write("\n".join(gp) + "\n")
+        ek.run_gnuplot(script, png)
+        return png
+
+    def panel_accuracy(data):
+        rs = [r for r in runs if r["data"] == data]
+        lines = [f"set title {ek.gp_quote(data_title(data, alpha))}", "set xlabel 'epoch (passes over the 60,000 training images, all peers together)'",
+                 "set ylabel 'test accuracy of x̄ (fraction of 10,000 images)'", "set key bottom right", "set yrange [*:*]"]
+        plots = [f"{ek.gp_quote(r['dat'])} using 2:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '{COLORS[r['topology']]}' "
+                 f"title {ek.gp_quote(TOPO_TITLES[r['topology']])}" for r in rs]
+        return lines + ["plot " + ", \\\n  ".join(plots)]
+
+    def panel_consensus(data):
+        rs = [r for r in runs if r["data"] == data and r["algorithm"] != "allreduce"]
+        positives = [p["consensus_distance"] for r in rs for p in r["curve"] if p["consensus_distance"] > 0]
+        if not positives:
+            return ["set title 'no positive consensus distance to plot'", "plot 0 notitle"]
+        ymin = min(positives) / 30
+        ymax = max(positives) * 3
+        xmax = max(p["step"] for r in rs for p in r["curve"])
+        lines = [f"set title {ek.gp_quote(data_title(data, alpha))}", "set xlabel 'step (one minibatch per peer)'",
+                 "set ylabel 'consensus distance (1/n) Σ‖x_i − x̄‖² (squared parameter norm)'", "set logscale y", "set format y '10^{%T}'",
+                 f"set yrange [{ymin!r}:{ymax!r}]", f"set xrange [0:{xmax}]", "set key outside right top font ',9' samplen 2"]
+        plots = []
+        for r in rs:
+            pts = [p for p in r["curve"] if p["consensus_distance"] > 0]
+            if not pts:
+                continue
+            color = COLORS[r["topology"]]
+            plots.append(f"{ek.gp_quote(r['dat'])} using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 "
+                         f"lc rgb '{color}' title {ek.gp_quote(TOPO_TITLES[r['topology']] + ' (measured)')}")
+            if r["time_varying"]:
+                continue
+            # Gossip alone: D(t) = D(t0) (1 - gap)^(2 (t - t0)), a straight line on log y,
+            # drawn from the first measured point until it leaves the plot.
+            t0, d0, c = pts[0]["step"], pts[0]["consensus_distance"], r["contraction_per_step"]
+            c = 0.0 if c < 1e-12 else c  # the complete graph: 1 - gap is rounding error
+            if c <= 0:
+                t1, d1 = t0 + 1, ymin
+            else:
+                t_floor = t0 + math.log(ymin / d0) / math.log(c)
+                t1 = min(xmax, t_floor)
+                d1 = d0 * c ** (t1 - t0)
+            seg = os.path.join(pd, f"pred-{r['data']}-{r['topology']}.dat")
+            ek.write_dat(seg, ["step", "predicted"], [[t0, d0], [t1, max(d1, ymin)]])
+            name = TOPO_TITLES[r["topology"]]
+            plots.append(f"{ek.gp_quote(seg)} using 1:2 with lines dt 2 lw 2 lc rgb '{color}' "
+                         f"title {ek.gp_quote(f'{name}: × {c:.3g}/step')}")
+        return lines + ["plot " + ", \\\n  ".join(plots)]
+
+    def panel_bytes(data):
+        rs = [r for r in runs if r["data"] == data]
+        lines = [f"set title {ek.gp_quote(data_title(data, alpha))}", "set xlabel 'data sent per peer (MB, training traffic, log scale)'",
+                 "set ylabel 'test accuracy of x̄ (fraction of 10,000 images)'", "set logscale x", "set key bottom right", "set yrange [*:*]"]
+        plots = [f"{ek.gp_quote(r['dat'])} using 6:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '{COLORS[r['topology']]}' "
+                 f"title {ek.gp_quote(TOPO_TITLES[r['topology']])}" for r in rs]
+        return lines + ["plot " + ", \\\n  ".join(plots)]
+
+    n = runs[0]["peers"]
+    figures.append(("accuracy_vs_epoch.png", "Test accuracy of the average model vs epoch",
+                    multiplot("accuracy_vs_epoch.png", f"{n} peers: test accuracy of x̄ vs epoch", panel_accuracy)))
+    figures.append(("consensus_vs_step.png", "Consensus distance vs step, with gossip's predicted contraction",
+                    multiplot("consensus_vs_step.png", f"{n} peers: consensus distance (solid) and gossip alone from the first point, × (1−gap)^2 per step (dashed)",
+                              panel_consensus, height=540, panel_width=900)))
+    figures.append(("accuracy_vs_bytes.png", "Test accuracy of the average model vs data sent per peer",
+                    multiplot("accuracy_vs_bytes.png", f"{n} peers: test accuracy of x̄ vs data sent per peer", panel_bytes)))
+    return figures
+
+
+# ---------------------------------------------------------------- report
+
+def gap_cell(r):
+    if r["algorithm"] == "allreduce":
+        return "1 (exact average)"
+    if r["time_varying"]:
+        return f"{r['spectral_gap']:.4g} (per step, from its {r['period']}-step period)"
+    return f"{r['spectral_gap']:.4g}"
+
+
+def contraction_cell(r):
+    if r["algorithm"] == "allreduce":
+        return "0"
+    if r["time_varying"]:
+        pc = r["inspect"].get("period", {}).get("contraction", float("nan"))
+        return f"{pc:.3g} per {r['period']} steps"
+    return f"{r['contraction_per_step']:.4g}"
+
+
+def observations(runs, settings, alpha):
+    obs = []
+    for data in settings:
+        rs = [r for r in runs if r["data"] == data]
+        gossip = [r for r in rs if r["algorithm"] != "allreduce"]
+        ref = next((r for r in rs if r["algorithm"] == "allreduce"), None)
+        title = "iid" if data == "iid" else f"non-iid, α = {alpha}"
+        best = max(gossip, key=lambda r: r["test_accuracy"]) if gossip else None
+        worst = min(gossip, key=lambda r: r["test_accuracy"]) if gossip else None
+        if best and worst:
+            heading = data_title(data, alpha)
+            if best is worst:
+                s = (f"**{heading}.** The average model x̄ reached {best['test_accuracy']:.4f} on the "
+                     f"{TOPO_TITLES[best['topology']]} after {best['epochs']:.3g} epochs")
+            else:
+                s = (f"**{heading}.** The average model x̄ reached {worst['test_accuracy']:.4f} on the "
+                     f"{TOPO_TITLES[worst['topology']]} (lowest) to {best['test_accuracy']:.4f} on the "
+                     f"{TOPO_TITLES[best['topology']]} (highest) after {best['epochs']:.3g} epochs")
+            if ref:
+                s += f"; the exact average (all-reduce) reached {ref['test_accuracy']:.4f}"
+            obs.append(s + ".")
+            # Local models vs the average.
+            lags = [r["test_accuracy"] - r["mean_local_accuracy"] for r in gossip]
+            parts = [f"{TOPO_TITLES[r['topology']]} {lag:+.4f}" for r, lag in zip(gossip, lags)]
+            s = f"x̄ minus the mean local accuracy ({title}): " + ", ".join(parts)
+            agree, pairs = ek.concordant_pairs([r["consensus_distance"] for r in gossip], lags)
+            if pairs:
+                s += (f"; a larger final consensus distance goes with a larger lag in {agree} of {pairs} pairs "
+                      f"of topologies")
+            obs.append(s + ".")
+            # Does the consensus distance fall as the gap grows? (static graphs; a time-varying
+            # graph's per-step gap is the equivalent of its period, so it is placed separately)
+            static = sorted((r for r in gossip if not r["time_varying"]), key=lambda r: r["spectral_gap"])
+            seq = ", ".join(f"{TOPO_TITLES[r['topology']]} (gap {r['spectral_gap']:.3g}) {ek.sci(r['consensus_distance'])}"
+                            for r in static)
+            violations = [(a, b) for a, b in zip(static, static[1:])
+                          if b["spectral_gap"] > a["spectral_gap"] + 1e-9 and b["consensus_distance"] > a["consensus_distance"]]
+            if len(static) < 2:
+                verdict = "one static topology only, nothing to compare"
+            elif violations:
+                a, b = violations[0]
+                verdict = (f"not monotone: the {TOPO_TITLES[b['topology']]} has the larger gap but also the larger "
+                           f"distance than the {TOPO_TITLES[a['topology']]}")
+            else:
+                verdict = "the final distance falls as the spectral gap grows"
+            if static:
+                obs.append(f"Final consensus distance of the static graphs by spectral gap ({title}): {seq}; {verdict}.")
+            for r in (r for r in gossip if r["time_varying"]):
+                above = [s for s in static if s["consensus_distance"] < r["consensus_distance"]]
+                obs.append(f"The {TOPO_TITLES[r['topology']]} graph (one partner per step; per-step equivalent gap "
+                           f"{r['spectral_gap']:.3g} from its {r['period']}-step period) ended at {ek.sci(r['consensus_distance'])}, "
+                           f"above {len(above)} of the {len(static)} static graphs"
+                           + (f" ({', '.join(TOPO_TITLES[s['topology']] for s in above)})" if above else "") + ".")
+            # Gossip-alone prediction vs what happened.
+            ring = next((r for r in gossip if r["topology"] == "ring"), None)
+            if ring:
+                pts = [p for p in ring["curve"] if p["consensus_distance"] > 0]
+                if len(pts) >= 2:
+                    t0, d0, t1, d1 = pts[0]["step"], pts[0]["consensus_distance"], pts[-1]["step"], pts[-1]["consensus_distance"]
+                    pred = d0 * ring["contraction_per_step"] ** (t1 - t0)
+                    obs.append(f"On the ring ({title}) gossip alone would shrink the distance from {ek.sci(d0)} at step {t0} "
+                               f"to {ek.sci(pred)} at step {t1} ((1−gap)² = {ring['contraction_per_step']:.4g} per step); "
+                               f"measured: {ek.sci(d1)} ({d1 / d0:.3g}× the first point). The gradient steps keep "
+                               f"pushing the models apart, so the distance does not decay to 0.")
+            # Bytes and time to an accuracy every run reached.
+            target = min(r["test_accuracy"] for r in rs)
+            target = math.floor(target * 100) / 100
+            reach = []
+            for r in rs:
+                p = ek.first_reaching(r["curve"], "avg_accuracy", target)
+                if p:
+                    reach.append((r, p))
+            if reach:
+                parts = [f"{TOPO_TITLES[r['topology']]} {ek.human_bytes(p['bytes_sent_peer0'])} / {p['wall_s_max']:.1f} s "
+                         f"(epoch {p['epoch']:.2f})" for r, p in sorted(reach, key=lambda t: t[1]['bytes_sent_peer0'])]
+                obs.append(f"Data sent per peer and wall time (slowest peer) until x̄ first reached {target:.2f} accuracy ({title}): "
+                           + ", ".join(parts) + ".")
+            ring_b = next((r["train_bytes_per_peer_per_step_peer0"] for r in rs if r["topology"] == "ring"), None)
+            if ring_b:
+                parts = [f"{TOPO_TITLES[r['topology']]} {r['train_bytes_per_peer_per_step_peer0'] / ring_b:.2f}×" for r in rs]
+                obs.append(f"Training traffic per peer per step relative to the ring ({title}): " + ", ".join(parts) + ".")
+            slow = max(rs, key=lambda r: r["wall_s"])
+            fast = min(rs, key=lambda r: r["wall_s"])
+            s = (f"Wall time ({title}): {fast['wall_s']:.3g} s ({TOPO_TITLES[fast['topology']]}) to "
+                 f"{slow['wall_s']:.3g} s ({TOPO_TITLES[slow['topology']]})")
+            agree, pairs = ek.concordant_pairs([r["train_bytes_per_peer_per_step_peer0"] for r in rs],
+                                               [r["wall_s"] for r in rs])
+            if pairs:
+                s += f"; more training bytes per step went with a longer wall time in {agree} of {pairs} pairs"
+                if 2 * agree > pairs:
+                    s += (f" (all {slow['peers']} peers share this machine's cores and its loopback, so copying "
+                          f"bytes competes with computing gradients)")
+            obs.append(s + ".")
+    if "iid" in settings and "noniid" in settings:
+        parts = []
+        for r in runs:
+            if r["data"] != "noniid":
+                continue
+            base = next((b for b in runs if b["data"] == "iid" and b["topology"] == r["topology"]), None)
+            if base:
+                parts.append(f"{TOPO_TITLES[r['topology']]} x̄ {r['test_accuracy'] - base['test_accuracy']:+.4f}, "
+                             f"local {r['mean_local_accuracy'] - base['mean_local_accuracy']:+.4f}")
+        if parts:
+            obs.append(f"Non-iid minus iid accuracy: " + "; ".join(parts) + ".")
+    return obs
+
+
+def write_readme(results, runs, settings, figures, meta, alpha):
+    n = runs[0]["peers"]
+    hidden = runs[0]["hidden"]
+    params = ek.mlp_parameters(hidden)
+    lines = [
+        "# Topologies: how the gossip graph changes D-PSGD",
+        "",
+        "Generated by `experiments/topologies/report.py` from the CSVs in this folder; every number below is "
+        "read from the runs' `metrics.csv`, `summary.json` and `topology inspect` output.",
+        "",
+        "## Setup",
+        "",
+        ek.machine_section(meta),
+        f"- Peers: {n}, every one a process on this machine talking over loopback TCP, so the wall time of a run "
+        f"grows with n and with the bytes copied (the peers share {meta.get('nproc', '?')} cores).",
+        f"- Model: MLP 784-{hidden.replace(',', '-')}-10 ({params:,} parameters, {ek.human_bytes(4 * params)} per message); "
+        f"Fashion-MNIST; batch {runs[0]['batch']} per peer; lr {runs[0]['lr']}; momentum 0.9; seed {runs[0]['seed']}; "
+        f"{runs[0]['steps']} steps ({runs[0]['epochs']:.3g} epochs); evaluation every {runs[0]['eval_every']} steps.",
+        f"- Data: {', '.join(data_title(d, alpha) for d in settings)}.",
+        "- Topologies (Metropolis weights): " + ", ".join(sorted({TOPO_TITLES[r['topology']] for r in runs})) + ". "
+        "All-reduce is C-PSGD (ring all-reduce of the gradients), the exact-average reference.",
+        "- Runs: `runs/<data>-<topology>/` (metrics.csv, summary.json, topology.yaml, inspect.json, logs, command.txt). "
+        "Combined: `runs.csv` (one row per run), `curves.csv` (every run's evaluations, stacked).",
+        "",
+        "## Figures",
+        "",
+        ek.md_table(["figure", "file"], [(title, f"[{name}]({name})") for name, title, _ in figures]),
+        "",
+    ]
+    for data in settings:
+        rs = [r for r in runs if r["data"] == data]
+        lines += [f"## Results: {data_title(data, alpha)}", ""]
+        rows = [(TOPO_TITLES[r["topology"]], gap_cell(r), contraction_cell(r), f"{r['test_accuracy']:.4f}",
+                 f"{r['mean_local_accuracy']:.4f}", ek.sci(r["consensus_distance"]),
+                 ek.human_bytes(r["bytes_per_peer_per_step"]), ek.human_bytes(r["train_bytes_per_peer_per_step_peer0"]),
+                 f"{r['wall_s']:.3g}") for r in rs]
+        lines += [ek.md_table(["topology", "spectral gap", "(1−gap)²", "x̄ accuracy", "mean local accuracy",
+                               "consensus distance", "bytes/peer/step", "of which training", "wall s"], rows), ""]
+    lines += [
+        "Columns: spectral gap and (1−gap)² from `peertrain topology inspect` (for the one-peer exponential graph "
+        "inspect reports the per-step equivalent of its period's contraction); accuracies, consensus distance and "
+        "wall time (slowest peer's summed step times) from `summary.json`; bytes/peer/step = "
+        "`bytes_sent_per_peer / steps`; *of which training* = peer 0's sent bytes / steps (peer 0 sends no "
+        "evaluation reports; every topology here is regular, so peer 0 sends what every peer sends).",
+        "",
+        "## Plots",
+        "",
+    ]
+    for name, title, _ in figures:
+        lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    lines += [
+        "In the consensus plot the dashed lines are what gossip alone would do from the first measured point: "
+        "(1/n)Σ‖x_i − x̄‖² shrinks by (1−gap)² per step. With gradient steps the distance does not decay to 0 — "
+        "each step's local updates differ and push the models apart again — so the prediction applies to the gossip "
+        "part only. The complete graph's (1−gap)² is 0 (its dashed line drops out of the plot at once); the one-peer "
+        "exponential graph is time-varying (no per-step line; it averages exactly every period), and all-reduce keeps "
+        "every model identical (distance 0, not drawn on the log scale).",
+        "",
+        "## Observations (computed from runs.csv and curves.csv)",
+        "",
+    ]
+    lines += [f"- {o}" for o in observations(runs, settings, alpha)]
+    lines += [
+        "",
+        "## Notes",
+        "",
+        "- Byte counters: peertrain counts the evaluation reports each peer sends to peer 0 (its parameters, once per "
+        "evaluation) in `bytes_sent`, so `bytes_sent_per_peer` in summary.json exceeds the training traffic; the "
+        "*of which training* column and the bytes axis use peer 0's counter, which holds training traffic only.",
+        "- Wall time: every peer is a process on one machine, so a topology that sends more bytes also takes CPU "
+        "from the gradients of the others; on separate machines its cost would be network time instead.",
+        "- Wall time also holds evaluation pauses: peertrain's `wall_s` of peers other than 0 includes the time they "
+        "wait, inside their next step's exchange, while peer 0 evaluates x̄, and summary.json's `wall_s` is the "
+        "maximum over peers. `runs.csv` also has `wall_s_peer0`, which does not include them.",
+        "",
+    ]
+    with open(os.path.join(results, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: report.py RESULTS_DIR")
+    results = os.path.abspath(sys.argv[1])
+    runs = load(results)
+    meta = ek.read_json(os.path.join(results, "meta.json"))
+    alpha = 0.1
+    settings = [d for d in ("iid", "noniid") if any(r["data"] == d for r in runs)]
+    ek.write_csv(os.path.join(results, "runs.csv"), RUN_FIELDS, runs)
+    ek.write_csv(os.path.join(results, "curves.csv"), CURVE_FIELDS,
+                 [dict(p, label=r["label"], data=r["data"], topology=r["topology"], algorithm=r["algorithm"])
+                  for r in runs for p in r["curve"]])
+    figures = plot_all(results, runs, settings, alpha)
+    write_readme(results, runs, settings, figures, meta, alpha)
+
+
+if __name__ == "__main__":
+    main()
