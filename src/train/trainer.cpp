@@ -358,6 +358,9 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     first_step = static_cast<long long>(resume_step);
     log::info("resumed from step ", first_step, " (", checkpoint_path(config.checkpoint_dir, rank, resume_step), ")");
   }
+  // Evaluation traffic is left out of the byte counts, so they show training traffic only.
+  std::uint64_t eval_sent = 0, eval_received = 0;
+  const std::uint64_t report_bytes = net::kHeaderBytes + kReportDoubles * sizeof(double) + size * sizeof(float);
   // Written at the end of a step, after its evaluation; not part of the step timings.
   auto save = [&](long long done) {
     const auto counters = network.total_counters();
@@ -373,8 +376,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     state.wall_s = wall_s;
     state.compute_s = compute_s;
     state.comm_wait_s = wait_s;
-    state.bytes_sent = sent_base + counters.bytes_sent;
-    state.bytes_received = received_base + counters.bytes_received;
+    state.bytes_sent = sent_base + counters.bytes_sent - eval_sent;
+    state.bytes_received = received_base + counters.bytes_received - eval_received;
     state.params = x;
     state.momentum.assign(sgd.momentum().begin(), sgd.momentum().end());
     write_checkpoint(config.checkpoint_dir, state);
@@ -390,8 +393,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     const Evaluation local = evaluate(mlp, x, test_set);
     const auto counters = network.total_counters();
     Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
-                  local.loss, static_cast<double>(sent_base + counters.bytes_sent),
-                  static_cast<double>(received_base + counters.bytes_received),
+                  local.loss, static_cast<double>(sent_base + counters.bytes_sent - eval_sent),
+                  static_cast<double>(received_base + counters.bytes_received - eval_received),
                   wall_s, compute_s, wait_s};
     loss_sum = 0;
     loss_count = 0;
@@ -403,6 +406,11 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
       try {
         network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
+        eval_sent += report_bytes;
+        // Wait until peer 0 has evaluated x̄, so that its evaluation does not land in the
+        // timing of our next exchange.
+        network.receive(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
+        eval_received += net::kHeaderBytes;
       } catch (const Error& e) {
         if (!tolerant) throw;
         membership.report_lost(static_cast<std::uint64_t>(step), {{0, e.what()}});
@@ -445,6 +453,20 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
     const Evaluation avg = evaluate(mlp, average_f, test_set);
     recorder->record(reports, avg.accuracy, consensus);
+    std::vector<net::SendHandle> released;
+    for (int p = 1; p < n; ++p)
+      if (!others[p].empty()) {
+        eval_received += report_bytes;
+        released.push_back(network.send(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1, {}, false));
+        eval_sent += net::kHeaderBytes;
+      }
+    for (auto& r : released) {
+      try {
+        r.wait();
+      } catch (const Error& e) {
+        if (!tolerant) throw;
+      }
+    }
   };
 
   for (long long step = first_step; step < total_steps; ++step) {
