@@ -387,14 +387,13 @@ def write_readme(results, runs, settings, figures, meta, alpha):
         "",
         "## Notes",
         "",
-        "- Byte counters: peertrain counts the evaluation reports each peer sends to peer 0 (its parameters, once per "
-        "evaluation) in `bytes_sent`, so `bytes_sent_per_peer` in summary.json exceeds the training traffic; the "
-        "*of which training* column and the bytes axis use peer 0's counter, which holds training traffic only.",
+        "- Byte counters: peertrain leaves the evaluation reports (each peer's parameters sent to peer 0 at every "
+        "evaluation) out of `bytes_sent`, so `bytes_sent_per_peer` is training traffic; the *of which training* "
+        "column, from peer 0's own counter, is shown beside it as a check.",
         "- Wall time: every peer is a process on one machine, so a topology that sends more bytes also takes CPU "
         "from the gradients of the others; on separate machines its cost would be network time instead.",
-        "- Wall time also holds evaluation pauses: peertrain's `wall_s` of peers other than 0 includes the time they "
-        "wait, inside their next step's exchange, while peer 0 evaluates x̄, and summary.json's `wall_s` is the "
-        "maximum over peers. `runs.csv` also has `wall_s_peer0`, which does not include them.",
+        "- Evaluation is outside the timings: peer 0 evaluates x̄ while the others wait for its release, and "
+        "neither is counted in `wall_s` (the slowest peer's summed step times).",
         "",
     ]
     with open(os.path.join(results, "README.md"), "w") as f:
