@@ -192,6 +192,23 @@ struct Network::Impl {
     changed.notify_all();
   }
 
+  // Marks the network closed, then, on the I/O thread, closes the acceptor and applies
+  // `how` to every link; waits (at most 5 s) for that to have happened.
+  void stop_links(void (*how)(Link&, boost::system::error_code&)) {
+    {
+      std::lock_guard lock(mutex);
+      closed = true;
+    }
+    auto done = std::make_shared<std::promise<void>>();
+    asio::post(io, [this, how, done] {
+      boost::system::error_code ignored;
+      acceptor.close(ignored);
+      for (auto& [peer, link] : links) how(*link, ignored);
+      done->set_value();
+    });
+    done->get_future().wait_for(std::chrono::seconds(5));
+  }
+
   // --- reading -------------------------------------------------------------------------
 
   void start_read(Link& l) {
@@ -887,41 +904,18 @@ void Network::close() {
     } catch (const Error&) {
     }
   }
-  {
-    std::lock_guard lock(m.mutex);
-    m.closed = true;
-  }
-  auto done = std::make_shared<std::promise<void>>();
-  asio::post(m.io, [&m, done] {
-    boost::system::error_code ignored;
-    m.acceptor.close(ignored);
-    for (auto& [peer, link] : m.links) {
-      link->socket.shutdown(tcp::socket::shutdown_send, ignored);
-      link->timer.cancel();
-      if (link->heartbeat) link->heartbeat->cancel();
-    }
-    done->set_value();
+  m.stop_links([](Link& link, boost::system::error_code& ignored) {
+    link.socket.shutdown(tcp::socket::shutdown_send, ignored);  // FIN after what is queued
+    link.timer.cancel();
+    if (link.heartbeat) link.heartbeat->cancel();
   });
-  done->get_future().wait_for(std::chrono::seconds(5));
 }
 
 void Network::abort() {
-  Impl& m = *impl_;
-  {
-    std::lock_guard lock(m.mutex);
-    m.closed = true;
-  }
-  auto done = std::make_shared<std::promise<void>>();
-  asio::post(m.io, [&m, done] {
-    boost::system::error_code ignored;
-    m.acceptor.close(ignored);
-    for (auto& [peer, link] : m.links) {
-      link->socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
-      link->socket.close(ignored);
-    }
-    done->set_value();
+  impl_->stop_links([](Link& link, boost::system::error_code& ignored) {
+    link.socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
+    link.socket.close(ignored);
   });
-  done->get_future().wait_for(std::chrono::seconds(5));
 }
 
 void Network::recycle(Payload payload) {
