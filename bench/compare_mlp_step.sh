@@ -33,7 +33,7 @@ theirs=$(OMP_NUM_THREADS=$threads "$python" "$here/torch_mlp_step.py" --batch "$
 import json, sys
 ours, theirs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 flops = ours["flops_per_step"]
-shape = "-".join(map(str, ours["widths"]))
+shape = ours["shape"]
 print(f"MLP {shape} training step, batch {ours['batch']}, {ours['threads']} thread(s), median of {ours['steps']}")
 print(f"{'':22}{'ms/step':>10}{'items/s':>12}{'GFLOP/s':>10}")
 for name, r in (("peertrain (Eigen)", ours), (theirs["framework"] + " CPU", theirs)):

@@ -1,5 +1,5 @@
-// peertrain bench step: times one training step of a model (forward, backward and the
-// optimizer step) on random data, and puts the rate it reaches next to the rate of Eigen's
+// peertrain bench step: times one training step of a model (mlp, gpt or vit: forward,
+// backward and the optimizer step) on random data, and puts the rate it reaches next to the rate of Eigen's
 // own float GEMM at the same thread count, the ceiling for a model made of GEMMs.
 // bench/compare_mlp_step.sh runs it beside PyTorch's step for the same model.
 #include <Eigen/Core>
@@ -7,6 +7,8 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +19,8 @@
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/mlp.h"
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
 #include "peertrain/train/optimizer.h"
 
 namespace peertrain::cli {
@@ -63,18 +67,154 @@ double eigen_gemm_gflops() {
   return 2.0 * kGemmSize * kGemmSize * kGemmSize / median(times) / 1e9;
 }
 
+// One model's training step on fixed random data, and what the report says about it.
+struct Bench {
+  std::function<void()> step;
+  double flops = 0;
+  std::size_t parameters = 0;
+  int items = 0;       // examples per step
+  long long tokens = 0;  // tokens per step (transformers)
+  std::string shape;
+};
+
+Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
+  model::MlpConfig config;
+  config.inputs = number_flag<int>(args, "inputs");
+  config.classes = number_flag<int>(args, "classes");
+  config.hidden = parse_widths(args["hidden"].as<std::string>());
+  if (config.inputs < 1 || config.classes < 1) throw UsageError("--inputs and --classes must be at least 1");
+  struct State {
+    model::Mlp mlp;
+    std::vector<float> params, grads, inputs;
+    std::vector<std::int32_t> labels;
+    train::Sgd sgd;
+  };
+  model::Mlp mlp(config);
+  const std::size_t size = mlp.num_parameters();
+  auto state = std::make_shared<State>(State{std::move(mlp), std::vector<float>(size), std::vector<float>(size),
+                                             std::vector<float>(static_cast<std::size_t>(config.inputs) * batch),
+                                             std::vector<std::int32_t>(batch), train::Sgd(size, {})});
+  state->mlp.initialize(state->params, 1);
+  Rng rng(2);
+  for (auto& x : state->inputs) x = static_cast<float>(rng.normal());
+  for (auto& y : state->labels) y = static_cast<std::int32_t>(rng.uniform_below(config.classes));
+  Bench b;
+  b.step = [state, batch] {
+    state->mlp.forward_backward(state->params, state->inputs.data(), state->labels.data(), batch, state->grads);
+    state->sgd.step(state->params, state->grads);
+  };
+  b.flops = state->mlp.flops_per_step(batch);
+  b.parameters = size;
+  b.items = batch;
+  std::string shape = std::to_string(config.inputs);
+  for (int w : config.hidden) shape += "-" + std::to_string(w);
+  b.shape = shape + "-" + std::to_string(config.classes);
+  return b;
+}
+
+// The transformer step as training runs it: the unsplit model for --sp 1 --pp 1, else the
+// pipeline engine's worker threads; then the optimizer step (Adam, as the trainer uses).
+Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
+  model::TransformerConfig config;
+  config.kind = gpt ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
+  config.d_model = number_flag<int>(args, "d-model");
+  config.layers = number_flag<int>(args, "layers");
+  config.heads = number_flag<int>(args, "heads");
+  config.seq = number_flag<int>(args, "seq");
+  config.patch = number_flag<int>(args, "patch");
+  parallel::EngineConfig engine;
+  engine.sp = number_flag<int>(args, "sp");
+  engine.pp = number_flag<int>(args, "pp");
+  engine.microbatches = number_flag<int>(args, "microbatches");
+  try {
+    model::validate(config);
+    engine.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  struct State {
+    model::Transformer model;
+    std::vector<float> params, grads, pixels;
+    std::vector<std::int32_t> bytes, targets;
+    std::vector<int> positions;
+    std::unique_ptr<train::Optimizer> optimizer;
+    std::unique_ptr<parallel::PipelineEngine> engine;
+  };
+  auto state = std::make_shared<State>(State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr});
+  const std::size_t size = state->model.num_parameters();
+  const int tokens = config.tokens();
+  state->params.resize(size);
+  state->grads.resize(size);
+  state->model.initialize(state->params, 1);
+  state->optimizer = train::make_optimizer(train::OptimizerKind::kAdam, size, {}, {});
+  Rng rng(2);
+  for (int t = 0; t < tokens; ++t) state->positions.push_back(t);
+  if (gpt) {
+    for (long long i = 0; i < static_cast<long long>(batch) * tokens; ++i) {
+      state->bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+      state->targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+    }
+  } else {
+    for (long long i = 0; i < static_cast<long long>(batch) * config.image * config.image; ++i)
+      state->pixels.push_back(static_cast<float>(rng.normal()));
+    for (int i = 0; i < batch; ++i) state->targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
+  }
+  if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
+  Bench b;
+  b.step = [state, batch, tokens, gpt] {
+    if (state->engine) {
+      parallel::GlobalBatch global;
+      global.batch = batch;
+      global.bytes = state->bytes;
+      global.targets = state->targets;
+      global.pixels = state->pixels;
+      global.labels = state->targets;
+      state->engine->step(state->params, global, state->grads);
+    } else {
+      model::TokenBatch whole;
+      whole.batch = batch;
+      whole.tokens = tokens;
+      whole.positions = state->positions;
+      whole.bytes = state->bytes;
+      whole.pixels = state->pixels;
+      whole.targets = state->targets;
+      whole.loss_divisor = gpt ? static_cast<double>(batch) * tokens : batch;
+      std::fill(state->grads.begin(), state->grads.end(), 0.0f);
+      state->model.forward_backward(state->params, whole, state->grads);
+    }
+    state->optimizer->step(state->params, state->grads);
+  };
+  b.flops = state->model.flops_per_step(batch, tokens);
+  b.parameters = size;
+  b.items = batch;
+  b.tokens = static_cast<long long>(batch) * tokens;
+  b.shape = str("d", config.d_model, " L", config.layers, " H", config.heads, " T", tokens, " sp", engine.sp, " pp",
+                engine.pp);
+  return b;
+}
+
 int step(int argc, char** argv) {
   cxxopts::Options options("peertrain bench step",
-                           "Time one training step (forward, backward, SGD step) on random data, after a warm-up.");
+                           "Time one training step (forward, backward, optimizer step) on random data, after a "
+                           "warm-up, next to Eigen's GEMM rate.");
   options.add_options()
-      ("model", "mlp (gpt is a later issue)", cxxopts::value<std::string>()->default_value("mlp"))
-      ("batch", "examples per step", cxxopts::value<std::string>()->default_value("128"))
+      ("model", "mlp | gpt | vit", cxxopts::value<std::string>()->default_value("mlp"))
+      ("batch", "examples (sequences, images) per step", cxxopts::value<std::string>()->default_value("128"))
       ("threads", "Eigen threads (OpenMP)", cxxopts::value<std::string>()->default_value("1"))
-      ("hidden", "hidden widths of the MLP", cxxopts::value<std::string>()->default_value("512,512"))
-      ("inputs", "input features of the MLP", cxxopts::value<std::string>()->default_value("784"))
-      ("classes", "classes of the MLP", cxxopts::value<std::string>()->default_value("10"))
-      ("steps", "timed steps", cxxopts::value<std::string>()->default_value("200"))
-      ("warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("20"))
+      ("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))
+      ("inputs", "mlp: input features", cxxopts::value<std::string>()->default_value("784"))
+      ("classes", "mlp: classes", cxxopts::value<std::string>()->default_value("10"))
+      ("d-model", "gpt/vit: width", cxxopts::value<std::string>()->default_value("128"))
+      ("layers", "gpt/vit: blocks", cxxopts::value<std::string>()->default_value("4"))
+      ("heads", "gpt/vit: attention heads", cxxopts::value<std::string>()->default_value("4"))
+      ("seq", "gpt: context length", cxxopts::value<std::string>()->default_value("256"))
+      ("patch", "vit: patch side", cxxopts::value<std::string>()->default_value("7"))
+      ("sp", "gpt/vit: sequence ranks", cxxopts::value<std::string>()->default_value("1"))
+      ("pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))
+      ("microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))
+      ("schedule", "gpipe | 1f1b", cxxopts::value<std::string>()->default_value("1f1b"))
+      ("steps", "timed steps", cxxopts::value<std::string>()->default_value("20"))
+      ("warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("3"))
       ("format", "text | json", cxxopts::value<std::string>()->default_value("text"))
       ("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -82,80 +222,63 @@ int step(int argc, char** argv) {
 
   const std::string model_name = args["model"].as<std::string>();
   const std::string format = args["format"].as<std::string>();
-  model::MlpConfig config;
   int batch = 0, threads = 0, steps = 0, warmup = 0;
+  Bench bench;
   try {
-    if (model_name == "gpt") throw UsageError("--model gpt is not implemented yet; only mlp can be benchmarked");
-    if (model_name != "mlp") throw UsageError("--model '" + model_name + "' is not one of mlp");
+    if (model_name != "mlp" && model_name != "gpt" && model_name != "vit")
+      throw UsageError("--model '" + model_name + "' is not one of mlp, gpt, vit");
     if (format != "text" && format != "json") throw UsageError("--format '" + format + "' is not one of text, json");
     batch = number_flag<int>(args, "batch");
     threads = number_flag<int>(args, "threads");
     steps = number_flag<int>(args, "steps");
     warmup = number_flag<int>(args, "warmup");
-    config.inputs = number_flag<int>(args, "inputs");
-    config.classes = number_flag<int>(args, "classes");
-    config.hidden = parse_widths(args["hidden"].as<std::string>());
     if (batch < 1) throw UsageError("--batch " + std::to_string(batch) + " must be at least 1");
     if (threads < 1) throw UsageError("--threads " + std::to_string(threads) + " must be at least 1");
     if (steps < 1) throw UsageError("--steps " + std::to_string(steps) + " must be at least 1");
     if (warmup < 0) throw UsageError("--warmup " + std::to_string(warmup) + " must not be negative");
-    if (config.inputs < 1 || config.classes < 1) throw UsageError("--inputs and --classes must be at least 1");
-  } catch (const UsageError& e) {
+    Eigen::setNbThreads(threads);
+    bench = model_name == "mlp" ? mlp_bench(args, batch) : transformer_bench(args, model_name == "gpt", batch);
+  } catch (const std::exception& e) {  // UsageError, or the model's Error for a bad shape
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  Eigen::setNbThreads(threads);
-
-  model::Mlp mlp(config);
-  std::vector<float> params(mlp.num_parameters()), grads(params.size());
-  mlp.initialize(params, 1);
-  train::Sgd sgd(params.size(), {});
-  Rng rng(2);
-  std::vector<float> inputs(static_cast<std::size_t>(config.inputs) * batch);
-  for (auto& x : inputs) x = static_cast<float>(rng.normal());
-  std::vector<std::int32_t> labels(batch);
-  for (auto& y : labels) y = static_cast<std::int32_t>(rng.uniform_below(config.classes));
 
   std::vector<double> times;
   for (int i = 0; i < warmup + steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    mlp.forward_backward(params, inputs.data(), labels.data(), batch, grads);
-    sgd.step(params, grads);
+    bench.step();
     if (i >= warmup) times.push_back(seconds_since(start));
   }
   const double seconds = median(times);
-  const double gflops = mlp.flops_per_step(batch) / seconds / 1e9;
+  const double gflops = bench.flops / seconds / 1e9;
   const double gemm_gflops = eigen_gemm_gflops();
-  std::vector<int> widths = {config.inputs};
-  widths.insert(widths.end(), config.hidden.begin(), config.hidden.end());
-  widths.push_back(config.classes);
 
   if (format == "json") {
     json::Object out;
     out.add("model", model_name)
-        .add_raw("widths", json::array(widths))
-        .add("parameters", mlp.num_parameters())
+        .add("shape", bench.shape)
+        .add("parameters", bench.parameters)
         .add("batch", batch)
         .add("threads", threads)
         .add("steps", steps)
         .add("ms_per_step", seconds * 1e3)
-        .add("items_per_s", batch / seconds)
-        .add("flops_per_step", mlp.flops_per_step(batch))
+        .add("items_per_s", bench.items / seconds);
+    if (bench.tokens > 0) out.add("tokens_per_s", static_cast<double>(bench.tokens) / seconds);
+    out.add("flops_per_step", bench.flops)
         .add("gflops", gflops)
         .add("eigen_gemm_gflops", gemm_gflops)
         .add("eigen_gemm_size", kGemmSize);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::string shape;
-  for (int w : widths) shape += (shape.empty() ? "" : "-") + std::to_string(w);
-  std::printf("model        %s %s (%zu parameters)\n", model_name.c_str(), shape.c_str(), mlp.num_parameters());
+  std::printf("model        %s %s (%zu parameters)\n", model_name.c_str(), bench.shape.c_str(), bench.parameters);
   std::printf("batch        %d\n", batch);
   std::printf("threads      %d\n", threads);
   std::printf("step         %.3f ms (median of %d, after %d warm-up)\n", seconds * 1e3, steps, warmup);
-  std::printf("throughput   %.0f items/s\n", batch / seconds);
-  std::printf("compute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,
-              mlp.flops_per_step(batch) / 1e9, 100 * gflops / gemm_gflops, gemm_gflops, kGemmSize);
+  std::printf("throughput   %.0f items/s", bench.items / seconds);
+  if (bench.tokens > 0) std::printf(", %.0f tokens/s", static_cast<double>(bench.tokens) / seconds);
+  std::printf("\ncompute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,
+              bench.flops / 1e9, 100 * gflops / gemm_gflops, gemm_gflops, kGemmSize);
   return 0;
 }
 
@@ -166,6 +289,7 @@ int run_bench(int argc, char** argv) {
     std::printf(
         "usage: peertrain bench step [options]\n\n"
         "  step --model mlp --batch 128 --threads 1 [--hidden 512,512] [--steps N] [--format text|json]\n"
+        "  step --model gpt --batch 8 --seq 256 --d-model 128 --layers 4 --heads 4 [--sp S --pp P]\n"
         "       time one training step and compare its GFLOP/s with Eigen's GEMM\n");
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {

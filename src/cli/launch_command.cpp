@@ -93,15 +93,20 @@ class ProgressLine {
     const double step = field(json, "step"), total = field(json, "total_steps"), epoch = field(json, "epoch");
     const double loss = field(json, "loss"), speed = field(json, "items_per_s");
     const double acc = field(json, "avg_accuracy"), consensus = field(json, "consensus_distance");
+    // A language model reports validation bits per byte of x̄ where a classifier reports accuracy.
+    const double bpb = field(json, "avg_bits_per_byte");
+    const bool text = json.find("\"bits_per_byte\"") != std::string::npos;
+    const double shown = text ? bpb : acc;
     char line[256];
-    std::snprintf(line, sizeof line, "epoch %.2f | step %.0f/%.0f | loss %.4f | acc(x̄) %s | consensus %s | %.0f img/s",
-                  epoch, step, total, loss, std::isnan(acc) ? "—" : str(acc).substr(0, 6).c_str(),
+    std::snprintf(line, sizeof line, "epoch %.2f | step %.0f/%.0f | loss %.4f | %s %s | consensus %s | %.0f %s/s",
+                  epoch, step, total, loss, text ? "bits/byte(x̄)" : "acc(x̄)",
+                  std::isnan(shown) ? "—" : str(shown).substr(0, 6).c_str(),
                   std::isnan(consensus) ? "—" : [&] {
                     char b[32];
                     std::snprintf(b, sizeof b, "%.2e", consensus);
                     return std::string(b);
                   }().c_str(),
-                  speed);
+                  speed, text ? "seq" : "img");
     const bool evaluated = field(json, "evaluated", 0) > 0 || json.find("\"evaluated\":true") != std::string::npos;
     if (tty_) {
       std::fprintf(stderr, "\r\033[K%s", line);
@@ -136,15 +141,21 @@ void print_summary(const fs::path& out) {
     const auto start = at + key.size() + 5;
     return s.substr(start, s.find('"', start) - start);
   };
-  std::printf("\n%s · %s · %.0f peers · %.0f steps · %.2f epochs · %.1f s\n", get_string("topology").c_str(),
-              get_string("algorithm").c_str(), field(s, "peers"), field(s, "steps"), field(s, "epochs"),
+  const std::string model = get_string("model");
+  std::printf("\n%s · %s · %s · %.0f peers · %.0f steps · %.2f epochs · %.1f s\n", get_string("topology").c_str(),
+              get_string("algorithm").c_str(), model.c_str(), field(s, "peers"), field(s, "steps"), field(s, "epochs"),
               field(s, "wall_s"));
-  std::printf("  test accuracy of x̄    %.4f\n", field(s, "test_accuracy"));
+  if (model == "gpt") {
+    std::printf("  validation bits/byte   %.4f (x̄)\n", field(s, "val_bits_per_byte"));
+    std::printf("  next-byte accuracy     %.4f (x̄)\n", field(s, "test_accuracy"));
+  } else {
+    std::printf("  test accuracy of x̄    %.4f\n", field(s, "test_accuracy"));
+  }
   std::printf("  mean local accuracy    %.4f\n", field(s, "mean_local_accuracy"));
   std::printf("  consensus distance     %.3e\n", field(s, "consensus_distance"));
   std::printf("  spectral gap           %.4g\n", field(s, "spectral_gap"));
   std::printf("  bytes sent per peer    %s\n", human_bytes(field(s, "bytes_sent_per_peer")).c_str());
-  std::printf("  throughput             %.0f images/s\n", field(s, "items_per_s"));
+  std::printf("  throughput             %.0f %s/s\n", field(s, "items_per_s"), model == "gpt" ? "sequences" : "images");
   std::printf("  time per peer          %.1f s compute, %.1f s waiting for peers\n", field(s, "mean_compute_s"),
               field(s, "mean_comm_wait_s"));
 
@@ -297,6 +308,10 @@ int run_launch(int argc, char** argv) {
               // D-PSGD drops a lost peer and goes on; peer 0 coordinates and must stay.
               progress.end();
               std::fprintf(stderr, "%s; the others go on without it\n", what.c_str());
+              // How to bring it back into this run (docs/faults.md, "Rejoining").
+              std::string again = "peertrain peer --rank " + std::to_string(c.rank) + " --rejoin";
+              for (std::size_t i = 1; i < common.size(); ++i) again += " " + common[i];
+              std::fprintf(stderr, "  to bring it back: %s\n", again.c_str());
               lost.push_back(c.rank);
             } else {
               failed_peer = c.rank;
@@ -356,6 +371,24 @@ int run_launch(int argc, char** argv) {
     return g_interrupted ? 130 : 1;
   }
   print_summary(out);
+  // Peers restarted by hand with --rejoin came back: summary.json's rejoined_peers.
+  std::vector<int> back;
+  {
+    std::ifstream in(out / "summary.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    const auto at = s.find("\"rejoined_peers\": [");
+    const auto end = at == std::string::npos ? at : s.find(']', at);
+    for (auto p = s.find("\"peer\":", at); at != std::string::npos && p < end; p = s.find("\"peer\":", p + 1))
+      back.push_back(std::atoi(s.c_str() + p + 7));
+  }
+  if (!back.empty()) {
+    std::string list;
+    for (int r : back) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("  rejoined peers: %s (see rejoined_peers in summary.json)\n", list.c_str());
+  }
+  std::erase_if(lost, [&](int r) { return std::find(back.begin(), back.end(), r) != back.end(); });
   if (!lost.empty()) {
     std::string list;
     for (int r : lost) list += (list.empty() ? "" : ", ") + std::to_string(r);

@@ -18,6 +18,8 @@ int run_peer(int argc, char** argv) {
       ("rank", "this peer's id (default: $SLURM_PROCID, $OMPI_COMM_WORLD_RANK or $PMI_RANK)", cxxopts::value<std::string>())
       ("out", "directory for metrics.csv and summary.json (written by peer 0)", cxxopts::value<std::string>())
       ("progress", "print machine-readable @progress lines (peer 0)")
+      ("rejoin", "restart a peer the others dropped: it takes a neighbour's current parameters and trains on "
+                 "(give the run's other flags unchanged; docs/faults.md)")
       ("log-level", "debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "show this help");
   add_training_options(options);
@@ -59,6 +61,18 @@ int run_peer(int argc, char** argv) {
     config.checkpoint_dir = config.out_dir + "/checkpoints";
   }
   config.progress = args.count("progress") > 0;
+  config.rejoin = args.count("rejoin") > 0;
+  if (config.rejoin) {
+    std::string conflict;
+    if (rank == 0) conflict = "peer 0 coordinates the run and cannot rejoin it; restart the run with --resume instead";
+    else if (config.resume) conflict = "--rejoin and --resume exclude each other";
+    else if (config.algorithm != train::Algorithm::kDpsgd)
+      conflict = "--rejoin needs --algorithm dpsgd (the centralized baselines stop when a peer is lost)";
+    if (!conflict.empty()) {
+      std::fprintf(stderr, "error: --rejoin: %s\n", conflict.c_str());
+      return 2;
+    }
+  }
   const auto topology = topology::load_topology_file(args["topology"].as<std::string>());
   train::run_peer(topology, rank, config);
   return 0;

@@ -4,6 +4,8 @@
 
 #include "options.h"
 #include "peertrain/core/error.h"
+#include "peertrain/parallel/partitioner.h"
+#include "peertrain/parallel/ring_attention.h"
 
 namespace peertrain::cli {
 namespace {
@@ -11,7 +13,9 @@ namespace {
 // Flags forwarded from launch to its peers (everything that shapes the run).
 const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
-    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir"};
+    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir", "max-staleness",
+    "optimizer", "d-model", "layers", "heads", "seq", "patch", "tied-head", "text-dir", "eval-windows", "sp", "pp",
+    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -36,17 +40,56 @@ T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_
   return value;
 }
 
+// The transformer and its split over the workers of a peer; checked against each other
+// here so that a bad combination is named before any peer starts.
+void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
+  auto& m = c.transformer;
+  m.kind = c.model == train::ModelKind::kVit ? model::TransformerKind::kVit : model::TransformerKind::kGpt;
+  m.d_model = positive<int>(args, "d-model");
+  m.layers = positive<int>(args, "layers");
+  m.heads = positive<int>(args, "heads");
+  m.seq = positive<int>(args, "seq");
+  m.patch = positive<int>(args, "patch");
+  m.tied_head = args.count("tied-head") > 0;
+  c.text_dir = args["text-dir"].as<std::string>();
+  c.eval_windows = positive<int>(args, "eval-windows");
+  auto& e = c.engine;
+  e.sp = positive<int>(args, "sp");
+  e.pp = positive<int>(args, "pp");
+  e.microbatches = positive<int>(args, "microbatches");
+  e.timeout_s = positive<double>(args, "worker-timeout");
+  try {
+    e.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
+    e.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
+    e.ring = parallel::parse_ring_mode(args["ring-mode"].as<std::string>());
+    if (c.model == train::ModelKind::kMlp) {
+      if (e.sp * e.pp > 1 || args.count("stages")) throw UsageError("--sp, --pp and --stages need --model gpt or vit");
+      return;
+    }
+    model::validate(m);
+    if (args.count("stages"))
+      e.stage_first_units = parallel::parse_stage_sizes(args["stages"].as<std::string>(), m.layers + 2, e.pp);
+    if (c.batch % e.microbatches != 0)
+      throw UsageError(str("--microbatches ", e.microbatches, " must divide --batch ", c.batch));
+    if (e.sp > 1) (void)parallel::sequence_positions(m.tokens(), e.sp, 0, e.split);  // throws if SP does not divide T
+  } catch (const Error& err) {
+    throw UsageError(err.what());
+  }
+}
+
 }  // namespace
 
 void add_training_options(cxxopts::Options& options) {
   options.add_options("training")
       ("algorithm", "dpsgd | allreduce | ps | local", cxxopts::value<std::string>()->default_value("dpsgd"))
-      ("model", "mlp", cxxopts::value<std::string>()->default_value("mlp"))
+      ("model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
+       cxxopts::value<std::string>()->default_value("mlp"))
       ("hidden", "MLP hidden layer widths", cxxopts::value<std::string>()->default_value("512,512"))
       ("epochs", "passes over the training set (all peers together)", cxxopts::value<std::string>()->default_value("5"))
       ("max-steps", "stop after this many steps (0: no cap)", cxxopts::value<std::string>()->default_value("0"))
-      ("batch", "examples per peer per step", cxxopts::value<std::string>()->default_value("32"))
-      ("lr", "learning rate", cxxopts::value<std::string>()->default_value("0.05"))
+      ("batch", "examples per peer per step (default: 32; gpt: 8 sequences)", cxxopts::value<std::string>())
+      ("optimizer", "sgd | adam (default: sgd for mlp, adam for gpt and vit)", cxxopts::value<std::string>())
+      ("lr", "learning rate (default: 0.05 for sgd, 0.001 for adam)", cxxopts::value<std::string>())
       ("momentum", "SGD momentum", cxxopts::value<std::string>()->default_value("0.9"))
       ("weight-decay", "L2 weight decay", cxxopts::value<std::string>()->default_value("0.0001"))
       ("seed", "seed of the model, the shards and the batches", cxxopts::value<std::string>()->default_value("1"))
@@ -59,14 +102,36 @@ void add_training_options(cxxopts::Options& options) {
       ("threads", "Eigen threads per peer", cxxopts::value<std::string>()->default_value("1"))
       ("run-id", "run id all peers share (default: derived from the configuration)",
        cxxopts::value<std::string>()->default_value("0"))
+      ("max-staleness", "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
+                        "(0: synchronous, exact D-PSGD)",
+       cxxopts::value<std::string>()->default_value("0"))
       ("on-split", "D-PSGD when lost peers split the graph: continue (each piece alone) | stop",
        cxxopts::value<std::string>()->default_value("continue"))
       ("checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))
       ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())
       ("resume", "restart every peer from the latest complete set of checkpoints")
+      ("text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))
+      ("eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("64"))
       ("secret-file", "a key file every peer shares (16+ bytes); without it nobody can join or inject frames "
                       "(make one: head -c 32 /dev/urandom > run.key && chmod 600 run.key)",
        cxxopts::value<std::string>());
+  options.add_options("transformer (gpt, vit)")
+      ("d-model", "width of the residual stream", cxxopts::value<std::string>()->default_value("128"))
+      ("layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))
+      ("heads", "attention heads (must divide --d-model)", cxxopts::value<std::string>()->default_value("4"))
+      ("seq", "gpt: context length in bytes", cxxopts::value<std::string>()->default_value("256"))
+      ("patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)", cxxopts::value<std::string>()->default_value("7"))
+      ("tied-head", "gpt: the LM head reuses the byte embedding")
+      ("sp", "sequence-parallel ranks per stage (ring self-attention)", cxxopts::value<std::string>()->default_value("1"))
+      ("pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))
+      ("microbatches", "micro-batches per step (must divide --batch)", cxxopts::value<std::string>()->default_value("1"))
+      ("schedule", "gpipe | 1f1b", cxxopts::value<std::string>()->default_value("1f1b"))
+      ("stages", "units per stage by hand, e.g. 3,3 (units: embedding, each block, head); default: profiled",
+       cxxopts::value<std::string>())
+      ("sequence-split", "zigzag | contiguous", cxxopts::value<std::string>()->default_value("zigzag"))
+      ("ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",
+       cxxopts::value<std::string>()->default_value("ring"))
+      ("worker-timeout", "seconds a worker thread waits for another", cxxopts::value<std::string>()->default_value("60"));
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {
@@ -76,15 +141,22 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (args["model"].as<std::string>() != "mlp")
-    throw UsageError("--model '" + args["model"].as<std::string>() + "' is not available yet; use mlp");
+  try {
+    c.model = train::parse_model(args["model"].as<std::string>());
+    c.optimizer = args.count("optimizer") ? train::parse_optimizer(args["optimizer"].as<std::string>())
+                  : c.model == train::ModelKind::kMlp ? train::OptimizerKind::kSgd
+                                                      : train::OptimizerKind::kAdam;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   c.hidden = parse_widths(args["hidden"].as<std::string>());
   c.epochs = positive<int>(args, "epochs");
   c.max_steps = positive<long long>(args, "max-steps", true);
-  c.batch = positive<int>(args, "batch");
-  c.sgd.lr = positive<float>(args, "lr");
+  c.batch = args.count("batch") ? positive<int>(args, "batch") : c.model == train::ModelKind::kGpt ? 8 : 32;
+  if (args.count("lr")) c.sgd.lr = c.adam.lr = positive<float>(args, "lr");
   c.sgd.momentum = positive<float>(args, "momentum", true);
   c.sgd.weight_decay = positive<float>(args, "weight-decay", true);
+  if (args.count("weight-decay")) c.adam.weight_decay = c.sgd.weight_decay;
   if (c.sgd.momentum >= 1) throw UsageError("--momentum must be below 1");
   c.seed = number_flag<std::uint64_t>(args, "seed");
   c.eval_every = positive<long long>(args, "eval-every", true);
@@ -109,6 +181,11 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   c.checkpoint_every = positive<long long>(args, "checkpoint-every", true);
   if (args.count("checkpoint-dir")) c.checkpoint_dir = args["checkpoint-dir"].as<std::string>();
   c.resume = args.count("resume") > 0;
+  c.max_staleness = positive<int>(args, "max-staleness", true);
+  if (c.max_staleness > 1000) throw UsageError("--max-staleness must be at most 1000, got " + std::to_string(c.max_staleness));
+  if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
+    throw UsageError("--max-staleness applies to --algorithm dpsgd only");
+  transformer_options(args, c);
   return c;
 }
 

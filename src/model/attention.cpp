@@ -21,9 +21,11 @@ using ConstVector = Eigen::Map<const Eigen::VectorXf>;
 using Vector = Eigen::Map<Eigen::VectorXf>;
 
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
-// Query and key tiles of LocalAttention: a 256 × 256 score tile is 256 KiB, which stays in
-// L2 and keeps the memory of one call independent of the sequence length.
-constexpr int kTile = 256;
+// Query and key tiles of LocalAttention. Small enough that the causal mask skips whole
+// tiles (at T = 256 one 256-token tile computes every score, 64-token tiles 10 of 16), and
+// that a score tile (16 KiB) stays in L1; large enough that the tile GEMMs still run near
+// Eigen's rate. Measured on the GPT step (d 128, T 256): attention 37 ms with 256, 29 with 64.
+constexpr int kTile = 64;
 
 // Scratch tiles reused between calls of one thread (each worker thread has its own).
 struct Scratch {

@@ -51,6 +51,12 @@ void SendHandle::wait() const {
   if (!state_->error.empty()) throw Error(ErrorKind::kPeerLost, state_->error);
 }
 
+bool SendHandle::ready() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
 namespace {
 
 // Bytes written per token-bucket grant: at least 64 KiB, and at fast emulated rates what
@@ -62,6 +68,9 @@ std::size_t shaped_piece(double bandwidth_mbps) {
 constexpr std::size_t kHelloBytes = 64;
 constexpr std::size_t kAuthReplyBytes = 4 + kNonceBytes + kProofBytes;
 constexpr std::uint32_t kFlagAuthenticated = 1;
+constexpr std::uint32_t kFlagRejoin = 2;  // a restarted peer coming back to a running run
+// hello-reply status: 0 accepted, 1 refused (the reason follows), 2 not yet (retry).
+constexpr std::uint32_t kReplyRetry = 2;
 constexpr std::uint64_t kMaxReplyBytes = 1024;
 constexpr double kHandshakeTimeoutS = 10;
 
@@ -134,12 +143,19 @@ struct Link {
   bool connected = false;
   bool dead = false;
   bool left = false;  // said goodbye
+  // The caller gave up on it (drop()) and has not counted it in again (readmit()): a
+  // restarted process for it may rejoin once the link is dead.
+  bool dropped = false;
+  int rejoins = 0;
   std::string death;
   LinkCounters counters;
   std::unique_ptr<FrameAuthenticator> auth;  // set by the handshake when a secret is in use
   std::unique_ptr<asio::steady_timer> heartbeat;
   Clock::time_point last_write = Clock::now();  // I/O thread only
   Clock::time_point last_heard = Clock::now();  // guarded by Impl::mutex
+  // Bumped when a rejoined peer replaces the socket: completions of the old socket's
+  // reads and writes that run later must not touch the new connection.
+  std::uint64_t generation = 0;  // I/O thread only
 };
 
 struct Network::Impl {
@@ -212,7 +228,9 @@ struct Network::Impl {
   // --- reading -------------------------------------------------------------------------
 
   void start_read(Link& l) {
-    asio::async_read(l.socket, asio::buffer(l.header_in), [this, &l](boost::system::error_code ec, std::size_t) {
+    const std::uint64_t generation = l.generation;
+    asio::async_read(l.socket, asio::buffer(l.header_in), [this, &l, generation](boost::system::error_code ec, std::size_t) {
+      if (generation != l.generation) return;
       if (ec) return read_failed(l, ec);
       try {
         l.pending = decode_header(l.header_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
@@ -229,7 +247,8 @@ struct Network::Impl {
           }
       }
       l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
-      asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l](boost::system::error_code ec2, std::size_t) {
+      asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l, generation](boost::system::error_code ec2, std::size_t) {
+        if (generation != l.generation) return;
         if (ec2) return read_failed(l, ec2);
         if (l.auth) {
           if (!l.auth->verify(l.header_in, l.payload_in))
@@ -318,9 +337,12 @@ struct Network::Impl {
     Outgoing& out = l.queue.front();
     const double node_mbps = options.node_bandwidth_mbps;
     const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0 || node_mbps > 0);
+    const std::uint64_t generation = l.generation;
     if (!shaped) {
       std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(out.payload.data(), out.payload.size())};
-      asio::async_write(l.socket, buffers, [this, &l](boost::system::error_code ec, std::size_t) { wrote(l, ec, true); });
+      asio::async_write(l.socket, buffers, [this, &l, generation](boost::system::error_code ec, std::size_t) {
+        if (generation == l.generation) wrote(l, ec, true);
+      });
       return;
     }
     const auto now = Clock::now();
@@ -365,7 +387,8 @@ struct Network::Impl {
       left -= n;
     }
     if (left > 0) buffers.push_back(asio::buffer(out.payload.data() + (from - kHeaderBytes), left));
-    asio::async_write(l.socket, buffers, [this, &l, piece](boost::system::error_code ec, std::size_t) {
+    asio::async_write(l.socket, buffers, [this, &l, piece, generation](boost::system::error_code ec, std::size_t) {
+      if (generation != l.generation) return;
       if (ec) return wrote(l, ec, true);
       Outgoing& o = l.queue.front();
       o.written += piece;
@@ -412,6 +435,23 @@ struct Network::Impl {
   void established(Link& l, tcp::socket socket) {
     boost::system::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
+    {
+      std::lock_guard lock(mutex);
+      if (l.connected) {  // a peer we dropped came back (rejoin): a fresh link
+        ++l.generation;
+        ++l.rejoins;
+        l.dead = l.left = false;  // still `dropped` until the caller readmit()s it
+        l.death.clear();
+        for (auto it = mailbox.begin(); it != mailbox.end();)  // what the old process sent
+          it = std::get<0>(it->first) == l.peer ? mailbox.erase(it) : std::next(it);
+        l.queue.clear();
+        l.writing = false;
+        l.tokens = 0;
+        log::info(l.name, " rejoined: its link is up again");
+      }
+    }
+    l.timer.cancel();
+    l.socket.close(ignored);
     l.socket = std::move(socket);
     {
       std::lock_guard lock(mutex);
@@ -487,6 +527,7 @@ struct Network::Impl {
       hello.flags = kFlagAuthenticated;
       hello.nonce = random_nonce();
     }
+    if (options.rejoin) hello.flags |= kFlagRejoin;
     auto payload = std::make_shared<Payload>(encode_hello(hello));
     auto frame = std::make_shared<Outgoing>(make_frame(MessageType::kHello, 0, 0, *payload, false, l.name));
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(frame->header), asio::buffer(*payload)};
@@ -500,6 +541,12 @@ struct Network::Impl {
                      return refuse_fatally(str(l.name, " answered the handshake with a ", to_string(h.type), " frame"));
                    std::uint32_t status = 0;
                    std::memcpy(&status, reply.data(), 4);
+                   if (status == kReplyRetry) {  // it has not dropped our old self yet
+                     const std::string reason(reinterpret_cast<const char*>(reply.data()) + 4, reply.size() - 4);
+                     boost::system::error_code ignore;
+                     socket->close(ignore);
+                     return retry_dial(l, deadline, str(l.name, " answered: ", reason));
+                   }
                    if (status != 0) {
                      const std::string reason(reinterpret_cast<const char*>(reply.data()) + 4, reply.size() - 4);
                      log::error(l.name, " refused us: ", reason);
@@ -621,8 +668,11 @@ struct Network::Impl {
     });
   }
 
-  std::string check_hello(const Hello& hello) {
+  // Empty when accepted; otherwise the reason, and `retry` when it may pass later.
+  std::string check_hello(const Hello& hello, bool& retry) {
+    retry = false;
     const int peer = static_cast<int>(hello.peer);
+    const bool rejoining = (hello.flags & kFlagRejoin) != 0;
     if (hello.target != static_cast<std::uint32_t>(options.self))
       return str("it dialed peer ", hello.target, " but reached peer ", options.self, " (check the addresses)");
     const bool dialer_authenticates = (hello.flags & kFlagAuthenticated) != 0;
@@ -636,17 +686,35 @@ struct Network::Impl {
     if (hello.run_id != options.run_id)
       return str("run id ", hex(hello.run_id), " differs from ours ", hex(options.run_id),
                  " (a peer of another run, or started with other training flags?)");
+    if (rejoining) {
+      if (!links.count(peer)) return str("peer ", peer, " is not linked with peer ", options.self, " in this topology");
+      std::lock_guard lock(mutex);
+      const Link& l = *links.at(peer);
+      if (!l.connected) return str("peer ", peer, " cannot rejoin: peer ", options.self, " has not started training yet");
+      if (l.left) return str("peer ", peer, " finished this run already");
+      if (!l.dropped) {
+        retry = true;
+        return str("peer ", options.self, " has not dropped peer ", peer, " yet");
+      }
+      if (!l.dead) return str("peer ", peer, " is back already (is another process running as peer ", peer, "?)");
+      return "";
+    }
     if (!links.count(peer) || peer > options.self)
       return str("peer ", peer, " is not a neighbour that dials peer ", options.self, " in this topology");
     std::lock_guard lock(mutex);
+    if (links.at(peer)->connected && links.at(peer)->dead)
+      return str("peer ", peer, " was dropped from this run, which is under way; restart it with --rejoin");
     if (links.at(peer)->connected && !links.at(peer)->dead) return str("peer ", peer, " is already connected");
     return "";
   }
 
   void answer_hello(std::shared_ptr<tcp::socket> socket, const Hello& hello, const std::string& from,
                     std::shared_ptr<asio::steady_timer> timer) {
-    const std::string reason = check_hello(hello);
-    if (!reason.empty()) {
+    bool retry = false;
+    const std::string reason = check_hello(hello, retry);
+    if (!reason.empty() && retry) {
+      log::debug("peer ", hello.peer, " from ", from, " asks to rejoin: ", reason, "; it will retry");
+    } else if (!reason.empty()) {
       log::error("refused peer ", hello.peer, " from ", from, ": ", reason);
       std::lock_guard lock(mutex);
       last_refusal = str("refused peer ", hello.peer, " from ", from, ": ", reason);
@@ -656,7 +724,7 @@ struct Network::Impl {
     HandshakeContext context{hello.peer, static_cast<std::uint32_t>(options.self), hello.nonce, {}, options.fingerprint,
                              options.run_id};
     auto reply = std::make_shared<Payload>(authenticate ? kAuthReplyBytes : 4 + reason.size());
-    const std::uint32_t status = accepted ? 0 : 1;
+    const std::uint32_t status = accepted ? 0 : retry ? kReplyRetry : 1;
     std::memcpy(reply->data(), &status, 4);
     if (authenticate) {
       context.acceptor_nonce = random_nonce();
@@ -767,7 +835,7 @@ void Network::connect() {
                                            std::chrono::duration<double>(m.options.connect_timeout_s));
   asio::post(m.io, [&m, deadline] {
     for (auto& [peer, link] : m.links)
-      if (peer > m.options.self) m.dial(*link, deadline);
+      if (peer > m.options.self || m.options.rejoin) m.dial(*link, deadline);
   });
   std::unique_lock lock(m.mutex);
   auto all_connected = [&] {
@@ -859,6 +927,9 @@ void Network::drop(int peer, const std::string& why) {
         l.dead = true;
         l.death = why;
       }
+      l.dropped = true;
+      for (auto it = m.mailbox.begin(); it != m.mailbox.end();)  // nothing more is read from it
+        it = std::get<0>(it->first) == l.peer ? m.mailbox.erase(it) : std::next(it);
     }
     boost::system::error_code ignored;
     l.socket.close(ignored);
@@ -875,6 +946,16 @@ void Network::drop(int peer, const std::string& why) {
 double Network::silence_s(int peer) const {
   std::lock_guard lock(impl_->mutex);
   return std::chrono::duration<double>(Clock::now() - impl_->link(peer).last_heard).count();
+}
+
+void Network::readmit(int peer) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->link(peer).dropped = false;
+}
+
+int Network::rejoins(int peer) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->link(peer).rejoins;
 }
 
 bool Network::alive(int peer) const {

@@ -267,6 +267,18 @@ void BatchSampler::shuffle_for_epoch() {
 }
 
 void BatchSampler::restore(const State& state) {
+  if (state.epoch == kFromBatchesDrawn && state.position == 0 && state.batches_drawn >= 0) {
+    const long long per_epoch = batches_per_epoch();
+    const long long b = state.batches_drawn;
+    // next() opens a new epoch only when it draws, so after a whole epoch the position is
+    // at its end, not at the start of the next.
+    State derived{0, 0, b};
+    if (b > 0) {
+      derived.epoch = static_cast<int>((b - 1) / per_epoch);
+      derived.position = static_cast<std::size_t>(((b - 1) % per_epoch + 1) * batch_);
+    }
+    return restore(derived);
+  }
   if (state.epoch < 0 || state.batches_drawn < 0 || state.position > shard_.size() ||
       state.position % static_cast<std::size_t>(batch_) != 0)
     throw Error(ErrorKind::kInvalidArgument,

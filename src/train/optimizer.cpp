@@ -2,6 +2,8 @@
 // pass over the buffers, so the optimizer costs a few memory sweeps of the parameters.
 #include "peertrain/train/optimizer.h"
 
+#include <cmath>
+
 #include "peertrain/core/error.h"
 
 namespace peertrain::train {
@@ -47,6 +49,56 @@ void Sgd::step(std::span<float> params, std::span<const float> grads) {
     v[i] = m * v[i] + (grads[i] + wd * params[i]);
     params[i] -= lr * v[i];
   }
+}
+
+OptimizerKind parse_optimizer(std::string_view name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adam") return OptimizerKind::kAdam;
+  throw Error(ErrorKind::kInvalidArgument, str("--optimizer '", name, "' is not one of sgd, adam"));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, std::size_t size, const SgdConfig& sgd,
+                                          const AdamConfig& adam) {
+  if (kind == OptimizerKind::kAdam) return std::make_unique<Adam>(size, adam);
+  return std::make_unique<Sgd>(size, sgd);
+}
+
+Adam::Adam(std::size_t size, AdamConfig config) : config_(config), size_(size), state_(2 * size + 1, 0.0f) {
+  if (!(config_.lr > 0) || !(config_.beta1 >= 0 && config_.beta1 < 1) || !(config_.beta2 >= 0 && config_.beta2 < 1) ||
+      !(config_.eps > 0) || !(config_.weight_decay >= 0))
+    throw Error(ErrorKind::kInvalidArgument, str("Adam: lr ", config_.lr, " must be > 0, betas ", config_.beta1, ", ",
+                                                 config_.beta2, " in [0, 1), eps ", config_.eps,
+                                                 " > 0, weight decay ", config_.weight_decay, " >= 0"));
+}
+
+void Adam::restore_state(std::span<const float> state) {
+  if (state.size() != state_.size())
+    throw Error(ErrorKind::kInvalidArgument,
+                str("Adam over ", size_, " floats cannot restore a state of ", state.size(), " floats"));
+  state_.assign(state.begin(), state.end());
+}
+
+void Adam::compute_update(std::span<const float> params, std::span<const float> grads, std::span<float> update) {
+  PEERTRAIN_CHECK(params.size() == size_ && grads.size() == size_ && update.size() == size_, "Adam over ", size_,
+                  " floats got params of ", params.size(), ", grads of ", grads.size(), ", update of ", update.size());
+  float& steps = state_[2 * size_];
+  steps += 1.0f;
+  const float b1 = config_.beta1, b2 = config_.beta2, lr = config_.lr, wd = config_.weight_decay;
+  const float c1 = 1.0f / (1.0f - std::pow(b1, steps)), c2 = 1.0f / (1.0f - std::pow(b2, steps));
+  float* m = state_.data();
+  float* v = state_.data() + size_;
+  for (std::size_t i = 0; i < size_; ++i) {
+    const float g = grads[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * g;
+    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+    update[i] = lr * (wd * params[i] + (m[i] * c1) / (std::sqrt(v[i] * c2) + config_.eps));
+  }
+}
+
+void Adam::step(std::span<float> params, std::span<const float> grads) {
+  std::vector<float> update(size_);
+  compute_update(params, grads, update);
+  for (std::size_t i = 0; i < size_; ++i) params[i] -= update[i];
 }
 
 }  // namespace peertrain::train

@@ -18,11 +18,11 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/log.h"
-#include "peertrain/model/mlp.h"
 #include "peertrain/net/network.h"
 #include "peertrain/topology/spectrum.h"
 #include "membership.h"
 #include "peertrain/train/checkpoint.h"
+#include "peertrain/train/task.h"
 
 namespace peertrain::train {
 namespace {
@@ -33,7 +33,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 
 // What every peer tells peer 0 at an evaluation, ahead of its parameters.
 struct Report {
-  double step = 0, epoch = 0, train_loss = 0, test_accuracy = 0, test_loss = 0;
+  double step = 0, epoch = 0, train_loss = 0, test_accuracy = 0, test_loss = 0, test_bits_per_byte = 0;
   double bytes_sent = 0, bytes_received = 0, wall_s = 0, compute_s = 0, comm_wait_s = 0;
 };
 constexpr std::size_t kReportDoubles = sizeof(Report) / sizeof(double);
@@ -58,32 +58,16 @@ std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int
   return links;
 }
 
-struct Evaluation {
-  double accuracy = 0;
-  double loss = 0;
-};
-
-Evaluation evaluate(model::Mlp& mlp, std::span<const float> params, const Dataset& test) {
-  constexpr int kChunk = 1000;
-  model::EvalResult total;
-  for (int start = 0; start < test.size(); start += kChunk) {
-    const int count = std::min(kChunk, test.size() - start);
-    const auto r = mlp.evaluate(params, test.inputs.data() + static_cast<std::size_t>(start) * test.features,
-                                test.labels.data() + start, count);
-    total.loss_sum += r.loss_sum;
-    total.correct += r.correct;
-    total.count += r.count;
-  }
-  return {static_cast<double>(total.correct) / static_cast<double>(std::max<long long>(total.count, 1)),
-          total.loss_sum / static_cast<double>(std::max<long long>(total.count, 1))};
-}
-
 // Peer 0's view of the whole run: it writes the files and the progress lines.
 class Recorder {
  public:
   Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps,
            long long resumed_at)
-      : config_(config), topology_(topology), spectral_gap_(spectral_gap), total_steps_(total_steps) {
+      : config_(config),
+        topology_(topology),
+        spectral_gap_(spectral_gap),
+        total_steps_(total_steps),
+        language_model_(config.model == ModelKind::kGpt) {
     if (config.out_dir.empty()) return;
     std::filesystem::create_directories(config.out_dir);
     const auto path = std::filesystem::path(config.out_dir) / "metrics.csv";
@@ -97,22 +81,27 @@ class Recorder {
     csv_.open(path);
     if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
     csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
-            "wall_s,compute_s,comm_wait_s\n"
+            "wall_s,compute_s,comm_wait_s,test_bits_per_byte,avg_bits_per_byte\n"
          << kept;
   }
 
-  void record(const std::vector<Report>& reports, double avg_accuracy, double consensus) {
+  void record(const std::vector<Report>& reports, double avg_accuracy, double avg_bits_per_byte, double consensus) {
     last_ = reports;
     avg_accuracy_ = avg_accuracy;
+    avg_bits_per_byte_ = avg_bits_per_byte;
     consensus_ = consensus;
     if (csv_) {
       char line[512];
       for (std::size_t peer = 0; peer < reports.size(); ++peer) {
         const Report& r = reports[peer];
         if (r.step == 0) continue;  // lost: no row
-        std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f\n",
+        // Bits per byte only for a language model; the classifiers leave the columns empty.
+        char bpb[64] = "";
+        if (language_model_) std::snprintf(bpb, sizeof bpb, "%.5f,%.5f", r.test_bits_per_byte, avg_bits_per_byte);
+        else std::snprintf(bpb, sizeof bpb, ",");
+        std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f,%s\n",
                       static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
-                      consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s);
+                      consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s, bpb);
         csv_ << line;
       }
       csv_.flush();
@@ -128,13 +117,17 @@ class Recorder {
         .add("epoch", epoch)
         .add("loss", loss)
         .add("items_per_s", wall_s > 0 ? step * config_.batch * topology_.num_peers() / wall_s : 0.0)
-        .add("evaluated", evaluated);
+        .add("evaluated", evaluated)
+        .add("metric", language_model_ ? "bits_per_byte" : "accuracy");
     if (!last_.empty()) o.add("avg_accuracy", avg_accuracy_).add("consensus_distance", consensus_);
+    if (!last_.empty() && language_model_) o.add("avg_bits_per_byte", avg_bits_per_byte_);
     std::printf("@progress %s\n", o.dump(0).c_str());
     std::fflush(stdout);
   }
 
-  void finish(const std::vector<Failure>& failures) {
+  // failed_peers: lost and not back at the end; failures: every loss, in order;
+  // rejoined_peers: every comeback (membership.h).
+  void finish(const std::vector<Failure>& failures, const std::vector<Rejoin>& rejoins, const std::vector<int>& lost) {
     if (config_.out_dir.empty() || last_.empty()) return;
     double local = 0, sent = 0, wall = 0, compute = 0, wait = 0;
     double alive = 0;
@@ -150,8 +143,16 @@ class Recorder {
     const double n = std::max(alive, 1.0);
     std::vector<int> failed;
     std::string details = "[";
+    for (int p : lost)
+      if (p != 0) failed.push_back(p);
+    std::string back = "[";
+    for (const Rejoin& r : rejoins) {
+      json::Object one;
+      one.add("peer", r.peer).add("step", static_cast<long long>(r.step)).add("donor", r.donor);
+      back += (back.size() > 1 ? ", " : "") + one.dump(0);
+    }
+    back += "]";
     for (const Failure& f : failures) {
-      failed.push_back(f.peer);
       json::Object one;
       one.add("peer", f.peer).add("step", static_cast<long long>(f.step)).add("reason", f.reason);
       details += (details.size() > 1 ? ", " : "") + one.dump(0);
@@ -160,6 +161,7 @@ class Recorder {
     json::Object o;
     o.add("topology", topology_.name)
         .add("algorithm", to_string(config_.algorithm))
+        .add("model", to_string(config_.model))
         .add("peers", topology_.num_peers())
         .add("steps", static_cast<long long>(last_[0].step))
         .add("epochs", last_[0].epoch)
@@ -174,9 +176,14 @@ class Recorder {
         .add("bytes_sent_per_peer", sent / n)
         .add("survivors", static_cast<long long>(alive))
         .add("items_per_s", wall > 0 ? last_[0].step * config_.batch * n / wall : 0.0)
-        .add("spectral_gap", spectral_gap_)
+        .add("spectral_gap", spectral_gap_);
+    if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
+    if (config_.model != ModelKind::kMlp)
+      o.add("sp", config_.engine.sp).add("pp", config_.engine.pp).add("microbatches", config_.engine.microbatches);
+    o
         .add_raw("failed_peers", json::array(failed))
-        .add_raw("failures", details);
+        .add_raw("failures", details)
+        .add_raw("rejoined_peers", back);
     std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
     out << o.dump() << "\n";
     if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
@@ -199,7 +206,8 @@ class Recorder {
   long long total_steps_;
   std::ofstream csv_;
   std::vector<Report> last_;
-  double avg_accuracy_ = 0, consensus_ = 0;
+  double avg_accuracy_ = 0, avg_bits_per_byte_ = 0, consensus_ = 0;
+  bool language_model_ = false;
 };
 
 }  // namespace
@@ -233,9 +241,22 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   mix(c.sgd.lr);
   mix(c.sgd.momentum);
   mix(c.sgd.weight_decay);
+  // The model and optimizer shape the trajectory; --sp/--pp/--microbatches do not (the
+  // engine's gradient equals the unsplit model's), so peers may even differ in them.
+  if (c.model != ModelKind::kMlp) {
+    const auto& m = c.transformer;
+    for (double v : {double(c.model) + 10, double(m.d_model), double(m.layers), double(m.heads), double(m.seq),
+                     double(m.patch), double(m.tied_head), double(c.optimizer), double(c.adam.lr),
+                     double(c.adam.weight_decay)})
+      mix(v);
+  } else if (c.optimizer != OptimizerKind::kSgd) {
+    mix(double(c.optimizer) + 20);
+    mix(c.adam.lr);
+  }
   mix(static_cast<double>(c.seed));
   mix(static_cast<double>(c.partition));
   mix(c.alpha);
+  if (c.max_staleness > 0) mix(c.max_staleness + 1000.0);  // left out at 0: older run ids stay valid
   return h;
 }
 
@@ -246,38 +267,15 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   log::set_prefix(str("peer ", rank));
   Eigen::setNbThreads(config.threads);
 
-  // Keep only this peer's shard: 32 peers on one machine would otherwise hold 32 copies of
-  // the whole training set (188 MB each).
-  Dataset train_set;
-  int train_size = 0;
-  {
-    const Dataset full = load_fashion_mnist(config.data_dir, true);
-    train_size = full.size();
-    const auto shards = config.partition == Partition::kIid
-                            ? partition_iid(full.size(), n, config.seed)
-                            : partition_dirichlet(full.labels, full.classes, n, config.alpha, config.seed);
-    train_set.features = full.features;
-    train_set.classes = full.classes;
-    const auto features = static_cast<std::size_t>(full.features);
-    for (int index : shards[rank]) {
-      train_set.inputs.insert(train_set.inputs.end(), full.inputs.begin() + index * features,
-                              full.inputs.begin() + (index + 1) * features);
-      train_set.labels.push_back(full.labels[index]);
-    }
-  }
-  const Dataset test_set = load_fashion_mnist(config.data_dir, false);
-  std::vector<int> shard(train_set.size());
-  std::iota(shard.begin(), shard.end(), 0);  // the sampler shuffles positions: same batches as the full set
-  BatchSampler sampler(train_set, shard, config.batch, config.seed + 1000003ULL * rank);
-
-  model::Mlp mlp({train_set.features, config.hidden, train_set.classes});
-  const std::size_t size = mlp.num_parameters();
+  const std::unique_ptr<Task> task = make_task(config, n, rank);
+  const std::size_t size = task->num_parameters();
   std::vector<float> x(size), grads(size), update(size);
-  mlp.initialize(x, config.seed);  // identical on every peer
-  Sgd sgd(size, config.sgd);
+  task->initialize(x, config.seed);  // identical on every peer
+  const std::unique_ptr<Optimizer> optimizer = make_optimizer(config.optimizer, size, config.sgd, config.adam);
 
   // An epoch is one pass over the training set by all peers together.
-  const long long steps_per_epoch = std::max<long long>(1, train_size / (static_cast<long long>(n) * config.batch));
+  const long long steps_per_epoch =
+      std::max<long long>(1, task->examples_per_epoch() / (static_cast<long long>(n) * config.batch));
   long long total_steps = steps_per_epoch * config.epochs;
   if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
   const long long eval_every = config.eval_every > 0 ? config.eval_every : steps_per_epoch;
@@ -300,6 +298,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   options.links = links_for(config.algorithm, t, rank);
   options.fingerprint = t.fingerprint();
   options.run_id = base_run_id ^ (resume_step * 0x9e3779b97f4a7c15ULL);
+  check_fault_options(config, t, rank);  // --rejoin, --max-staleness: before waiting for anyone
+  options.rejoin = config.rejoin;
   options.connect_timeout_s = config.connect_timeout_s;
   options.peer_timeout_s = config.peer_timeout_s;
   options.max_payload_bytes = size * sizeof(float) + kReportDoubles * sizeof(double);
@@ -318,10 +318,12 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   // priority) first in line.
   setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 5);
   log::info("connected; training ", total_steps, " steps (", steps_per_epoch, " per epoch), ", to_string(config.algorithm),
-            ", ", size, " parameters");
+            ", ", task->describe(), ", ", size, " parameters");
 
-  algo::Gossip gossip(network, algo::mixing_rows(t, rank));
-  Membership membership(network, t, rank, config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue);
+  algo::Gossip gossip(network, algo::mixing_rows(t, rank), config.max_staleness);
+  Membership membership(network, t, rank,
+                        {config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue, config.max_staleness,
+                         total_steps});
   std::vector<int> ring(n), workers;
   for (int p = 0; p < n; ++p) ring[p] = p;
   for (int p = 1; p < n; ++p) workers.push_back(p);
@@ -332,8 +334,6 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     recorder = std::make_unique<Recorder>(config, t, gap, total_steps, static_cast<long long>(resume_step));
   }
 
-  std::vector<float> inputs(static_cast<std::size_t>(train_set.features) * config.batch);
-  std::vector<std::int32_t> labels(config.batch);
   double wall_s = 0, compute_s = 0, wait_s = 0, loss_sum = 0;
   long long loss_count = 0;
   long long first_step = 0;
@@ -346,8 +346,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       throw Error(ErrorKind::kParse, str(checkpoint_path(config.checkpoint_dir, rank, resume_step),
                                          ": belongs to another peer or model"));
     x = saved.params;
-    sgd.restore_momentum(saved.momentum);
-    sampler.restore(saved.sampler);
+    optimizer->restore_state(saved.momentum);
+    task->restore_sampler(saved.sampler);
     loss_sum = saved.loss_sum;
     loss_count = saved.loss_count;
     wall_s = saved.wall_s;
@@ -357,6 +357,13 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     received_base = saved.bytes_received;
     first_step = static_cast<long long>(resume_step);
     log::info("resumed from step ", first_step, " (", checkpoint_path(config.checkpoint_dir, rank, resume_step), ")");
+  }
+  if (config.rejoin) {  // peer 0 names the step and the neighbour we take the parameters of (membership.h)
+    const RejoinTicket ticket = membership.rejoin();
+    membership.take_parameters(ticket, x);
+    task->restore_sampler(BatchSampler::after_batches(static_cast<long long>(ticket.step)));
+    first_step = static_cast<long long>(ticket.step);
+    log::info("rejoined at step ", first_step, " with peer ", ticket.donor, "'s parameters");
   }
   // Evaluation traffic is left out of the byte counts, so they show training traffic only.
   std::uint64_t eval_sent = 0, eval_received = 0;
@@ -370,7 +377,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     state.fingerprint = match.fingerprint;
     state.run_id = match.run_id;
     state.step = static_cast<std::uint64_t>(done);
-    state.sampler = sampler.state();
+    state.sampler = task->sampler_state();
     state.loss_sum = loss_sum;
     state.loss_count = loss_count;
     state.wall_s = wall_s;
@@ -379,7 +386,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     state.bytes_sent = sent_base + counters.bytes_sent - eval_sent;
     state.bytes_received = received_base + counters.bytes_received - eval_received;
     state.params = x;
-    state.momentum.assign(sgd.momentum().begin(), sgd.momentum().end());
+    state.momentum.assign(optimizer->state().begin(), optimizer->state().end());
     write_checkpoint(config.checkpoint_dir, state);
     if (rank == 0) prune_checkpoints(config.checkpoint_dir, n, 2, match);
   };
@@ -390,10 +397,10 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   // the metrics. Not part of the step timings.
   auto evaluate_round = [&](long long step, double epoch) {
     const long long done = step + 1;
-    const Evaluation local = evaluate(mlp, x, test_set);
+    const TaskEvaluation local = task->evaluate(x);
     const auto counters = network.total_counters();
     Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
-                  local.loss, static_cast<double>(sent_base + counters.bytes_sent - eval_sent),
+                  local.loss, local.bits_per_byte, static_cast<double>(sent_base + counters.bytes_sent - eval_sent),
                   static_cast<double>(received_base + counters.bytes_received - eval_received),
                   wall_s, compute_s, wait_s};
     loss_sum = 0;
@@ -451,8 +458,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     consensus /= static_cast<double>(reporting);
     std::vector<float> average_f(size);
     for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
-    const Evaluation avg = evaluate(mlp, average_f, test_set);
-    recorder->record(reports, avg.accuracy, consensus);
+    const TaskEvaluation avg = task->evaluate(average_f);
+    recorder->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
     std::vector<net::SendHandle> released;
     for (int p = 1; p < n; ++p)
       if (!others[p].empty()) {
@@ -471,22 +478,21 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
 
   for (long long step = first_step; step < total_steps; ++step) {
     const auto step_start = Clock::now();
-    sampler.next(inputs.data(), labels.data());
     double step_wait = 0;
     float loss = 0;
     auto compute = [&] {
       const auto begin = Clock::now();
-      loss = mlp.forward_backward(x, inputs.data(), labels.data(), config.batch, grads);
+      loss = task->compute_gradient(x, grads);
       return seconds_since(begin);
     };
     double step_compute = 0;
     switch (config.algorithm) {
       case Algorithm::kDpsgd: {
-        if (auto rows = membership.poll(static_cast<std::uint64_t>(step))) gossip.set_rows(std::move(*rows));
+        if (auto rows = membership.poll(static_cast<std::uint64_t>(step), x)) gossip.set_rows(std::move(*rows));
         gossip.start(step, x);  // overlaps the gradient: both read x_k
         step_compute = compute();
         const auto begin = Clock::now();
-        sgd.compute_update(x, grads, update);
+        optimizer->compute_update(x, grads, update);
         step_compute += seconds_since(begin);
         step_wait = gossip.finish(x, update);  // x ← Σ_j W_ij x_j − u
         if (!gossip.newly_lost().empty()) membership.report_lost(static_cast<std::uint64_t>(step), gossip.newly_lost());
@@ -499,7 +505,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
         step_wait = seconds_since(begin);
         begin = Clock::now();
         for (float& g : grads) g *= inverse_n;
-        sgd.step(x, grads);
+        optimizer->step(x, grads);
         step_compute += seconds_since(begin);
         break;
       }
@@ -511,7 +517,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
           step_wait = seconds_since(begin);
           begin = Clock::now();
           for (float& g : grads) g *= inverse_n;
-          sgd.step(x, grads);
+          optimizer->step(x, grads);
           step_compute += seconds_since(begin);
           begin = Clock::now();
           algo::ps_broadcast(network, workers, step, x);
@@ -525,7 +531,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       case Algorithm::kLocal: {
         step_compute = compute();
         const auto begin = Clock::now();
-        sgd.step(x, grads);
+        optimizer->step(x, grads);
         step_compute += seconds_since(begin);
         break;
       }
@@ -554,7 +560,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       gossip.expect_slow_round();
     }
   }
-  if (recorder) recorder->finish(membership.failures());
+  if (recorder) recorder->finish(membership.failures(), membership.rejoins(), membership.lost());
   network.close();
   log::info("finished ", total_steps, " steps in ", wall_s, " s");
 }

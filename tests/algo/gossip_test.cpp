@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <thread>
 
 #include "../net/test_cluster.h"
 #include "peertrain/core/rng.h"
@@ -135,6 +138,105 @@ TEST(Dpsgd, ConvergesToTheLeastSquaresOptimum) {
     net.close();
   });
   for (int i = 0; i < n; ++i) EXPECT_LT((final[i] - optimum).norm() / optimum.norm(), 2e-2) << "peer " << i;
+}
+
+// --max-staleness 0 is the synchronous mix, bit for bit: the same fused float expression
+// x ← W_ii·x + W_ia·x_a + W_ib·x_b − u computed serially, on a ring (two neighbours, one pass).
+TEST(Gossip, StalenessZeroIsTheSynchronousMixBitForBit) {
+  const Topology t = topology_from("graph: {generator: ring, n: 5}");
+  const int n = 5, d = 1001, steps = 8;
+  Eigen::MatrixXf x0 = random_rows(n, d, 11);
+  std::vector<Eigen::MatrixXf> updates;
+  for (int k = 0; k < steps; ++k) updates.push_back(random_rows(n, d, 300 + k) * 0.01f);
+  const auto endpoints = testing::loopback_endpoints(n);
+  Eigen::MatrixXf got(n, d);
+  testing::run_peers(n, [&](int rank) {
+    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net.connect();
+    Gossip gossip(net, mixing_rows(t, rank), 0);
+    std::vector<float> x(d), u(d);
+    for (int j = 0; j < d; ++j) x[j] = x0(rank, j);
+    for (int k = 0; k < steps; ++k) {
+      for (int j = 0; j < d; ++j) u[j] = updates[k](rank, j);
+      gossip.start(k, x);
+      gossip.finish(x, u);
+    }
+    for (int j = 0; j < d; ++j) got(rank, j) = x[j];
+    EXPECT_EQ(gossip.stale_terms(), 0);
+    net.close();
+  });
+  Eigen::MatrixXf expected = x0;
+  for (int k = 0; k < steps; ++k) {
+    Eigen::MatrixXf next(n, d);
+    for (int i = 0; i < n; ++i) {
+      const MixingRow row = mixing_rows(t, i)[0];
+      ASSERT_EQ(row.peers.size(), 2u);
+      const float sw = row.self_weight, wa = row.weights[0], wb = row.weights[1];
+      for (int j = 0; j < d; ++j)
+        next(i, j) = sw * expected(i, j) + wa * expected(row.peers[0], j) + wb * expected(row.peers[1], j) -
+                     updates[k](i, j);
+    }
+    expected = next;
+  }
+  long long wrong = 0;
+  for (Eigen::Index i = 0; i < got.size(); ++i)
+    wrong += std::memcmp(got.data() + i, expected.data() + i, sizeof(float)) != 0;
+  EXPECT_EQ(wrong, 0) << "of " << got.size() << " values differ from the serial synchronous mix";
+}
+
+TEST(Gossip, StalenessNeedsAFixedNeighbourhood) {
+  const Topology t = topology_from("graph: {generator: one-peer-exponential, n: 8}");
+  const auto endpoints = testing::loopback_endpoints(8);
+  net::Network net(testing::options_for(0, endpoints, union_links(t, 0)));
+  EXPECT_THROW(Gossip(net, mixing_rows(t, 0), 2), Error);
+  EXPECT_THROW(Gossip(net, mixing_rows(t, 0), -1), Error);
+}
+
+// Bounded staleness (K = 3) with one peer that keeps falling behind (it sleeps now and
+// then): the others mix its older parameters instead of waiting, and D-PSGD still reaches
+// the least-squares optimum at every peer.
+TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) {
+  const int n = 6, dim = 5, rows = 8, steps = 4000, staleness = 3;
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  std::vector<Eigen::MatrixXf> a(n);
+  std::vector<Eigen::VectorXf> b(n);
+  Eigen::MatrixXf ata = Eigen::MatrixXf::Zero(dim, dim);
+  Eigen::VectorXf atb = Eigen::VectorXf::Zero(dim);
+  for (int i = 0; i < n; ++i) {
+    a[i] = random_rows(rows, dim, 100 + i);
+    b[i] = random_rows(rows, 1, 200 + i);
+    ata += a[i].transpose() * a[i];
+    atb += a[i].transpose() * b[i];
+  }
+  const Eigen::VectorXf optimum = ata.ldlt().solve(atb);
+  const auto endpoints = testing::loopback_endpoints(n);
+  std::vector<Eigen::VectorXf> final(n);
+  std::vector<long long> stale(n), mixed(n);
+  testing::run_peers(n, [&](int rank) {
+    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net.connect();
+    Gossip gossip(net, mixing_rows(t, rank), staleness);
+    Eigen::VectorXf x = Eigen::VectorXf::Zero(dim);
+    for (int k = 0; k < steps; ++k) {
+      const float step_size = 0.05f / (1.0f + static_cast<float>(k) / 20.0f);
+      gossip.start(k, std::span<const float>(x.data(), dim));
+      const Eigen::VectorXf gradient = a[rank].transpose() * (a[rank] * x - b[rank]);
+      if (rank == 2 && k % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(1500));  // the straggler
+      gossip.finish(std::span<float>(x.data(), dim));
+      x -= step_size * gradient;
+    }
+    final[rank] = x;
+    stale[rank] = gossip.stale_terms();
+    mixed[rank] = gossip.mixed_terms();
+    net.close();
+  });
+  long long stale_total = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_LT((final[i] - optimum).norm() / optimum.norm(), 2e-2) << "peer " << i;
+    EXPECT_EQ(mixed[i], 2LL * steps) << "peer " << i;
+    stale_total += stale[i];
+  }
+  EXPECT_GT(stale_total, 0) << "no step mixed stale parameters: the test did not exercise staleness";
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 #include <utility>  // before Asio: Boost 1.74 needs it
 
 #include <boost/asio.hpp>
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <future>
 #include <numeric>
 
 #include "../topology/test_util.h"
@@ -286,6 +289,106 @@ TEST(Network, AProcessWithoutTheKeyCannotJoin) {
     }
     EXPECT_NE(acceptor_error.find("could not connect"), std::string::npos) << acceptor_error;
   }
+}
+
+// A restarted peer comes back on a link its neighbour dropped: refused ("not yet") while
+// the neighbour still counts it in, accepted after drop(), in either dialing direction;
+// what the old process left in the mailbox is discarded, so the new one's messages of
+// the same steps are not taken for duplicates.
+TEST(Network, ADroppedPeerCanRejoinWithAFreshLink) {
+  for (const bool keyed : {false, true}) {
+    SCOPED_TRACE(keyed ? "with --secret-file" : "without a key");
+    const auto endpoints = loopback_endpoints(2);
+    std::promise<void> old_may_die;
+    auto may_die = old_may_die.get_future();
+    std::atomic<bool> dropped{false};
+    std::vector<float> got;
+    run_peers(2, [&](int rank) {
+      auto o = options_for(rank, endpoints, {1 - rank});
+      if (keyed) o.secret = secret_of("0123456789abcdef-shared");
+      if (rank == 0) {
+        Network net(o);
+        net.connect();
+        net.receive(1, MessageType::kParameters, 6, 0);  // step 5 is now waiting in the mailbox
+        old_may_die.set_value();
+        EXPECT_THROW(net.receive(1, MessageType::kParameters, 7, 0), Error);
+        EXPECT_FALSE(net.alive(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the new process is knocking
+        dropped = true;
+        net.drop(1, "test: peer 1 is lost");
+        for (int i = 0; i < 100 && !net.alive(1); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const Payload fresh = net.receive(1, MessageType::kParameters, 5, 0);
+        got.resize(fresh.size() / sizeof(float));
+        std::memcpy(got.data(), fresh.data(), fresh.size());
+        EXPECT_TRUE(net.alive(1));
+        EXPECT_EQ(net.rejoins(1), 1);
+        net.readmit(1);
+        const auto reply = iota(4, 9);
+        net.send(1, MessageType::kParameters, 8, 0, as_bytes(reply)).wait();
+        net.receive(1, MessageType::kReport, 8, 0);  // it got our reply before we close
+        net.close();
+        return;
+      }
+      {
+        Network old(o);
+        old.connect();
+        const auto stale = iota(16, 100);
+        old.send(0, MessageType::kParameters, 5, 0, as_bytes(stale)).wait();
+        old.send(0, MessageType::kParameters, 6, 0, as_bytes(stale)).wait();
+        may_die.wait();
+        old.abort();  // killed
+      }
+      o.rejoin = true;
+      Network again(o);
+      const auto start = std::chrono::steady_clock::now();
+      again.connect();
+      EXPECT_TRUE(dropped.load()) << "accepted before peer 0 dropped the old link";
+      EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+      const auto fresh = iota(16, 500);
+      again.send(0, MessageType::kParameters, 5, 0, as_bytes(fresh)).wait();
+      const Payload reply = again.receive(0, MessageType::kParameters, 8, 0);
+      EXPECT_EQ(reply.size(), 4 * sizeof(float));
+      again.send(0, MessageType::kReport, 8, 0, {}).wait();
+      again.close();
+    });
+    ASSERT_EQ(got.size(), 16u);
+    EXPECT_EQ(got[0], 500.0f) << "the old process's message of step 5 was delivered instead of the new one's";
+  }
+}
+
+// A peer restarted without --rejoin into a run under way is refused with the way out.
+TEST(Network, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
+  const auto endpoints = loopback_endpoints(2);
+  std::promise<void> old_dead;
+  auto dead = old_dead.get_future();
+  std::string error;
+  run_peers(2, [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank});
+    if (rank == 1) {
+      Network net(o);
+      net.connect();
+      EXPECT_THROW(net.receive(0, MessageType::kParameters, 0, 0), Error);
+      net.drop(0, "test: peer 0 is lost");
+      old_dead.set_value();
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      net.close();
+      return;
+    }
+    {
+      Network old(o);
+      old.connect();
+      old.abort();
+    }
+    dead.wait();
+    o.connect_timeout_s = 2;
+    Network again(o);
+    try {
+      again.connect();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("restart it with --rejoin"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -321,6 +321,26 @@ TEST(BatchSampler, RestoredStateDrawsTheSameBatches) {
   }
 }
 
+// A peer that rejoins at step s never drew the first s batches: after_batches(s) puts its
+// sampler where one that did would stand, at an epoch's end too.
+TEST(BatchSampler, AfterBatchesIsWhereDrawingThatManyLeaves) {
+  const Dataset data = counting_dataset(50, 3);
+  const std::vector<int> shard = {1, 4, 9, 16, 25, 36, 49, 2, 3, 5, 7};  // 2 batches an epoch
+  for (int before : {0, 1, 2, 3, 4, 7}) {
+    BatchSampler original(data, shard, 4, 99), rejoined(data, shard, 4, 99);
+    std::vector<float> xa(12), xb(12);
+    std::vector<std::int32_t> ya(4), yb(4);
+    for (int k = 0; k < before; ++k) original.next(xa.data(), ya.data());
+    rejoined.restore(BatchSampler::after_batches(before));
+    EXPECT_EQ(rejoined.state(), original.state()) << "after " << before;
+    for (int k = 0; k < 3; ++k) {
+      original.next(xa.data(), ya.data());
+      rejoined.next(xb.data(), yb.data());
+      ASSERT_EQ(xa, xb) << "after " << before << " draws, then " << k;
+    }
+  }
+}
+
 TEST(BatchSampler, StatesThatCannotBelongToTheSamplerAreReported) {
   const Dataset data = counting_dataset(50, 3);
   BatchSampler sampler(data, {1, 4, 9, 16, 25, 36, 49, 2, 3, 5, 7}, 4, 99);

@@ -111,3 +111,37 @@ TEST(Sgd, RestoringMomentumOfTheWrongSizeIsReported) {
 
 }  // namespace
 }  // namespace peertrain::train
+
+namespace peertrain::train {
+namespace {
+
+// Three AdamW steps against the formula evaluated in double.
+TEST(Adam, FollowsTheAdamWFormula) {
+  const AdamConfig config{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
+  Adam adam(2, config);
+  std::vector<float> x = {0.5f, -1.5f};
+  std::vector<double> xd = {0.5, -1.5}, m(2, 0.0), v(2, 0.0);
+  const std::vector<std::vector<float>> grads = {{1.0f, -2.0f}, {0.5f, 0.25f}, {-3.0f, 1.0f}};
+  for (int t = 1; t <= 3; ++t) {
+    adam.step(x, grads[t - 1]);
+    for (int i = 0; i < 2; ++i) {
+      const double g = grads[t - 1][i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.99 * v[i] + 0.01 * g * g;
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.99, t));
+      xd[i] -= 0.01 * (0.1 * xd[i] + mh / (std::sqrt(vh) + 1e-8));
+      EXPECT_NEAR(x[i], xd[i], 1e-6) << "step " << t << " x[" << i << "]";
+    }
+  }
+  Adam resumed(2, config);
+  resumed.restore_state(adam.state());
+  std::vector<float> a = x, b = x;
+  adam.step(a, grads[0]);
+  resumed.step(b, grads[0]);
+  EXPECT_EQ(a, b) << "a restored Adam continues differently";
+  EXPECT_THROW(resumed.restore_state(std::vector<float>(3)), Error);
+  EXPECT_THROW(Adam(2, {.lr = 0.0f}), Error);
+}
+
+}  // namespace
+}  // namespace peertrain::train

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -33,10 +35,26 @@ std::vector<MixingRow> mixing_rows_without(const topology::Topology& topology, i
 // dropped at once: its weight moves to the diagonal, which keeps W symmetric and doubly
 // stochastic among the survivors using only what this peer knows. The trainer later
 // switches everyone to rows recomputed on the survivors' graph at an agreed step.
+//
+// With max_staleness K > 0 (bounded-staleness gossip, src/algo/stale_gossip.cpp) a peer
+// mixes with the freshest parameters it holds from each neighbour as long as they are at
+// most K steps old, and waits only for a neighbour more than K steps behind. K = 0 is
+// exact synchronous D-PSGD, bit for bit the same code path as before.
 class Gossip {
  public:
-  Gossip(net::Network& network, std::vector<MixingRow> rows);
+  // Throws Error(kInvalidArgument) for max_staleness < 0, or > 0 with a topology that
+  // changes every step (one-peer exponential: a neighbour does not send every step).
+  Gossip(net::Network& network, std::vector<MixingRow> rows, int max_staleness = 0);
+  ~Gossip();  // waits for sends still in flight (stale mode): their buffers are ours
+  Gossip(const Gossip&) = delete;
+  Gossip& operator=(const Gossip&) = delete;
+  // Replaces the rows from the next start() on. A peer this one had dropped that is in the
+  // new rows and whose link is up again (it rejoined) is taken back into the mix.
   void set_rows(std::vector<MixingRow> rows);
+  int max_staleness() const { return max_staleness_; }
+  // Stale mode: how many neighbour terms were mixed older than the current step, of all.
+  long long stale_terms() const { return stale_terms_; }
+  long long mixed_terms() const { return mixed_terms_; }
   // Peers this one has dropped; finish() adds to it.
   const std::vector<int>& lost() const { return lost_; }
 
@@ -61,7 +79,15 @@ class Gossip {
 
  private:
   bool is_lost(int peer) const;
-  net::Payload receive_or_give_up(int peer);
+  net::Payload receive_or_give_up(int peer, std::uint64_t step);
+  void give_up_on(int peer, const std::string& why);
+  void note_round(double waited);
+  // The fused pass x ← self·x + Σ_j w_j·in_j − update; shared by both modes.
+  static void mix(std::span<float> x, float self_weight, const std::vector<float>& weights,
+                  const std::vector<const float*>& inputs, std::span<const float> update);
+  // Bounded staleness (stale_gossip.cpp).
+  void start_stale(std::span<const float> x);
+  double finish_stale(std::span<float> x, std::span<const float> update);
 
   net::Network& network_;
   std::vector<MixingRow> rows_;
@@ -72,6 +98,24 @@ class Gossip {
   double slowest_round_s_ = 0;  // decaying maximum of the wait per round
   long long rounds_ = 0;
   bool slow_round_expected_ = false;
+
+  // Stale mode only.
+  int max_staleness_ = 0;
+  struct Freshest {
+    net::Payload payload;          // the newest parameters received (empty: none yet)
+    std::uint64_t step = 0;        // the step they belong to
+    std::uint64_t next = 0;        // the next step to take from the mailbox
+    bool started = false;          // next is set (at the first start() that includes it)
+  };
+  std::map<int, Freshest> freshest_;
+  struct Snapshot {
+    std::uint64_t step = 0;
+    std::vector<float> x;  // what was sent: x may change before the sends finish
+    std::vector<net::SendHandle> sends;
+  };
+  std::deque<Snapshot> in_flight_;
+  std::vector<std::vector<float>> spare_;  // snapshot buffers to reuse
+  long long stale_terms_ = 0, mixed_terms_ = 0;
 };
 
 }  // namespace peertrain::algo

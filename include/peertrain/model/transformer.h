@@ -115,7 +115,8 @@ class Transformer {
   // matched by tests/make_transformer_reference.py.
   void register_parameters(ParameterStore& store) const;
   // GPT-2's initialisation (N(0, 0.02), residual projections scaled by 1/√(2L), LayerNorm
-  // 1 and 0, biases 0) drawn in buffer order from peertrain::Rng(seed).
+  // 1 and 0, biases 0) except the embeddings, N(0, 1) (N(0, 1/d_model) when the head is
+  // tied), drawn in buffer order from peertrain::Rng(seed).
   void initialize(std::span<float> params, std::uint64_t seed) const;
 
   // One unit, one micro-batch. `in`: d × N (ignored by unit 0), `out`: d × N (ignored by

@@ -45,6 +45,10 @@ struct NetworkOptions {
   // The shared key (--secret-file): the handshake then proves both sides hold it, and every
   // later frame carries a ChaCha20-Poly1305 tag instead of the checksum (docs/net.md).
   std::optional<Secret> secret;
+  // This process restarts a peer the others dropped (--rejoin): it dials every link, not
+  // only the higher ids, and says so in its hello. A neighbour accepts it only once it has
+  // itself dropped the old link (drop()), and otherwise answers "not yet", which is retried.
+  bool rejoin = false;
 };
 
 struct LinkCounters {
@@ -66,6 +70,8 @@ class SendHandle {
   SendHandle() = default;
   void wait() const;
   bool valid() const { return state_ != nullptr; }
+  // Finished (sent or failed): wait() would return or throw at once.
+  bool ready() const;
 
  private:
   friend class Network;
@@ -100,7 +106,14 @@ class Network {
   std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag);
 
   // Closes the link to a peer this one has given up on, so that peer learns it was dropped.
+  // A dropped peer may come back: a restarted process for it (NetworkOptions::rejoin) is
+  // accepted once the link is dead, the link is fresh (messages left from the old one are
+  // discarded) and alive() says true again; rejoins() counts how often that happened.
   void drop(int peer, const std::string& why);
+  // The caller counts a peer that rejoined in again: from now on another restart of it
+  // is answered "not yet" until the caller drop()s it again.
+  void readmit(int peer);
+  int rejoins(int peer) const;
   bool alive(int peer) const;
   // Seconds since anything (a message or a heartbeat) last arrived from `peer`. Every link
   // carries a heartbeat when it has been quiet for a second, and it comes from the I/O

@@ -71,6 +71,11 @@ class BatchSampler {
     bool operator==(const State&) const = default;
   };
   State state() const { return {epoch_, position_, batches_drawn_}; }
+  // The state after `batches` batches drawn from the start, for a sampler that did not
+  // draw them (a peer that rejoins a run at that step): restore() works out the epoch and
+  // position from its shard and batch.
+  static State after_batches(long long batches) { return {kFromBatchesDrawn, 0, batches}; }
+  static constexpr int kFromBatchesDrawn = -2147483647 - 1;  // no real epoch
   // Continues from a state taken from a sampler over the same shard, batch and seed: the
   // batches that follow are the ones that sampler would have drawn. Throws Error when the
   // state cannot belong to this sampler (negative, past the shard, not on a batch boundary).

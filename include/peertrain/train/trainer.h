@@ -16,9 +16,12 @@
 #include <string_view>
 #include <vector>
 
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
 #include "peertrain/topology/topology.h"
 #include "peertrain/train/data.h"
 #include "peertrain/train/optimizer.h"
+#include "peertrain/train/text.h"
 
 namespace peertrain::train {
 
@@ -28,13 +31,24 @@ Algorithm parse_algorithm(std::string_view name);  // throws Error naming the ch
 
 enum class Partition { kIid, kDirichlet };
 
+enum class ModelKind { kMlp, kGpt, kVit };
+std::string_view to_string(ModelKind model);
+ModelKind parse_model(std::string_view name);  // throws Error naming the choices
+
 struct TrainConfig {
   Algorithm algorithm = Algorithm::kDpsgd;
-  std::vector<int> hidden = {512, 512};
+  ModelKind model = ModelKind::kMlp;
+  std::vector<int> hidden = {512, 512};  // mlp
+  model::TransformerConfig transformer;  // gpt and vit (kind set from model)
+  parallel::EngineConfig engine;         // gpt and vit: the workers inside the peer (--sp, --pp, …)
+  std::string text_dir = kFortunesDir;   // gpt
+  int eval_windows = 64;                 // gpt: validation windows of seq bytes
   int epochs = 5;
   long long max_steps = 0;  // 0: no cap beyond the epochs
   int batch = 32;           // per peer
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   SgdConfig sgd;
+  AdamConfig adam;
   std::uint64_t seed = 1;
   long long eval_every = 0;  // steps between evaluations; 0: once per epoch
   Partition partition = Partition::kIid;
@@ -51,6 +65,8 @@ struct TrainConfig {
   long long checkpoint_every = 0;  // steps between checkpoints; 0: none
   std::string checkpoint_dir;      // where every peer writes its checkpoint files
   bool resume = false;             // start from the latest complete set in checkpoint_dir
+  int max_staleness = 0;  // D-PSGD: mix neighbours' parameters up to this many steps old (0: synchronous)
+  bool rejoin = false;    // this process restarts a peer the others dropped: it comes back into the run
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.

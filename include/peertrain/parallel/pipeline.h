@@ -1,0 +1,116 @@
+// The group of workers inside one peer that computes a step's gradient: the model's chain
+// of units cut into PP pipeline stages (GPipe, Huang et al. 2019; 1F1B / PipeDream-Flush,
+// Narayanan et al. 2019 and 2021), each stage's tokens cut over SP sequence ranks that run
+// ring attention. Worker (p, s) — stage p, sequence rank s — is a thread; stage p's SP
+// workers share a group (ring attention, vit's pooling, the gradient all-reduce), and
+// sequence rank s's PP workers share another (activations forward, their gradients back).
+//
+// A step splits the peer's batch into M micro-batches, runs the schedule, and yields the
+// gradient of the step's mean loss: the same numbers, up to float rounding, as the unsplit
+// Transformer::forward_backward over the whole batch (tests/parallel/pipeline_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/ring_attention.h"
+#include "peertrain/parallel/schedule.h"
+
+namespace peertrain::parallel {
+
+struct EngineConfig {
+  int sp = 1;            // sequence ranks per stage (--sp)
+  int pp = 1;            // pipeline stages (--pp)
+  int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
+  Schedule schedule = Schedule::kOneFOneB;
+  std::vector<int> stage_first_units;  // first unit of each stage (--stages); empty: profile and partition
+  SequenceSplit split = SequenceSplit::kZigzag;
+  RingMode ring = RingMode::kOnlineSoftmax;
+  double timeout_s = 60;        // any one wait of a worker for another
+  int profile_repetitions = 3;  // timed runs of each unit, median taken
+  // OpenMP threads of each worker's GEMMs when there are several workers. A process-wide
+  // Eigen::setNbThreads(n) takes precedence over it (Eigen reads its own setting first).
+  int threads_per_worker = 1;
+};
+
+// The whole step's data of this peer, whole sequences (the engine cuts them).
+struct GlobalBatch {
+  int batch = 0;                           // sequences (gpt) or images (vit)
+  std::span<const std::int32_t> bytes;     // gpt: [batch × seq] input bytes
+  std::span<const std::int32_t> targets;   // gpt: [batch × seq] the next byte of each
+  std::span<const float> pixels;           // vit: [batch × image²]
+  std::span<const std::int32_t> labels;    // vit: [batch]
+};
+
+// One stage over the last step, its sequence ranks averaged (times) or maxed (memory).
+struct StageStats {
+  int first_unit = 0;
+  int units = 0;
+  double busy_s = 0;      // wall time inside unit forward/backward (ring attention included)
+  double busy_cpu_s = 0;  // this thread's CPU time there: busy_s less the time other threads held the core
+  double wait_s = 0;      // wall time blocked on a neighbour stage: receives, and sends at the end of the step
+  double idle_s = 0;      // pipeline_s − busy_s: wait_s, and the fill and drain around its passes
+  double reduce_s = 0;    // the gradient all-reduce over the sequence ranks
+  std::size_t peak_activation_bytes = 0;  // Σ activation_bytes() of the micro-batches in flight, at its largest
+  int peak_in_flight = 0;                 // micro-batches in flight at most
+  double bubble() const { return busy_s + idle_s > 0 ? idle_s / (busy_s + idle_s) : 0.0; }
+};
+
+struct StepStats {
+  std::vector<StageStats> stages;
+  double loss = 0;
+  double step_s = 0;      // wall time of step(), threads started and gradients summed included
+  double pipeline_s = 0;  // from the workers' common start to the end of the last pass
+  // Mean over stages of idle/(busy + idle), in wall time, as it happened on this machine.
+  // With fewer cores than workers the stages time-share, which stretches busy_s and hides
+  // part of the bubble; then replayed_bubble is the number to read.
+  double measured_bubble = 0;
+  // The schedule replayed with every pass lasting its measured thread CPU time and one
+  // processor per stage (replay_schedule): the bubble of this partition and schedule on a
+  // machine with a core per worker.
+  double replayed_bubble = 0;
+  double theoretical_bubble = 0;  // (p − 1)/(m + p − 1)
+};
+
+class PipelineEngine {
+ public:
+  // Checks the configuration against the model; throws Error(kInvalidArgument) naming the
+  // flag (--sp, --pp, --microbatches, --stages). Keeps a reference to the model.
+  PipelineEngine(model::Transformer& model, EngineConfig config);
+  ~PipelineEngine();
+  PipelineEngine(const PipelineEngine&) = delete;
+  PipelineEngine& operator=(const PipelineEngine&) = delete;
+
+  // Fixes the stages: the override if one was given, else a profile of every unit on the
+  // first micro-batch of `batch` and partition(). step() calls it the first time; calling
+  // it again re-profiles.
+  void plan(std::span<const float> params, const GlobalBatch& batch);
+
+  // One step: writes the gradient of the step's mean loss into grads (overwritten) and
+  // returns that loss. Throws Error(kInvalidArgument) for a batch that M does not divide
+  // or spans of the wrong size; a failing worker aborts the others and its error is
+  // rethrown naming its stage and sequence rank.
+  float step(std::span<const float> params, const GlobalBatch& batch, std::span<float> grads);
+
+  const EngineConfig& config() const { return config_; }
+  const std::vector<int>& stage_first_units() const { return first_units_; }  // empty before plan()
+  const std::vector<double>& unit_costs() const { return unit_costs_; }       // the profile; empty if overridden
+  const StepStats& last_stats() const { return stats_; }
+
+ private:
+  struct Worker;
+  void check_batch(const GlobalBatch& batch, std::span<const float> params) const;
+
+  model::Transformer& model_;
+  EngineConfig config_;
+  std::vector<int> first_units_;
+  std::vector<double> unit_costs_;
+  StepStats stats_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // pp · sp, index p · sp + s; kept between steps
+};
+
+}  // namespace peertrain::parallel

@@ -1,0 +1,257 @@
+// The transformer's layer kernels. The GEMMs read weights in place in the flat parameter
+// buffer; the per-element work (LayerNorm, GELU, softmax) runs as Eigen array expressions
+// over whole columns, which vectorize, so that no scalar loop sits next to a GEMM.
+#include "layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace peertrain::model::layers {
+namespace {
+
+using Eigen::Index;
+using Matrix = Eigen::Map<Eigen::MatrixXf>;
+using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
+using Array = Eigen::Map<Eigen::ArrayXf>;
+using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
+
+}  // namespace
+
+template <bool kTransA, bool kTransB>
+void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, float* c, bool accumulate) {
+  const ConstMatrix a_map(a, kTransA ? k : m, kTransA ? m : k);
+  const ConstMatrix b_map(b, kTransB ? n : k, kTransB ? k : n);
+  Matrix c_map(c, m, n);
+  if (!accumulate) c_map.setZero();  // both paths below accumulate
+  if (m == 0 || n == 0 || k == 0) return;
+  if (Eigen::nbThreads() > 1) {
+    if constexpr (kTransA && kTransB)
+      c_map.noalias() += a_map.transpose() * b_map.transpose();
+    else if constexpr (kTransA)
+      c_map.noalias() += a_map.transpose() * b_map;
+    else if constexpr (kTransB)
+      c_map.noalias() += a_map * b_map.transpose();
+    else
+      c_map.noalias() += a_map * b_map;
+    return;
+  }
+  m_kc = k;
+  m_mc = m;
+  m_nc = n;
+  Eigen::internal::computeProductBlockingSizes<float, float, 1>(m_kc, m_mc, m_nc, Index{1});
+  if (packed_a_.size() < m_kc * m_mc) packed_a_.resize(m_kc * m_mc);
+  if (packed_b_.size() < m_kc * m_nc) packed_b_.resize(m_kc * m_nc);
+  m_blockA = packed_a_.data();
+  m_blockB = packed_b_.data();
+  Eigen::internal::general_matrix_matrix_product<Index, float, kTransA ? Eigen::RowMajor : Eigen::ColMajor, false,
+                                                 float, kTransB ? Eigen::RowMajor : Eigen::ColMajor, false,
+                                                 Eigen::ColMajor, 1>::run(m, n, k, a, kTransA ? k : m, b,
+                                                                          kTransB ? n : k, c, 1, m, 1.0f, *this);
+}
+
+void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
+               bool accumulate) {
+  if (trans_a && trans_b)
+    run_typed<true, true>(m, n, k, a, b, c, accumulate);
+  else if (trans_a)
+    run_typed<true, false>(m, n, k, a, b, c, accumulate);
+  else if (trans_b)
+    run_typed<false, true>(m, n, k, a, b, c, accumulate);
+  else
+    run_typed<false, false>(m, n, k, a, b, c, accumulate);
+}
+
+void add_row_sums(int rows, int n, const float* x, float* sums) {
+  Eigen::Map<Eigen::VectorXf> s(sums, rows);
+  for (int j = 0; j < n; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + static_cast<std::ptrdiff_t>(j) * rows, rows);
+}
+
+// The GEMM driver accumulates into y, so starting y from the bias (and the residual) costs
+// one pass over y instead of a clearing pass and an adding pass.
+void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* y) {
+  if (b == nullptr) {
+    gemm.run(false, false, out, n, in, w, x, y, false);
+    return;
+  }
+  Matrix(y, out, n).colwise() = Eigen::Map<const Eigen::VectorXf>(b, out);
+  gemm.run(false, false, out, n, in, w, x, y, true);
+}
+
+void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x,
+                             const float* residual, float* y) {
+  Matrix(y, out, n) = ConstMatrix(residual, out, n).colwise() + Eigen::Map<const Eigen::VectorXf>(b, out);
+  gemm.run(false, false, out, n, in, w, x, y, true);
+}
+
+void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
+                     float* db, float* dx) {
+  gemm.run(false, true, out, in, n, dy, x, dw, true);
+  if (db != nullptr) add_row_sums(out, n, dy, db);
+  if (dx != nullptr) gemm.run(true, false, in, n, out, w, dy, dx, false);
+}
+
+void layernorm_forward(int d, int n, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd) {
+  const ConstArray g(gamma, d), bt(beta, d);
+  for (int j = 0; j < n; ++j) {
+    const ConstArray xj(x + static_cast<std::ptrdiff_t>(j) * d, d);
+    const float mu = xj.mean();
+    const float var = (xj - mu).square().mean();
+    const float r = 1.0f / std::sqrt(var + kLayerNormEps);
+    Array(y + static_cast<std::ptrdiff_t>(j) * d, d) = (xj - mu) * r * g + bt;
+    mean[j] = mu;
+    rstd[j] = r;
+  }
+}
+
+void layernorm_backward(int d, int n, const float* x, const float* mean, const float* rstd, const float* gamma,
+                        const float* dy, const float* residual, float* dx, float* dgamma, float* dbeta) {
+  const ConstArray g(gamma, d);
+  Array dg(dgamma, d), db(dbeta, d);
+  Eigen::ArrayXf xhat(d), dxhat(d);
+  for (int j = 0; j < n; ++j) {
+    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(j) * d;
+    const ConstArray dyj(dy + at, d);
+    xhat = (ConstArray(x + at, d) - mean[j]) * rstd[j];
+    dxhat = dyj * g;
+    dg += dyj * xhat;
+    db += dyj;
+    const float mean_dxhat = dxhat.mean();
+    const float mean_dxhat_xhat = (dxhat * xhat).mean();
+    Array dxj(dx + at, d);
+    if (residual != nullptr)
+      dxj = ConstArray(residual + at, d) + (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd[j];
+    else
+      dxj = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd[j];
+  }
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluCube = 0.044715f;
+}  // namespace
+
+void gelu_forward(std::size_t count, const float* x, float* y) {
+  const ConstArray a(x, static_cast<Index>(count));
+  Array(y, static_cast<Index>(count)) = 0.5f * a * (1.0f + (kGeluScale * (a + kGeluCube * a.cube())).tanh());
+}
+
+void gelu_backward(std::size_t count, const float* x, const float* dy, float* dx) {
+  // Blocks of 4096 keep the tanh temporary in L1 instead of a whole-tensor allocation.
+  constexpr std::size_t kBlock = 4096;
+  Eigen::Array<float, Eigen::Dynamic, 1, 0, static_cast<int>(kBlock), 1> t;
+  for (std::size_t at = 0; at < count; at += kBlock) {
+    const Index len = static_cast<Index>(std::min(kBlock, count - at));
+    const ConstArray a(x + at, len);
+    t = (kGeluScale * (a + kGeluCube * a.cube())).tanh();
+    Array(dx + at, len) =
+        ConstArray(dy + at, len) *
+        (0.5f * (1.0f + t) + 0.5f * a * (1.0f - t.square()) * kGeluScale * (1.0f + 3.0f * kGeluCube * a.square()));
+  }
+}
+
+void split_heads(int batch, int tokens, int heads, int head_dim, int rows, int row_offset, const float* x,
+                 float* heads_out) {
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(head_dim);
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t) {
+      const float* column = x + (static_cast<std::ptrdiff_t>(b) * tokens + t) * rows + row_offset;
+      for (int h = 0; h < heads; ++h)
+        std::memcpy(heads_out + ((static_cast<std::ptrdiff_t>(b) * heads + h) * tokens + t) * head_dim,
+                    column + h * head_dim, bytes);
+    }
+}
+
+void merge_heads(int batch, int tokens, int heads, int head_dim, int rows, int row_offset, const float* heads_in,
+                 float* x) {
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(head_dim);
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t) {
+      float* column = x + (static_cast<std::ptrdiff_t>(b) * tokens + t) * rows + row_offset;
+      for (int h = 0; h < heads; ++h)
+        std::memcpy(column + h * head_dim,
+                    heads_in + ((static_cast<std::ptrdiff_t>(b) * heads + h) * tokens + t) * head_dim, bytes);
+    }
+}
+
+void token_embedding_forward(int d, int batch, int tokens, const std::int32_t* ids, const int* positions,
+                             const float* wte, const float* wpe, float* out) {
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t) {
+      const std::ptrdiff_t j = static_cast<std::ptrdiff_t>(b) * tokens + t;
+      Array(out + j * d, d) = ConstArray(wte + static_cast<std::ptrdiff_t>(ids[j]) * d, d) +
+                              ConstArray(wpe + static_cast<std::ptrdiff_t>(positions[t]) * d, d);
+    }
+}
+
+void token_embedding_backward(int d, int batch, int tokens, const std::int32_t* ids, const int* positions,
+                              const float* dout, float* dwte, float* dwpe) {
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t) {
+      const std::ptrdiff_t j = static_cast<std::ptrdiff_t>(b) * tokens + t;
+      Array(dwte + static_cast<std::ptrdiff_t>(ids[j]) * d, d) += ConstArray(dout + j * d, d);
+    }
+  add_positions_backward(d, batch, tokens, positions, dout, dwpe);
+}
+
+void gather_patches(int image, int patch, int batch, int tokens, const int* positions, const float* pixels,
+                    float* out) {
+  const int per_row = image / patch;
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t) {
+      const int row = positions[t] / per_row, col = positions[t] % per_row;
+      const float* corner = pixels + static_cast<std::ptrdiff_t>(b) * image * image +
+                            static_cast<std::ptrdiff_t>(row) * patch * image + col * patch;
+      float* column = out + (static_cast<std::ptrdiff_t>(b) * tokens + t) * patch * patch;
+      for (int y = 0; y < patch; ++y) std::memcpy(column + y * patch, corner + y * image, sizeof(float) * patch);
+    }
+}
+
+void add_positions(int d, int batch, int tokens, const int* positions, const float* wpe, float* out) {
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t)
+      Array(out + (static_cast<std::ptrdiff_t>(b) * tokens + t) * d, d) +=
+          ConstArray(wpe + static_cast<std::ptrdiff_t>(positions[t]) * d, d);
+}
+
+void add_positions_backward(int d, int batch, int tokens, const int* positions, const float* dout, float* dwpe) {
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tokens; ++t)
+      Array(dwpe + static_cast<std::ptrdiff_t>(positions[t]) * d, d) +=
+          ConstArray(dout + (static_cast<std::ptrdiff_t>(b) * tokens + t) * d, d);
+}
+
+void sum_pool_forward(int d, int batch, int tokens, const float* x, float* pooled) {
+  for (int b = 0; b < batch; ++b) {
+    Eigen::Map<Eigen::VectorXf> p(pooled + static_cast<std::ptrdiff_t>(b) * d, d);
+    p = ConstMatrix(x + static_cast<std::ptrdiff_t>(b) * tokens * d, d, tokens).rowwise().sum();
+  }
+}
+
+void sum_pool_backward(int d, int batch, int tokens, const float* dpooled, float scale, float* dx) {
+  for (int b = 0; b < batch; ++b)
+    Matrix(dx + static_cast<std::ptrdiff_t>(b) * tokens * d, d, tokens).colwise() =
+        Eigen::Map<const Eigen::VectorXf>(dpooled + static_cast<std::ptrdiff_t>(b) * d, d) * scale;
+}
+
+double softmax_cross_entropy(int classes, int n, float* logits, const std::int32_t* targets, float grad_scale,
+                             long long* correct) {
+  double loss = 0;
+  for (int j = 0; j < n; ++j) {
+    Array z(logits + static_cast<std::ptrdiff_t>(j) * classes, classes);
+    Index argmax = 0;
+    const float max = z.maxCoeff(&argmax);
+    const int target = targets[j];
+    const float target_logit = z[target];
+    z = (z - max).exp();
+    const float sum = z.sum();
+    loss += std::log(static_cast<double>(sum)) + max - target_logit;
+    *correct += argmax == target;
+    z *= grad_scale / sum;
+    z[target] -= grad_scale;
+  }
+  return loss;
+}
+
+}  // namespace peertrain::model::layers

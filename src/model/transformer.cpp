@@ -1,0 +1,618 @@
+// The transformer assembled from the kernels of layers.h, unit by unit.
+//
+// Parameter layout, in buffer order (every matrix column-major, a Linear's weight d_out ×
+// d_in; d = d_model, F = mlp_ratio·d, P = patch²):
+//   unit 0, embedding   gpt: wte (d × vocab), wpe (d × seq)
+//                       vit: patch.weight (d × P), patch.bias (d), wpe (d × tokens)
+//   unit 1 + l, block l h{l}.ln1.weight (d), h{l}.ln1.bias (d),
+//                       h{l}.attn.qkv.weight (3d × d), h{l}.attn.qkv.bias (3d),
+//                       h{l}.attn.proj.weight (d × d), h{l}.attn.proj.bias (d),
+//                       h{l}.ln2.weight (d), h{l}.ln2.bias (d),
+//                       h{l}.mlp.fc.weight (F × d), h{l}.mlp.fc.bias (F),
+//                       h{l}.mlp.proj.weight (d × F), h{l}.mlp.proj.bias (d)
+//   unit L + 1, head    ln_f.weight (d), ln_f.bias (d), then
+//                       gpt untied: lm_head.weight (vocab × d), no bias; gpt tied: nothing
+//                       (the logits are wteᵀ·x); vit: head.weight (classes × d), head.bias.
+// The qkv rows are [q; k; v], head h at rows h·head_dim of each, as in GPT-2's c_attn. wte
+// and wpe column-major are row-major vocab × d, PyTorch's nn.Embedding layout.
+//
+// What a unit keeps for its backward (UnitActivations::buffer, N = batch·tokens columns):
+//   embedding  gpt: nothing (the TokenBatch holds the bytes); vit: the gathered patches
+//   block      x_in, ln1(x), mean1, rstd1, q, k, v, attention out (head layout), lse,
+//              x_mid = x + attn, ln2(x_mid), mean2, rstd2, fc pre-activation, GELU output
+//   head       x_in, ln_f(x), mean, rstd; gpt: d loss/d logits; vit: pooled, d loss/d logits
+// Temporaries live in a per-thread workspace (UnitActivations::scratch is left empty), and
+// the model itself is read-only after construction, so threads may call one Transformer
+// concurrently as long as each passes its own UnitActivations and gradient ranges that no
+// other thread adds to at the same time (the tied head adds into the embedding's range).
+//
+// Sequence parallelism in vit's head: the pooled vector is the all-reduced sum of every
+// rank's tokens over the all-reduced token count, so each rank of the group holds the same
+// logits. Each rank then reports loss / group size (so the ranks' losses add up to the
+// loss), and scales the gradients of head.weight and head.bias — the same on every rank —
+// by 1 / group size, because the gradient all-reduce over the group sums them. Everything
+// below the pooling is per token, and its per-rank gradients add up without scaling. The
+// vit loss_divisor counts each image once (not once per sequence rank).
+#include "peertrain/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "layers.h"
+#include "peertrain/comm/group.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
+
+namespace peertrain::model {
+namespace {
+
+enum class Init { kNormal, kResidual, kEmbedding, kOne, kZero };
+
+struct Tensor {
+  std::string name;
+  int rows = 0;
+  int cols = 0;
+  std::size_t offset = 0;
+  Init init = Init::kZero;
+};
+
+struct BlockOffsets {
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b;
+};
+
+// Offsets (in floats) of what a block unit saves, for N columns.
+struct BlockSaved {
+  std::size_t x_in, ln1, mean1, rstd1, q, k, v, att, lse, x_mid, ln2, mean2, rstd2, h, g, total;
+};
+
+BlockSaved block_saved(int d, int f, int heads, std::size_t n) {
+  BlockSaved s{};
+  std::size_t at = 0;
+  auto take = [&](std::size_t size) {
+    const std::size_t here = at;
+    at += size;
+    return here;
+  };
+  s.x_in = take(d * n);
+  s.ln1 = take(d * n);
+  s.mean1 = take(n);
+  s.rstd1 = take(n);
+  s.q = take(d * n);
+  s.k = take(d * n);
+  s.v = take(d * n);
+  s.att = take(d * n);
+  s.lse = take(heads * n);
+  s.x_mid = take(d * n);
+  s.ln2 = take(d * n);
+  s.mean2 = take(n);
+  s.rstd2 = take(n);
+  s.h = take(f * n);
+  s.g = take(f * n);
+  s.total = at;
+  return s;
+}
+
+// Offsets of what the head saves: columns is N for gpt's logits and batch for vit's.
+struct HeadSaved {
+  std::size_t x_in, y, mean, rstd, pooled, dlogits, total;
+};
+
+}  // namespace
+
+void validate(const TransformerConfig& c) {
+  auto positive = [](const char* flag, int value) {
+    if (value <= 0) throw Error(ErrorKind::kInvalidArgument, str("transformer: ", flag, " (", value, ") must be positive"));
+  };
+  positive("d_model", c.d_model);
+  positive("layers", c.layers);
+  positive("heads", c.heads);
+  positive("mlp_ratio", c.mlp_ratio);
+  if (c.d_model % c.heads != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("transformer: heads (", c.heads, ") must divide d_model (", c.d_model, ")"));
+  if (c.kind == TransformerKind::kGpt) {
+    positive("seq", c.seq);
+    positive("vocab", c.vocab);
+  } else {
+    positive("image", c.image);
+    positive("patch", c.patch);
+    positive("classes", c.classes);
+    if (c.image % c.patch != 0)
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("transformer: patch (", c.patch, ") must divide image (", c.image, ")"));
+  }
+}
+
+namespace {
+
+// Temporaries of one unit's forward or backward, and forward_backward's and evaluate's own
+// activations: per thread, grown on demand and reused, so that threads (pipeline stages,
+// sequence ranks) may call one Transformer concurrently, each with its own UnitActivations.
+struct ThreadWorkspace {
+  layers::Gemm gemm;
+  std::vector<float> slots[5];
+  std::vector<UnitActivations> saved;
+  std::vector<float> act_a, act_b;
+};
+
+ThreadWorkspace& thread_workspace() {
+  thread_local ThreadWorkspace workspace;
+  return workspace;
+}
+
+}  // namespace
+
+struct Transformer::Impl {
+  std::vector<Tensor> tensors;
+  std::vector<ParameterRange> units;
+  std::size_t wte = 0, wpe = 0, patch_w = 0, patch_b = 0;
+  std::vector<BlockOffsets> blocks;
+  std::size_t lnf_w = 0, lnf_b = 0, head_w = 0, head_b = 0;
+  std::size_t total = 0;
+
+  LocalAttention local_attention;  // stateless; its scratch is per thread
+
+  layers::Gemm& gemm() { return thread_workspace().gemm; }
+  float* workspace(int slot, std::size_t size) {
+    std::vector<float>& w = thread_workspace().slots[slot];
+    if (w.size() < size) w.resize(size);
+    return w.data();
+  }
+
+  std::size_t add(std::string name, int rows, int cols, Init init) {
+    tensors.push_back({std::move(name), rows, cols, total, init});
+    total += static_cast<std::size_t>(rows) * cols;
+    return tensors.back().offset;
+  }
+};
+
+Transformer::Transformer(TransformerConfig config) : config_(config), impl_(std::make_unique<Impl>()) {
+  validate(config_);
+  if (config_.kind == TransformerKind::kVit) config_.seq = config_.tokens();
+  Impl& m = *impl_;
+  const int d = config_.d_model, f = config_.mlp_ratio * d;
+  std::size_t start = 0;
+  auto close_unit = [&] {
+    m.units.push_back({start, m.total - start});
+    start = m.total;
+  };
+  if (config_.kind == TransformerKind::kGpt) {
+    m.wte = m.add("wte", d, config_.vocab, Init::kEmbedding);
+  } else {
+    m.patch_w = m.add("patch.weight", d, config_.patch * config_.patch, Init::kNormal);
+    m.patch_b = m.add("patch.bias", d, 1, Init::kZero);
+  }
+  m.wpe = m.add("wpe", d, config_.seq, Init::kEmbedding);
+  close_unit();
+  for (int l = 0; l < config_.layers; ++l) {
+    const std::string p = str("h", l, ".");
+    BlockOffsets b{};
+    b.ln1_w = m.add(p + "ln1.weight", d, 1, Init::kOne);
+    b.ln1_b = m.add(p + "ln1.bias", d, 1, Init::kZero);
+    b.qkv_w = m.add(p + "attn.qkv.weight", 3 * d, d, Init::kNormal);
+    b.qkv_b = m.add(p + "attn.qkv.bias", 3 * d, 1, Init::kZero);
+    b.proj_w = m.add(p + "attn.proj.weight", d, d, Init::kResidual);
+    b.proj_b = m.add(p + "attn.proj.bias", d, 1, Init::kZero);
+    b.ln2_w = m.add(p + "ln2.weight", d, 1, Init::kOne);
+    b.ln2_b = m.add(p + "ln2.bias", d, 1, Init::kZero);
+    b.fc_w = m.add(p + "mlp.fc.weight", f, d, Init::kNormal);
+    b.fc_b = m.add(p + "mlp.fc.bias", f, 1, Init::kZero);
+    b.fc2_w = m.add(p + "mlp.proj.weight", d, f, Init::kResidual);
+    b.fc2_b = m.add(p + "mlp.proj.bias", d, 1, Init::kZero);
+    m.blocks.push_back(b);
+    close_unit();
+  }
+  m.lnf_w = m.add("ln_f.weight", d, 1, Init::kOne);
+  m.lnf_b = m.add("ln_f.bias", d, 1, Init::kZero);
+  if (config_.kind == TransformerKind::kVit) {
+    m.head_w = m.add("head.weight", config_.classes, d, Init::kNormal);
+    m.head_b = m.add("head.bias", config_.classes, 1, Init::kZero);
+  } else if (!config_.tied_head) {
+    m.head_w = m.add("lm_head.weight", config_.vocab, d, Init::kNormal);
+  }
+  close_unit();
+}
+
+Transformer::~Transformer() = default;
+Transformer::Transformer(Transformer&&) noexcept = default;
+Transformer& Transformer::operator=(Transformer&&) noexcept = default;
+
+std::size_t Transformer::num_parameters() const { return impl_->total; }
+
+ParameterRange Transformer::unit_parameters(int unit) const {
+  if (unit < 0 || unit >= num_units())
+    throw Error(ErrorKind::kInvalidArgument, str("transformer: unit ", unit, " outside [0, ", num_units(), ")"));
+  return impl_->units[static_cast<std::size_t>(unit)];
+}
+
+std::string Transformer::unit_name(int unit) const {
+  unit_parameters(unit);  // range check
+  if (unit == 0) return "embedding";
+  if (unit == num_units() - 1) return "head";
+  return str("block ", unit - 1);
+}
+
+void Transformer::register_parameters(ParameterStore& store) const {
+  for (const Tensor& t : impl_->tensors) {
+    const std::size_t index = store.add(t.name, t.rows, t.cols);
+    PEERTRAIN_CHECK(store.slice(index).offset - store.slice(0).offset == t.offset, "tensor ", t.name,
+                    " is at offset ", store.slice(index).offset, " in the store, ", t.offset, " in the model");
+  }
+}
+
+void Transformer::initialize(std::span<float> params, std::uint64_t seed) const {
+  PEERTRAIN_CHECK(params.size() == num_parameters(), "params has ", params.size(), " floats, the transformer ",
+                  num_parameters());
+  Rng rng(seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
+  // Embeddings N(0, 1), PyTorch's nn.Embedding default, not GPT-2's 0.02: with small
+  // embeddings the token is a faint signal in the residual stream at first, and the byte
+  // model spends its first few hundred steps finding it (measured on the fortunes text:
+  // loss 3.0 against 2.6 after 200 steps). A tied head reads wte as its weight, so there
+  // the scale is 1/√d_model, which keeps the first logits at unit variance.
+  const double embedding_std = config_.tied_head ? 1.0 / std::sqrt(static_cast<double>(config_.d_model)) : 1.0;
+  for (const Tensor& t : impl_->tensors) {
+    float* p = params.data() + t.offset;
+    const std::size_t size = static_cast<std::size_t>(t.rows) * t.cols;
+    for (std::size_t i = 0; i < size; ++i) {
+      switch (t.init) {
+        case Init::kNormal: p[i] = static_cast<float>(0.02 * rng.normal()); break;
+        case Init::kResidual: p[i] = static_cast<float>(residual_std * rng.normal()); break;
+        case Init::kEmbedding: p[i] = static_cast<float>(embedding_std * rng.normal()); break;
+        case Init::kOne: p[i] = 1.0f; break;
+        case Init::kZero: p[i] = 0.0f; break;
+      }
+    }
+  }
+}
+
+namespace {
+
+// Bad input at the model's boundary: names the field, the index and the expected range.
+void check_batch(const TransformerConfig& c, const TokenBatch& batch) {
+  auto fail = [](const std::string& what) { throw Error(ErrorKind::kInvalidArgument, "transformer batch: " + what); };
+  if (batch.batch <= 0 || batch.tokens <= 0)
+    fail(str("batch (", batch.batch, ") and tokens (", batch.tokens, ") must be positive"));
+  if (static_cast<int>(batch.positions.size()) != batch.tokens)
+    fail(str(batch.positions.size(), " positions for ", batch.tokens, " tokens"));
+  for (int t = 0; t < batch.tokens; ++t) {
+    const int p = batch.positions[t];
+    if (p < 0 || p >= c.seq) fail(str("position ", p, " of token ", t, " is outside [0, ", c.seq, ")"));
+    if (t > 0 && p <= batch.positions[t - 1]) fail(str("positions are not ascending at token ", t));
+  }
+  if (!(batch.loss_divisor > 0)) fail(str("loss_divisor ", batch.loss_divisor, " must be positive"));
+  const std::size_t n = static_cast<std::size_t>(batch.batch) * batch.tokens;
+  auto check_ids = [&](const char* field, std::span<const std::int32_t> ids, std::size_t size, int bound) {
+    if (ids.size() != size) fail(str(field, " has ", ids.size(), " entries, expected ", size));
+    for (std::size_t i = 0; i < size; ++i)
+      if (ids[i] < 0 || ids[i] >= bound) fail(str(field, "[", i, "] = ", ids[i], " is outside [0, ", bound, ")"));
+  };
+  if (c.kind == TransformerKind::kGpt) {
+    check_ids("bytes", batch.bytes, n, c.vocab);
+    check_ids("targets", batch.targets, n, c.vocab);
+  } else {
+    const std::size_t pixels = static_cast<std::size_t>(batch.batch) * c.image * c.image;
+    if (batch.pixels.size() != pixels) fail(str("pixels has ", batch.pixels.size(), " values, expected ", pixels));
+    check_ids("targets (labels)", batch.targets, static_cast<std::size_t>(batch.batch), c.classes);
+  }
+}
+
+int group_size(const UnitContext& context) {
+  return context.sequence_group == nullptr ? 1 : context.sequence_group->size();
+}
+
+// The embedding, blocks and head, one micro-batch each. Forward saves into `saved`; the
+// head's forward also leaves its loss sums in *sums when given (evaluate). A template on
+// Impl only so that it may name the private Transformer::Impl.
+template <typename Impl>
+struct TransformerKernels {
+  static void embedding_forward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                                float* out, UnitActivations& saved) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    if (c.kind == TransformerKind::kGpt) {
+      saved.buffer.resize(0);
+      layers::token_embedding_forward(d, batch.batch, batch.tokens, batch.bytes.data(), batch.positions.data(),
+                                      p + m.wte, p + m.wpe, out);
+      return;
+    }
+    const int pp = c.patch * c.patch;
+    saved.buffer.resize(static_cast<std::size_t>(pp) * n);
+    layers::gather_patches(c.image, c.patch, batch.batch, batch.tokens, batch.positions.data(), batch.pixels.data(),
+                           saved.buffer.data());
+    layers::linear_forward(m.gemm(), pp, d, n, p + m.patch_w, p + m.patch_b, saved.buffer.data(), out);
+    layers::add_positions(d, batch.batch, batch.tokens, batch.positions.data(), p + m.wpe, out);
+  }
+
+  static void embedding_backward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                                 const float* dout, const UnitActivations& saved, float* g) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    if (c.kind == TransformerKind::kGpt) {
+      layers::token_embedding_backward(d, batch.batch, batch.tokens, batch.bytes.data(), batch.positions.data(), dout,
+                                       g + m.wte, g + m.wpe);
+      return;
+    }
+    const int pp = c.patch * c.patch;
+    PEERTRAIN_CHECK(saved.buffer.size() == static_cast<std::size_t>(pp) * n, "embedding backward without forward");
+    layers::linear_backward(m.gemm(), pp, d, n, p + m.patch_w, saved.buffer.data(), dout, g + m.patch_w,
+                            g + m.patch_b, nullptr);
+    layers::add_positions_backward(d, batch.batch, batch.tokens, batch.positions.data(), dout, g + m.wpe);
+  }
+
+  static AttentionShape shape(const TransformerConfig& c, const TokenBatch& batch) {
+    return {.batch = batch.batch,
+            .heads = c.heads,
+            .head_dim = c.d_model / c.heads,
+            .tokens = batch.tokens,
+            .causal = c.kind == TransformerKind::kGpt};
+  }
+
+  static void block_forward(const TransformerConfig& c, Impl& m, const BlockOffsets& o, const float* p,
+                            const TokenBatch& batch, const float* in, float* out, UnitActivations& saved,
+                            AttentionCore& attention) {
+    const int d = c.d_model, f = c.mlp_ratio * d, n = batch.batch * batch.tokens;
+    const int hd = d / c.heads;
+    const std::size_t dn = static_cast<std::size_t>(d) * n;
+    const BlockSaved at = block_saved(d, f, c.heads, n);
+    saved.buffer.resize(at.total);
+    float* s = saved.buffer.data();
+    if (in != s + at.x_in) std::memcpy(s + at.x_in, in, sizeof(float) * dn);
+    layers::layernorm_forward(d, n, s + at.x_in, p + o.ln1_w, p + o.ln1_b, s + at.ln1, s + at.mean1, s + at.rstd1);
+    float* qkv = m.workspace(0, 3 * dn);
+    layers::linear_forward(m.gemm(), d, 3 * d, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
+    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, 0, qkv, s + at.q);
+    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, d, qkv, s + at.k);
+    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, 2 * d, qkv, s + at.v);
+    attention.forward(shape(c, batch), batch.positions, s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse);
+    float* merged = m.workspace(1, dn);
+    layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, s + at.att, merged);
+    layers::linear_residual_forward(m.gemm(), d, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
+    layers::layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
+    layers::linear_forward(m.gemm(), d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
+    layers::gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
+    layers::linear_residual_forward(m.gemm(), f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
+  }
+
+  // dout and din may be the same buffer: dout is last read before din is first written.
+  static void block_backward(const TransformerConfig& c, Impl& m, const BlockOffsets& o, const float* p,
+                             const TokenBatch& batch, const float* dout, float* din, const UnitActivations& saved,
+                             float* g, AttentionCore& attention) {
+    const int d = c.d_model, f = c.mlp_ratio * d, n = batch.batch * batch.tokens;
+    const int hd = d / c.heads;
+    const std::size_t dn = static_cast<std::size_t>(d) * n;
+    const BlockSaved at = block_saved(d, f, c.heads, n);
+    PEERTRAIN_CHECK(saved.buffer.size() == at.total, "block backward: saved activations hold ", saved.buffer.size(),
+                    " floats, this micro-batch needs ", at.total);
+    const float* s = saved.buffer.data();
+    // MLP branch.
+    float* d_hidden = m.workspace(0, std::max<std::size_t>(f, 3 * d) * n);
+    layers::linear_backward(m.gemm(), f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, g + o.fc2_b, d_hidden);
+    layers::gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, d_hidden, d_hidden);
+    float* d_ln = m.workspace(1, dn);
+    layers::linear_backward(m.gemm(), d, f, n, p + o.fc_w, s + at.ln2, d_hidden, g + o.fc_w, g + o.fc_b, d_ln);
+    float* d_mid = m.workspace(2, dn);
+    layers::layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid,
+                               g + o.ln2_w, g + o.ln2_b);
+    // Attention branch.
+    float* merged = m.workspace(3, dn);
+    layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, s + at.att, merged);
+    layers::linear_backward(m.gemm(), d, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, g + o.proj_b, d_ln);
+    float* d_att = merged;  // merged is no longer needed
+    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, d_ln, d_att);
+    float* d_heads = m.workspace(4, 3 * dn);
+    attention.backward(shape(c, batch), batch.positions, s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att,
+                       d_heads, d_heads + dn, d_heads + 2 * dn);
+    float* d_qkv = d_hidden;
+    for (int part = 0; part < 3; ++part)
+      layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, part * d, d_heads + part * dn, d_qkv);
+    layers::linear_backward(m.gemm(), d, 3 * d, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
+    layers::layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din,
+                               g + o.ln1_w, g + o.ln1_b);
+  }
+
+  // Floats that `unit` keeps for its backward; the blocks and the head keep their input first.
+  static std::size_t saved_floats(const TransformerConfig& c, int unit, const TokenBatch& batch) {
+    const std::size_t n = static_cast<std::size_t>(batch.batch) * batch.tokens;
+    if (unit == 0) return c.kind == TransformerKind::kGpt ? 0 : static_cast<std::size_t>(c.patch) * c.patch * n;
+    if (unit == c.layers + 1) return head_saved(c, batch.batch, n).total;
+    return block_saved(c.d_model, c.mlp_ratio * c.d_model, c.heads, n).total;
+  }
+
+  static HeadSaved head_saved(const TransformerConfig& c, int batch, std::size_t n) {
+    const std::size_t d = c.d_model;
+    HeadSaved s{};
+    s.x_in = 0;
+    s.y = d * n;
+    s.mean = s.y + d * n;
+    s.rstd = s.mean + n;
+    s.pooled = s.rstd + n;
+    const bool vit = c.kind == TransformerKind::kVit;
+    // vit keeps the pooled vectors and, after them, the all-reduced token count.
+    s.dlogits = s.pooled + (vit ? d * batch + 1 : 0);
+    s.total = s.dlogits + (vit ? static_cast<std::size_t>(c.classes) * batch : static_cast<std::size_t>(c.vocab) * n);
+    return s;
+  }
+
+  static float head_forward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                            const float* in, UnitActivations& saved, const UnitContext& context, LossSums* sums) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    const std::size_t dn = static_cast<std::size_t>(d) * n;
+    const HeadSaved at = head_saved(c, batch.batch, n);
+    saved.buffer.resize(at.total);
+    float* s = saved.buffer.data();
+    if (in != s + at.x_in) std::memcpy(s + at.x_in, in, sizeof(float) * dn);
+    layers::layernorm_forward(d, n, s + at.x_in, p + m.lnf_w, p + m.lnf_b, s + at.y, s + at.mean, s + at.rstd);
+    const float grad_scale = static_cast<float>(1.0 / batch.loss_divisor);
+    long long correct = 0;
+    double loss_sum = 0;
+    if (c.kind == TransformerKind::kGpt) {
+      float* logits = s + at.dlogits;
+      if (c.tied_head)
+        m.gemm().run(true, false, c.vocab, n, d, p + m.wte, s + at.y, logits, false);
+      else
+        layers::linear_forward(m.gemm(), d, c.vocab, n, p + m.head_w, nullptr, s + at.y, logits);
+      loss_sum = layers::softmax_cross_entropy(c.vocab, n, logits, batch.targets.data(), grad_scale, &correct);
+      if (sums != nullptr) *sums = {loss_sum, correct, n};
+      return static_cast<float>(loss_sum / batch.loss_divisor);
+    }
+    // vit: mean over every token of each image, over the sequence group when there is one.
+    float* pooled = s + at.pooled;
+    layers::sum_pool_forward(d, batch.batch, batch.tokens, s + at.y, pooled);
+    const std::size_t pooled_size = static_cast<std::size_t>(d) * batch.batch;
+    pooled[pooled_size] = static_cast<float>(batch.tokens);
+    const int ranks = group_size(context);
+    if (ranks > 1) context.sequence_group->all_reduce({pooled, pooled_size + 1}, context.timeout_s);
+    Eigen::Map<Eigen::ArrayXf>(pooled, static_cast<Eigen::Index>(pooled_size)) *= 1.0f / pooled[pooled_size];
+    float* logits = s + at.dlogits;
+    layers::linear_forward(m.gemm(), d, c.classes, batch.batch, p + m.head_w, p + m.head_b, pooled, logits);
+    loss_sum = layers::softmax_cross_entropy(c.classes, batch.batch, logits, batch.targets.data(), grad_scale, &correct);
+    if (sums != nullptr) *sums = {loss_sum, correct, batch.batch};
+    return static_cast<float>(loss_sum / batch.loss_divisor / ranks);
+  }
+
+  static void head_backward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch, float* din,
+                            const UnitActivations& saved, float* g, const UnitContext& context) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    const HeadSaved at = head_saved(c, batch.batch, n);
+    PEERTRAIN_CHECK(saved.buffer.size() == at.total, "head backward: saved activations hold ", saved.buffer.size(),
+                    " floats, this micro-batch needs ", at.total);
+    const float* s = saved.buffer.data();
+    float* dy = m.workspace(0, static_cast<std::size_t>(d) * n);
+    if (c.kind == TransformerKind::kGpt) {
+      const float* dlogits = s + at.dlogits;
+      if (c.tied_head) {
+        m.gemm().run(false, true, d, c.vocab, n, s + at.y, dlogits, g + m.wte, true);
+        m.gemm().run(false, false, d, n, c.vocab, p + m.wte, dlogits, dy, false);
+      } else {
+        layers::linear_backward(m.gemm(), d, c.vocab, n, p + m.head_w, s + at.y, dlogits, g + m.head_w, nullptr, dy);
+      }
+    } else {
+      const float* dlogits = s + at.dlogits;
+      const float* pooled = s + at.pooled;
+      const float tokens_total = pooled[static_cast<std::size_t>(d) * batch.batch];
+      // head.weight and head.bias see the same pooled vectors on every sequence rank, and
+      // the group's gradient all-reduce sums them: each rank adds 1/ranks of its gradient.
+      const int ranks = group_size(context);
+      const std::size_t head_size = static_cast<std::size_t>(c.classes) * (d + 1);
+      float* head_grad = m.workspace(1, head_size);
+      std::fill(head_grad, head_grad + head_size, 0.0f);
+      float* dpooled = m.workspace(2, static_cast<std::size_t>(d) * batch.batch);
+      layers::linear_backward(m.gemm(), d, c.classes, batch.batch, p + m.head_w, pooled, dlogits, head_grad,
+                              head_grad + static_cast<std::size_t>(c.classes) * d, dpooled);
+      PEERTRAIN_CHECK(m.head_b == m.head_w + static_cast<std::size_t>(c.classes) * d, "head bias follows its weight");
+      Eigen::Map<Eigen::ArrayXf>(g + m.head_w, static_cast<Eigen::Index>(head_size)) +=
+          Eigen::Map<const Eigen::ArrayXf>(head_grad, static_cast<Eigen::Index>(head_size)) * (1.0f / ranks);
+      layers::sum_pool_backward(d, batch.batch, batch.tokens, dpooled, 1.0f / tokens_total, dy);
+    }
+    layers::layernorm_backward(d, n, s + at.x_in, s + at.mean, s + at.rstd, p + m.lnf_w, dy, nullptr, din,
+                               g + m.lnf_w, g + m.lnf_b);
+  }
+};
+
+}  // namespace
+
+float Transformer::forward(int unit, std::span<const float> params, const TokenBatch& batch, const float* in,
+                           float* out, UnitActivations& saved, const UnitContext& context) {
+  unit_parameters(unit);
+  PEERTRAIN_CHECK(params.size() == num_parameters(), "params has ", params.size(), " floats, the transformer ",
+                  num_parameters());
+  check_batch(config_, batch);
+  Impl& m = *impl_;
+  AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
+  if (unit == 0) {
+    TransformerKernels<Impl>::embedding_forward(config_, m, params.data(), batch, out, saved);
+    return 0;
+  }
+  if (unit == num_units() - 1)
+    return TransformerKernels<Impl>::head_forward(config_, m, params.data(), batch, in, saved, context, nullptr);
+  TransformerKernels<Impl>::block_forward(config_, m, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch, in,
+                                    out, saved, attention);
+  return 0;
+}
+
+void Transformer::backward(int unit, std::span<const float> params, const TokenBatch& batch, const float* dout,
+                           float* din, UnitActivations& saved, std::span<float> grads, const UnitContext& context) {
+  unit_parameters(unit);
+  PEERTRAIN_CHECK(params.size() == num_parameters() && grads.size() == num_parameters(), "params has ",
+                  params.size(), " and grads ", grads.size(), " floats, the transformer ", num_parameters());
+  Impl& m = *impl_;
+  AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
+  if (unit == 0)
+    TransformerKernels<Impl>::embedding_backward(config_, m, params.data(), batch, dout, saved, grads.data());
+  else if (unit == num_units() - 1)
+    TransformerKernels<Impl>::head_backward(config_, m, params.data(), batch, din, saved, grads.data(), context);
+  else
+    TransformerKernels<Impl>::block_backward(config_, m, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch,
+                                       dout, din, saved, grads.data(), attention);
+}
+
+float Transformer::forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads,
+                                    const UnitContext& context) {
+  check_batch(config_, batch);
+  ThreadWorkspace& m = thread_workspace();
+  if (m.saved.size() < static_cast<std::size_t>(num_units())) m.saved.resize(static_cast<std::size_t>(num_units()));
+  m.act_a.resize(static_cast<std::size_t>(config_.d_model) * batch.batch * batch.tokens);
+  // Each unit writes its output straight into the next unit's saved input (offset 0 of its
+  // buffer, sized here), which saves the next unit a copy.
+  const float* x = nullptr;
+  float loss = 0;
+  for (int u = 0; u < num_units(); ++u) {
+    float* out = nullptr;
+    if (u + 1 < num_units()) {
+      UnitActivations& next = m.saved[static_cast<std::size_t>(u + 1)];
+      next.buffer.resize(TransformerKernels<Impl>::saved_floats(config_, u + 1, batch));
+      out = next.buffer.data();
+    }
+    loss += forward(u, params, batch, x, out, m.saved[static_cast<std::size_t>(u)], context);
+    x = out;
+  }
+  // Backward in place: each unit reads its output gradient from and writes its input
+  // gradient to the same buffer.
+  float* d = m.act_a.data();
+  for (int u = num_units(); u-- > 0;)
+    backward(u, params, batch, d, d, m.saved[static_cast<std::size_t>(u)], grads, context);
+  return loss;
+}
+
+LossSums Transformer::evaluate(std::span<const float> params, const TokenBatch& batch) {
+  ThreadWorkspace& m = thread_workspace();
+  if (m.saved.empty()) m.saved.resize(1);
+  PEERTRAIN_CHECK(params.size() == num_parameters(), "params has ", params.size(), " floats, the transformer ",
+                  num_parameters());
+  check_batch(config_, batch);
+  const std::size_t dn = static_cast<std::size_t>(config_.d_model) * batch.batch * batch.tokens;
+  m.act_a.resize(dn);
+  m.act_b.resize(dn);
+  float* x = m.act_a.data();
+  float* y = m.act_b.data();
+  // No backward follows, so every unit reuses the first unit's saved buffer.
+  UnitActivations& saved = m.saved[0];
+  const UnitContext local;
+  for (int u = 0; u + 1 < num_units(); ++u) {
+    forward(u, params, batch, x, y, saved, local);
+    std::swap(x, y);
+  }
+  LossSums sums;
+  TransformerKernels<Impl>::head_forward(config_, *impl_, params.data(), batch, x, saved, local, &sums);
+  return sums;
+}
+
+double Transformer::flops_per_step(int batch, int tokens) const {
+  const double n = static_cast<double>(batch) * tokens, d = config_.d_model, f = config_.mlp_ratio * d;
+  // Each Linear: forward, weight gradient and input gradient, 2·in·out per column each.
+  const double block_linear = 3 * 2 * n * (3 * d * d + d * d + 2 * d * f);
+  // Attention per sequence and head: QKᵀ and PV forward (2·T²·head_dim each), twice that
+  // backward; over every head that is 12·T²·d per sequence.
+  const double attention = 12.0 * batch * static_cast<double>(tokens) * tokens * d *
+                           (config_.kind == TransformerKind::kGpt ? 0.5 : 1.0);
+  double flops = config_.layers * (block_linear + attention);
+  if (config_.kind == TransformerKind::kGpt) {
+    flops += 3 * 2 * n * d * config_.vocab;
+  } else {
+    flops += 2 * 2 * n * d * config_.patch * config_.patch;  // the patch embedding has no input gradient
+    flops += 3 * 2.0 * batch * d * config_.classes;
+  }
+  return flops;
+}
+
+}  // namespace peertrain::model

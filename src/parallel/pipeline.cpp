@@ -1,0 +1,600 @@
+// Pipeline stages × sequence ranks as threads of one process: GPipe (Huang et al. 2019)
+// and 1F1B / PipeDream-Flush (Narayanan et al. 2019, 2021) over micro-batches, ring
+// attention across the sequence ranks of each stage. See pipeline.h.
+//
+// Sends between stages are asynchronous and receives block. ThreadGroup's sends are
+// rendezvous, so blocking sends would deadlock 1F1B (stage s sending forward i + 1 while
+// stage s + 1 sends it backward i); with each send posted and its buffer parked in an
+// outbox until the partner took it, a worker only ever waits for a pass that the
+// neighbour's schedule runs earlier, which is what replay_schedule's sweep relies on too.
+//
+// The sequence ranks of a stage run the same schedule in lockstep, so their collectives
+// (ring attention, vit's pooling, the gradient all-reduce) come in the same order.
+#include "peertrain/parallel/pipeline.h"
+
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "peertrain/comm/thread_group.h"
+#include "peertrain/core/error.h"
+#include "peertrain/parallel/partitioner.h"
+
+namespace peertrain::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// CPU time of the calling thread: unlike wall time it does not grow while the thread
+// waits for a core that other workers hold, which is what oversubscription distorts.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int forward_tag(int microbatch) { return 2 * microbatch; }
+int backward_tag(int microbatch) { return 2 * microbatch + 1; }
+std::size_t pass_index(const PipelineOp& op, int microbatches) {
+  return static_cast<std::size_t>(op.kind == PassKind::kBackward) * microbatches + op.microbatch;
+}
+
+// The first failure of a step; recording it aborts every group, so that workers blocked
+// on the failed one are released at once rather than at their timeouts.
+class FailureLatch {
+ public:
+  void watch(comm::Group& group) { groups_.push_back(&group); }
+
+  void record(std::exception_ptr error, const std::string& where) {
+    std::string message;
+    ErrorKind kind = ErrorKind::kInternal;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      kind = e.kind();
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "an unknown exception";
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (first_) return;  // later failures are the echo of the first one's abort
+      first_ = std::make_exception_ptr(Error(kind, str(where, ": ", message)));
+    }
+    for (comm::Group* group : groups_) group->abort(str(where, " failed: ", message));
+  }
+
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+  std::vector<comm::Group*> groups_;
+};
+
+// The step's micro-batches as one sequence rank holds them.
+struct RankBatches {
+  std::vector<int> positions;
+  std::vector<std::vector<std::int32_t>> bytes, targets;  // gathered tokens when sp > 1
+  std::vector<model::TokenBatch> batches;
+};
+
+// What the workers of one step share.
+struct StepShared {
+  StepShared(std::span<const float> params, const GlobalBatch& batch, const EngineConfig& config,
+             const std::vector<int>& first_units, int units)
+      : params(params), batch(batch), config(config), first_units(first_units), units(units),
+        start(static_cast<std::ptrdiff_t>(config.pp) * config.sp) {}
+
+  std::span<const float> params;
+  const GlobalBatch& batch;
+  const EngineConfig& config;
+  const std::vector<int>& first_units;
+  int units;
+  // Fresh groups every step: an aborted group stays aborted, and making one costs nothing
+  // next to a step.
+  std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;     // [pp], sp ranks each
+  std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;  // [sp], pp ranks each
+  FailureLatch failure;
+  std::latch start;  // so that every worker's clock starts together
+};
+
+std::vector<int> rank_positions(int tokens, int sp, int rank, SequenceSplit split) {
+  if (sp == 1) {
+    std::vector<int> all(tokens);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  return sequence_positions(tokens, sp, rank, split);
+}
+
+void build_microbatches(const model::Transformer& model, const GlobalBatch& global, int microbatches,
+                        RankBatches& rank) {
+  const auto& c = model.config();
+  const int per = global.batch / microbatches;
+  const int held = static_cast<int>(rank.positions.size());
+  const bool whole = held == c.tokens();
+  rank.batches.assign(microbatches, {});
+  rank.bytes.resize(microbatches);
+  rank.targets.resize(microbatches);
+  for (int i = 0; i < microbatches; ++i) {
+    model::TokenBatch& tb = rank.batches[i];
+    tb.batch = per;
+    tb.tokens = held;
+    tb.positions = rank.positions;
+    if (c.kind == model::TransformerKind::kGpt) {
+      const std::size_t seq = c.seq, first = static_cast<std::size_t>(i) * per * seq;
+      tb.loss_divisor = static_cast<double>(global.batch) * c.seq;
+      if (whole) {
+        tb.bytes = global.bytes.subspan(first, per * seq);
+        tb.targets = global.targets.subspan(first, per * seq);
+        continue;
+      }
+      auto& bytes = rank.bytes[i];
+      auto& targets = rank.targets[i];
+      bytes.resize(static_cast<std::size_t>(per) * held);
+      targets.resize(bytes.size());
+      for (int b = 0; b < per; ++b)
+        for (int t = 0; t < held; ++t) {
+          const std::size_t from = first + b * seq + rank.positions[t], to = static_cast<std::size_t>(b) * held + t;
+          bytes[to] = global.bytes[from];
+          targets[to] = global.targets[from];
+        }
+      tb.bytes = bytes;
+      tb.targets = targets;
+    } else {
+      // vit: every rank holds whole images and embeds only the patches at its positions.
+      const std::size_t pixels = static_cast<std::size_t>(c.image) * c.image;
+      tb.loss_divisor = global.batch;
+      tb.pixels = global.pixels.subspan(static_cast<std::size_t>(i) * per * pixels, per * pixels);
+      tb.targets = global.labels.subspan(static_cast<std::size_t>(i) * per, per);
+    }
+  }
+}
+
+// The parameter ranges a stage's backward adds into: its units', and the embedding's when
+// it holds a tied head. Adjacent ranges are merged so the all-reduce makes few calls.
+std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model, int first_unit, int end_unit) {
+  std::vector<model::ParameterRange> ranges;
+  for (int u = first_unit; u < end_unit; ++u) ranges.push_back(model.unit_parameters(u));
+  if (model.config().tied_head && end_unit == model.num_units() && first_unit > 0)
+    ranges.push_back(model.unit_parameters(0));
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<model::ParameterRange> merged;
+  for (const auto& r : ranges) {
+    if (r.size == 0) continue;
+    if (!merged.empty() && merged.back().offset + merged.back().size == r.offset)
+      merged.back().size += r.size;
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
+}  // namespace
+
+// Worker (stage, rank): its share of every micro-batch and the buffers it keeps between
+// steps.
+struct PipelineEngine::Worker {
+  int stage = 0, rank = 0;
+  int first_unit = 0, end_unit = 0;  // units [first_unit, end_unit)
+  RankBatches data;
+  model::Transformer* model = nullptr;  // shared: its temporaries are per thread
+
+  // Saved activations: a slot is one UnitActivations per unit of the stage. Slots return to
+  // the free list after the micro-batch's backward, so 1F1B allocates p − s of them, GPipe m.
+  std::vector<std::vector<model::UnitActivations>> slots;
+  std::vector<int> free_slots;
+  std::vector<int> slot_of;  // per micro-batch; −1 when not in flight
+
+  // The flat layout, so units write where they always do; only `ranges` are used, which
+  // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
+  std::vector<float> grads;
+  std::vector<model::ParameterRange> ranges;
+  std::vector<float> received, scratch[2];
+
+  // Buffers handed to isend, kept until the partner has taken them.
+  struct Parcel {
+    std::vector<float> data;
+    comm::Request request;
+  };
+  std::vector<Parcel> outbox;
+
+  // This step's connections.
+  std::vector<PipelineOp> ops;
+  comm::Group* stage_group = nullptr;  // the stage's sequence ranks; null when sp == 1
+  comm::Group* pipe = nullptr;         // this rank's stages; null when pp == 1
+  std::optional<RingAttention> ring;
+  model::UnitContext context;
+
+  // The last step.
+  float loss = 0;
+  double busy_s = 0, busy_cpu_s = 0, wait_s = 0, reduce_s = 0;
+  Clock::time_point begin, end;
+  std::size_t peak_bytes = 0;
+  int in_flight = 0, peak_in_flight = 0;
+  std::vector<double> pass_cpu_s;  // by pass_index
+
+  std::string where() const {
+    return str("pipeline stage ", stage, " (units ", first_unit, "–", end_unit - 1, "), sequence rank ", rank);
+  }
+  int stage_units() const { return end_unit - first_unit; }
+
+  // Everything before the clock starts; false when it failed (recorded).
+  bool prepare(StepShared& step, model::Transformer& engine_model);
+  // The schedule, then the sends' completion and the gradient all-reduce.
+  void run(StepShared& step);
+  void forward(StepShared& step, int microbatch);
+  void backward(StepShared& step, int microbatch);
+
+  // Times fn as busy (inside the model's units) for pass `op`.
+  template <typename Fn>
+  void busy(const PipelineOp& op, int microbatches, Fn&& fn) {
+    const auto wall = Clock::now();
+    const double cpu = thread_cpu_seconds();
+    fn();
+    const double cpu_s = thread_cpu_seconds() - cpu;
+    busy_s += seconds_between(wall, Clock::now());
+    busy_cpu_s += cpu_s;
+    pass_cpu_s[pass_index(op, microbatches)] += cpu_s;
+  }
+  // Times fn as waiting for a neighbour.
+  template <typename Fn>
+  void waiting(Fn&& fn) {
+    const auto wall = Clock::now();
+    fn();
+    wait_s += seconds_between(wall, Clock::now());
+  }
+
+  Parcel& free_parcel(std::size_t floats) {
+    for (auto& parcel : outbox)
+      if (parcel.request.done()) {
+        parcel.request.wait();  // rethrows a failed send
+        parcel.request = comm::Request();
+        parcel.data.resize(floats);
+        return parcel;
+      }
+    outbox.push_back({std::vector<float>(floats), comm::Request()});
+    return outbox.back();
+  }
+};
+
+bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engine_model) {
+  const EngineConfig& config = step.config;
+  const int P = config.pp, M = config.microbatches;
+  first_unit = step.first_units[stage];
+  end_unit = stage + 1 < P ? step.first_units[stage + 1] : step.units;
+  try {
+    model = &engine_model;
+    build_microbatches(*model, step.batch, M, data);
+    ops = stage_schedule(config.schedule, P, stage, M);
+    ranges = touched_ranges(*model, first_unit, end_unit);
+    grads.resize(model->num_parameters());
+    for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
+    const std::size_t floats =
+        static_cast<std::size_t>(model->config().d_model) * data.batches[0].batch * data.positions.size();
+    received.resize(floats);
+    scratch[0].resize(floats);
+    scratch[1].resize(floats);
+    free_slots.clear();
+    for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
+      if (static_cast<int>(slots[k].size()) != stage_units()) slots[k].assign(stage_units(), {});  // new split
+      free_slots.push_back(k);
+    }
+    slot_of.assign(M, -1);
+    pass_cpu_s.assign(2 * static_cast<std::size_t>(M), 0.0);
+    loss = 0;
+    busy_s = busy_cpu_s = wait_s = reduce_s = 0;
+    peak_bytes = 0;
+    in_flight = peak_in_flight = 0;
+    stage_group = config.sp > 1 ? &step.stage_groups[stage]->member(rank) : nullptr;
+    pipe = P > 1 ? &step.pipeline_groups[rank]->member(stage) : nullptr;
+    if (stage_group) ring.emplace(*stage_group, config.ring, config.timeout_s);
+    context = {};
+    context.attention = ring ? &*ring : nullptr;
+    context.sequence_group = stage_group;
+    context.timeout_s = config.timeout_s;
+    return true;
+  } catch (...) {
+    step.failure.record(std::current_exception(), where());
+    return false;
+  }
+}
+
+void PipelineEngine::Worker::forward(StepShared& step, int i) {
+  const int P = step.config.pp;
+  const PipelineOp op{PassKind::kForward, i};
+  if (stage > 0) waiting([&] { pipe->recv(stage - 1, forward_tag(i), received, step.config.timeout_s); });
+  if (free_slots.empty()) {
+    slots.emplace_back(stage_units());
+    free_slots.push_back(static_cast<int>(slots.size()) - 1);
+  }
+  const int slot = free_slots.back();
+  free_slots.pop_back();
+  slot_of[i] = slot;
+  Parcel* parcel = stage + 1 < P ? &free_parcel(received.size()) : nullptr;
+  busy(op, step.config.microbatches, [&] {
+    // Units chain through two scratch buffers; the first reads what arrived, the last
+    // writes straight into the outgoing parcel.
+    for (int j = 0; j < stage_units(); ++j) {
+      const int unit = first_unit + j;
+      const bool head = unit + 1 == step.units;
+      const float* in = unit == 0 ? nullptr : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
+      float* out = head ? nullptr : j + 1 == stage_units() ? parcel->data.data() : scratch[j % 2].data();
+      const float unit_loss = model->forward(unit, step.params, data.batches[i], in, out, slots[slot][j], context);
+      if (head) loss += unit_loss;
+    }
+  });
+  if (parcel) parcel->request = pipe->isend(stage + 1, forward_tag(i), parcel->data);
+  // What the stage now holds for the backward passes still to come.
+  ++in_flight;
+  std::size_t bytes = 0;
+  for (int held : slot_of)
+    if (held >= 0)
+      for (const auto& saved : slots[held]) bytes += saved.activation_bytes();
+  peak_bytes = std::max(peak_bytes, bytes);
+  peak_in_flight = std::max(peak_in_flight, in_flight);
+}
+
+void PipelineEngine::Worker::backward(StepShared& step, int i) {
+  const PipelineOp op{PassKind::kBackward, i};
+  const bool holds_head = end_unit == step.units;
+  if (!holds_head) waiting([&] { pipe->recv(stage + 1, backward_tag(i), received, step.config.timeout_s); });
+  const int slot = slot_of[i];
+  PEERTRAIN_CHECK(slot >= 0, "backward of micro-batch ", i, " before its forward on stage ", stage);
+  Parcel* parcel = stage > 0 ? &free_parcel(received.size()) : nullptr;
+  busy(op, step.config.microbatches, [&] {
+    for (int j = stage_units() - 1; j >= 0; --j) {
+      const int unit = first_unit + j;
+      const float* dout = unit + 1 == step.units     ? nullptr
+                          : j + 1 == stage_units()   ? received.data()
+                                                     : scratch[(j + 1) % 2].data();
+      float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
+      model->backward(unit, step.params, data.batches[i], dout, din, slots[slot][j], grads, context);
+    }
+  });
+  if (parcel) parcel->request = pipe->isend(stage - 1, backward_tag(i), parcel->data);
+  slot_of[i] = -1;
+  free_slots.push_back(slot);
+  --in_flight;
+}
+
+void PipelineEngine::Worker::run(StepShared& step) {
+  const double timeout_s = step.config.timeout_s;
+  try {
+    for (const PipelineOp& op : ops) {
+      if (op.kind == PassKind::kForward)
+        forward(step, op.microbatch);
+      else
+        backward(step, op.microbatch);
+    }
+    waiting([&] {
+      for (auto& parcel : outbox) {
+        parcel.request.wait(timeout_s);
+        parcel.request = comm::Request();
+      }
+    });
+    end = Clock::now();
+    if (stage_group) {
+      for (const auto& r : ranges)
+        stage_group->all_reduce(std::span<float>(grads).subspan(r.offset, r.size), timeout_s);
+      reduce_s = seconds_between(end, Clock::now());
+    }
+  } catch (...) {
+    step.failure.record(std::current_exception(), where());
+    // The groups are aborted now, so these return at once, and no send is left pointing
+    // into a buffer or at a group that is about to go.
+    for (auto& parcel : outbox) parcel.request = comm::Request();
+    end = Clock::now();
+  }
+  ring.reset();
+  stage_group = pipe = nullptr;
+  context = {};
+}
+
+PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
+    : model_(model), config_(std::move(config)) {
+  const int units = model_.num_units();
+  const int tokens = model_.config().tokens();
+  if (config_.pp < 1 || config_.pp > units)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--pp ", config_.pp, ": expected 1 to ", units, " stages (the model has ", units,
+                    " units: embedding, ", model_.config().layers, " blocks, head)"));
+  if (config_.sp < 1 || config_.sp > tokens)
+    throw Error(ErrorKind::kInvalidArgument, str("--sp ", config_.sp, ": expected 1 to ", tokens,
+                                                 " sequence ranks (", tokens, " tokens per sequence)"));
+  if (config_.microbatches < 1)
+    throw Error(ErrorKind::kInvalidArgument, str("--microbatches ", config_.microbatches, ": expected at least 1"));
+  if (!(config_.timeout_s > 0))
+    throw Error(ErrorKind::kInvalidArgument, str("pipeline timeout ", config_.timeout_s, " s: expected > 0"));
+  if (config_.threads_per_worker < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("pipeline threads per worker ", config_.threads_per_worker, ": expected at least 1"));
+  if (config_.profile_repetitions < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("pipeline profile repetitions ", config_.profile_repetitions, ": expected at least 1"));
+  if (!config_.stage_first_units.empty()) {
+    validate_first_units(config_.stage_first_units, units, config_.pp, "--stages");
+    first_units_ = config_.stage_first_units;
+  } else if (config_.pp == 1) {
+    first_units_ = {0};
+  }
+  workers_.resize(static_cast<std::size_t>(config_.pp) * config_.sp);
+  for (int p = 0; p < config_.pp; ++p)
+    for (int s = 0; s < config_.sp; ++s) {
+      auto w = std::make_unique<Worker>();
+      w->stage = p;
+      w->rank = s;
+      // Fails here, before any thread starts, when the split does not divide the tokens.
+      try {
+        w->data.positions = rank_positions(tokens, config_.sp, s, config_.split);
+      } catch (const Error& e) {
+        throw Error(e.kind(), str("--sp ", config_.sp, ": ", e.what()));
+      }
+      workers_[static_cast<std::size_t>(p) * config_.sp + s] = std::move(w);
+    }
+}
+
+PipelineEngine::~PipelineEngine() = default;
+
+void PipelineEngine::check_batch(const GlobalBatch& batch, std::span<const float> params) const {
+  const auto& c = model_.config();
+  const int m = config_.microbatches;
+  if (batch.batch < 1 || batch.batch % m != 0)
+    throw Error(ErrorKind::kInvalidArgument, str("--microbatches ", m, ": the batch of ", batch.batch,
+                                                 " is not divisible into ", m, " equal micro-batches"));
+  const auto b = static_cast<std::size_t>(batch.batch);
+  auto expect = [](std::size_t got, std::size_t want, const char* what) {
+    if (got != want)
+      throw Error(ErrorKind::kInvalidArgument, str("pipeline step: ", what, " has ", got, " values, expected ", want));
+  };
+  if (c.kind == model::TransformerKind::kGpt) {
+    expect(batch.bytes.size(), b * c.seq, "the batch's bytes [batch × seq]");
+    expect(batch.targets.size(), b * c.seq, "the batch's targets [batch × seq]");
+  } else {
+    expect(batch.pixels.size(), b * c.image * c.image, "the batch's pixels [batch × image²]");
+    expect(batch.labels.size(), b, "the batch's labels [batch]");
+  }
+  expect(params.size(), model_.num_parameters(), "the parameter buffer");
+}
+
+void PipelineEngine::plan(std::span<const float> params, const GlobalBatch& batch) {
+  if (!config_.stage_first_units.empty()) {
+    first_units_ = config_.stage_first_units;
+    return;
+  }
+  if (config_.pp == 1) {
+    first_units_ = {0};
+    return;
+  }
+  check_batch(batch, params);
+  // Rank 0's share of micro-batch 0 is what each worker computes per pass.
+  RankBatches sample;
+  sample.positions = workers_[0]->data.positions;
+  build_microbatches(model_, batch, config_.microbatches, sample);
+  unit_costs_ = profile_units(model_, params, sample.batches[0], config_.profile_repetitions);
+  first_units_ = partition(unit_costs_, config_.pp);
+}
+
+float PipelineEngine::step(std::span<const float> params, const GlobalBatch& batch, std::span<float> grads) {
+  const auto step_start = Clock::now();
+  check_batch(batch, params);
+  if (grads.size() != model_.num_parameters())
+    throw Error(ErrorKind::kInvalidArgument, str("pipeline step: the gradient buffer has ", grads.size(),
+                                                 " values, expected ", model_.num_parameters()));
+  if (first_units_.empty()) plan(params, batch);
+
+  const int P = config_.pp, S = config_.sp, M = config_.microbatches;
+  const int units = model_.num_units();
+  StepShared shared(params, batch, config_, first_units_, units);
+  if (S > 1)
+    for (int p = 0; p < P; ++p) {
+      shared.stage_groups.push_back(std::make_unique<comm::ThreadGroup>(S, str("stage ", p, " sequence group")));
+      shared.failure.watch(shared.stage_groups.back()->member(0));
+    }
+  if (P > 1)
+    for (int s = 0; s < S; ++s) {
+      shared.pipeline_groups.push_back(
+          std::make_unique<comm::ThreadGroup>(P, str("sequence rank ", s, " pipeline group")));
+      shared.failure.watch(shared.pipeline_groups.back()->member(0));
+    }
+
+  auto work = [&](Worker& w) {
+#ifdef _OPENMP
+    // Each worker stands for one device: a GEMM that fanned out into an OpenMP team per
+    // worker would oversubscribe the cores, and libgomp's spinning teams then crawl.
+    if (workers_.size() > 1) omp_set_num_threads(config_.threads_per_worker);
+#endif
+    const bool ready = w.prepare(shared, model_);
+    shared.start.arrive_and_wait();
+    w.begin = w.end = Clock::now();
+    if (ready) w.run(shared);
+  };
+  if (workers_.size() == 1) {
+    work(*workers_[0]);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(workers_.size());
+    try {
+      for (auto& w : workers_) threads.emplace_back(work, std::ref(*w));
+    } catch (...) {
+      // The started workers find their groups aborted; release them from the start line.
+      shared.failure.record(std::current_exception(), "pipeline engine: starting the worker threads");
+      shared.start.count_down(static_cast<std::ptrdiff_t>(workers_.size() - threads.size()));
+    }
+    for (auto& t : threads) t.join();
+  }
+  shared.failure.rethrow();
+
+  // Sum the stages' ranges (after the all-reduce every rank of a stage holds the same);
+  // only the tied embedding has two stages adding into it.
+  std::fill(grads.begin(), grads.end(), 0.0f);
+  for (int p = 0; p < P; ++p) {
+    const Worker& w = *workers_[static_cast<std::size_t>(p) * S];
+    for (const auto& r : w.ranges)
+      for (std::size_t k = r.offset; k < r.offset + r.size; ++k) grads[k] += w.grads[k];
+  }
+  // Each sequence rank reports its share of the loss (vit's ranks 1/sp of the pooled one).
+  double loss = 0;
+  for (int s = 0; s < S; ++s) loss += workers_[static_cast<std::size_t>(P - 1) * S + s]->loss;
+
+  stats_ = StepStats{};
+  stats_.loss = loss;
+  stats_.theoretical_bubble = theoretical_bubble(P, M);
+  auto begin = workers_[0]->begin;
+  auto end = workers_[0]->end;
+  for (const auto& w : workers_) {
+    begin = std::min(begin, w->begin);
+    end = std::max(end, w->end);
+  }
+  stats_.pipeline_s = seconds_between(begin, end);
+  stats_.stages.resize(P);
+  for (int p = 0; p < P; ++p) {
+    StageStats& st = stats_.stages[p];
+    st.first_unit = first_units_[p];
+    st.units = (p + 1 < P ? first_units_[p + 1] : units) - first_units_[p];
+    for (int s = 0; s < S; ++s) {
+      const Worker& w = *workers_[static_cast<std::size_t>(p) * S + s];
+      st.busy_s += w.busy_s / S;
+      st.busy_cpu_s += w.busy_cpu_s / S;
+      st.wait_s += w.wait_s / S;
+      st.reduce_s += w.reduce_s / S;
+      st.peak_activation_bytes = std::max(st.peak_activation_bytes, w.peak_bytes);
+      st.peak_in_flight = std::max(st.peak_in_flight, w.peak_in_flight);
+    }
+    // Idle includes the fill before a stage's first input and the drain after its last
+    // pass, which no receive measures but the theoretical bubble counts.
+    st.idle_s = std::max(0.0, stats_.pipeline_s - st.busy_s);
+    stats_.measured_bubble += st.bubble() / P;
+  }
+  const auto replay = replay_schedule(config_.schedule, P, M, [&](int stage, const PipelineOp& op) {
+    double slowest = 0;  // the sequence ranks of a stage wait for each other in the ring
+    for (int s = 0; s < S; ++s)
+      slowest = std::max(slowest, workers_[static_cast<std::size_t>(stage) * S + s]->pass_cpu_s[pass_index(op, M)]);
+    return slowest;
+  });
+  stats_.replayed_bubble = replay.bubble;
+  stats_.step_s = seconds_between(step_start, Clock::now());
+  return static_cast<float>(loss);
+}
+
+}  // namespace peertrain::parallel

@@ -1,0 +1,179 @@
+// Ring Attention with the online softmax (Liu, Zaharia & Abbeel 2023, "Ring Attention with
+// Blockwise Transformers for Near-Infinite Context"; Milakov & Gimelshein 2018 for the
+// online softmax), backward as in ring-flash-attention (zhuzilin 2024): the dK/dV of a
+// travelling block ride with it and come home after the full circle, dQ stays local.
+//
+// The travelling unit is one (sequence, head, block of ≤ block_tokens keys): its K, V and
+// positions. Every query tile of the rank folds it into its running max/sum/output with
+// attention_block::accumulate, unless the causal mask hides the whole unit from the tile,
+// in which case nothing is computed — that skip is what the zigzag split balances. The
+// running output lives in `out` and the running max in `lse` (the caller's memory), so the
+// rank's own buffers are the running sums, two transfer units and one score tile: their
+// size does not grow with the sequence beyond the per-token sums.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "peertrain/model/attention.h"
+#include "ring_modes.h"
+
+namespace peertrain::parallel::detail {
+namespace {
+
+namespace block = model::attention_block;
+
+constexpr int kForwardTags = 100;
+constexpr int kBackwardTags = 200;
+
+struct Tiling {
+  int tokens, block, tiles;
+  explicit Tiling(int t, int b) : tokens(t), block(b), tiles((t + b - 1) / b) {}
+  int begin(int tile) const { return tile * block; }
+  int size(int tile) const { return std::min(block, tokens - tile * block); }
+};
+
+// Query tiles: runs of consecutive positions cut into blocks, so that a tile never spans
+// the two chunks of a zigzag rank; a tile holding both would be computed as wide as its
+// late chunk needs, and the balance zigzag buys would be lost. (Key units need no such
+// cut: the keys a query sees are a prefix of any unit, whatever its chunks.)
+std::vector<std::pair<int, int>> query_tiles(const int* positions, int tokens, int block) {
+  std::vector<std::pair<int, int>> tiles;  // first token, tokens
+  int begin = 0;
+  for (int t = 1; t <= tokens; ++t)
+    if (t == tokens || positions[t] != positions[t - 1] + 1 || t - begin == block) {
+      tiles.emplace_back(begin, t - begin);
+      begin = t;
+    }
+  return tiles;
+}
+
+// Keys of the unit the tile's last (latest) query sees: the widest prefix the kernel
+// computes; 0 when the causal mask hides the unit from the whole tile.
+int visible_keys(const int* k_positions, int keys, int last_query_position, bool causal) {
+  if (!causal) return keys;
+  return static_cast<int>(std::upper_bound(k_positions, k_positions + keys, last_query_position) - k_positions);
+}
+
+}  // namespace
+
+std::size_t online_planned_bytes(const model::AttentionShape& local, int ranks, bool backward, int block_tokens) {
+  const std::size_t tl = static_cast<std::size_t>(local.tokens), d = static_cast<std::size_t>(local.head_dim);
+  if (tl == 0 || local.batch * local.heads == 0) return 0;
+  const std::size_t m = std::min<std::size_t>(static_cast<std::size_t>(block_tokens), tl);
+  const std::vector<std::size_t> parts = {d * m, d * m, m};
+  if (!backward)  // sums, the finish tile, the score tile, the ring
+    return 4 * (tl + d * m + m + m * m) + ring_pass_bytes(ranks, parts, {});
+  return 4 * (tl + 2 * m * m) + ring_pass_bytes(ranks, parts, {d * m, d * m});  // deltas, P and dS tiles
+}
+
+void online_forward(const RingCall& call, const float* q, const float* k, const float* v, float* out, float* lse) {
+  const auto& shape = call.shape;
+  const int tl = shape.tokens, d = shape.head_dim, heads = shape.batch * shape.heads;
+  if (tl == 0 || heads == 0) return;
+  const int ranks = call.group.size();
+  const Tiling tiles(tl, call.block_tokens);
+  const std::ptrdiff_t per_head = static_cast<std::ptrdiff_t>(tl) * d;
+  const int* qpos = call.positions;
+  const int m = std::min(call.block_tokens, tl);
+  const auto queries = query_tiles(qpos, tl, call.block_tokens);
+
+  Tracked<float> sum(call.meter, tl);  // of the head being computed; unit-major order finishes a head at a time
+  Tracked<float> tile_acc(call.meter, static_cast<std::size_t>(d) * m), tile_max(call.meter, m);
+  const Counted score_tile(call.meter, 4 * static_cast<std::size_t>(m) * m);
+
+  RingPassSpec spec;
+  spec.units = heads * tiles.tiles;
+  spec.parts = 3;
+  spec.source = [&](int u, int p) -> Part {
+    const int h = u / tiles.tiles, t = u % tiles.tiles;
+    const std::ptrdiff_t at = h * per_head + static_cast<std::ptrdiff_t>(tiles.begin(t)) * d;
+    const std::size_t n = static_cast<std::size_t>(tiles.size(t));
+    if (p == 0) return {k + at, n * d};
+    if (p == 1) return {v + at, n * d};
+    return {qpos + tiles.begin(t), n};
+  };
+  spec.compute = [&](int u, int hop, const std::vector<const void*>& parts, const std::vector<float*>&) {
+    const int h = u / tiles.tiles, t = u % tiles.tiles, keys = tiles.size(t);
+    const auto* K = static_cast<const float*>(parts[0]);
+    const auto* V = static_cast<const float*>(parts[1]);
+    const auto* kpos = static_cast<const int*>(parts[2]);
+    float* O = out + h * per_head;
+    float* running_max = lse + static_cast<std::ptrdiff_t>(h) * tl;
+    const float* Q = q + h * per_head;
+    if (t == 0 && hop == 0) block::start(d, tl, running_max, sum.data(), O);
+    for (const auto& [q0, tq] : queries) {
+      const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
+      if (widest == 0) continue;
+      block::accumulate(d, tq, keys, Q + static_cast<std::ptrdiff_t>(q0) * d, qpos + q0, K, V, kpos, shape.causal,
+                        running_max + q0, sum.data() + q0, O + static_cast<std::ptrdiff_t>(q0) * d);
+      call.work += static_cast<long long>(tq) * widest;
+    }
+    if (t == tiles.tiles - 1 && hop == ranks - 1)
+      for (const auto& [q0, tq] : queries) {
+        // finish() reads the running state and writes out/lse, which hold that state.
+        std::copy_n(O + static_cast<std::ptrdiff_t>(q0) * d, static_cast<std::ptrdiff_t>(tq) * d, tile_acc.data());
+        std::copy_n(running_max + q0, tq, tile_max.data());
+        block::finish(d, tq, tile_max.data(), sum.data() + q0, tile_acc.data(), O + static_cast<std::ptrdiff_t>(q0) * d,
+                      running_max + q0);
+      }
+  };
+  ring_pass(call.group, call.timeout_s, kForwardTags, call.meter, spec);
+}
+
+void online_backward(const RingCall& call, const float* q, const float* k, const float* v, const float* out,
+                     const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  const auto& shape = call.shape;
+  const int tl = shape.tokens, d = shape.head_dim, heads = shape.batch * shape.heads;
+  std::fill_n(dq, shape.elements(), 0.0f);
+  if (tl == 0 || heads == 0) return;
+  const Tiling tiles(tl, call.block_tokens);
+  const std::ptrdiff_t per_head = static_cast<std::ptrdiff_t>(tl) * d;
+  const int* qpos = call.positions;
+  const int m = std::min(call.block_tokens, tl);
+  const auto queries = query_tiles(qpos, tl, call.block_tokens);
+
+  Tracked<float> delta(call.meter, tl);
+  const Counted score_tiles(call.meter, 2 * 4 * static_cast<std::size_t>(m) * m);
+
+  RingPassSpec spec;
+  spec.units = heads * tiles.tiles;
+  spec.parts = 3;
+  spec.accumulators = 2;
+  auto offset = [&](int u) {
+    return (u / tiles.tiles) * per_head + static_cast<std::ptrdiff_t>(tiles.begin(u % tiles.tiles)) * d;
+  };
+  spec.source = [&](int u, int p) -> Part {
+    const std::size_t n = static_cast<std::size_t>(tiles.size(u % tiles.tiles));
+    if (p == 0) return {k + offset(u), n * d};
+    if (p == 1) return {v + offset(u), n * d};
+    return {qpos + tiles.begin(u % tiles.tiles), n};
+  };
+  spec.home = [&](int u, int a) -> std::span<float> {
+    const std::size_t n = static_cast<std::size_t>(tiles.size(u % tiles.tiles)) * d;
+    return {(a == 0 ? dk : dv) + offset(u), n};
+  };
+  spec.compute = [&](int u, int hop, const std::vector<const void*>& parts, const std::vector<float*>& sums) {
+    const int h = u / tiles.tiles, t = u % tiles.tiles, keys = tiles.size(t);
+    const auto* K = static_cast<const float*>(parts[0]);
+    const auto* V = static_cast<const float*>(parts[1]);
+    const auto* kpos = static_cast<const int*>(parts[2]);
+    const std::ptrdiff_t at = h * per_head;
+    const float* head_lse = lse + static_cast<std::ptrdiff_t>(h) * tl;
+    if (t == 0 && hop == 0)
+      for (const auto& [q0, tq] : queries) {
+        const std::ptrdiff_t qa = at + static_cast<std::ptrdiff_t>(q0) * d;
+        block::backward_delta(d, tq, out + qa, dout + qa, delta.data() + q0);
+      }
+    for (const auto& [q0, tq] : queries) {
+      const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
+      if (widest == 0) continue;
+      const std::ptrdiff_t qa = at + static_cast<std::ptrdiff_t>(q0) * d;
+      block::accumulate_backward(d, tq, keys, q + qa, qpos + q0, K, V, kpos, shape.causal, head_lse + q0,
+                                 delta.data() + q0, dout + qa, dq + qa, sums[0], sums[1]);
+      call.work += static_cast<long long>(tq) * widest;
+    }
+  };
+  ring_pass(call.group, call.timeout_s, kBackwardTags, call.meter, spec);
+}
+
+}  // namespace peertrain::parallel::detail

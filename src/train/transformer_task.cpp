@@ -1,0 +1,173 @@
+// The transformers as Tasks: the byte-level GPT on the fortunes text (validation bits per
+// byte) and the patch transformer on Fashion-MNIST. With --sp or --pp above 1 the gradient
+// comes from the pipeline engine's S·P worker threads; otherwise from the unsplit model,
+// which the engine's tests hold it equal to.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <optional>
+
+#include "peertrain/core/error.h"
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
+#include "tasks.h"
+
+namespace peertrain::train {
+namespace {
+
+std::vector<int> all_positions(int size) {
+  std::vector<int> positions(size);
+  std::iota(positions.begin(), positions.end(), 0);
+  return positions;
+}
+
+model::TransformerConfig transformer_config(const TrainConfig& config) {
+  model::TransformerConfig c = config.transformer;
+  c.kind = config.model == ModelKind::kVit ? model::TransformerKind::kVit : model::TransformerKind::kGpt;
+  model::validate(c);
+  return c;
+}
+
+class TransformerTask final : public Task {
+ public:
+  TransformerTask(const TrainConfig& config, int peers, int rank)
+      : model_(transformer_config(config)), batch_(config.batch), positions_(all_positions(model_.config().tokens())) {
+    const auto& mc = model_.config();
+    const int tokens = mc.tokens();
+    if (language_model()) {
+      corpus_ = load_fortunes(config.text_dir);
+      text_sampler_.emplace(corpus_.train, peers, rank, batch_, tokens, config.seed + 1000003ULL * rank);
+      validation_ = validation_windows(corpus_.validation, tokens, config.eval_windows);
+      bytes_.resize(static_cast<std::size_t>(batch_) * tokens);
+      targets_.resize(bytes_.size());
+    } else {
+      Shard shard = load_shard(config, peers, rank);
+      if (shard.data.features != mc.image * mc.image)
+        throw Error(ErrorKind::kInvalidArgument, str("vit: images of ", shard.data.features, " pixels, the model expects ",
+                                                     mc.image, "×", mc.image));
+      train_size_ = shard.full_size;
+      shard_ = std::move(shard.data);
+      test_ = load_fashion_mnist(config.data_dir, false);
+      image_sampler_.emplace(shard_, all_positions(shard_.size()), batch_, config.seed + 1000003ULL * rank);
+      pixels_.resize(static_cast<std::size_t>(batch_) * shard_.features);
+      labels_.resize(batch_);
+    }
+    if (config.engine.sp * config.engine.pp > 1)
+      engine_ = std::make_unique<parallel::PipelineEngine>(model_, config.engine);
+    engine_config_ = config.engine;
+  }
+
+  bool language_model() const override { return model_.config().kind == model::TransformerKind::kGpt; }
+
+  std::string describe() const override {
+    const auto& c = model_.config();
+    std::string s = str(language_model() ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
+                        c.tokens(), ", sp ", engine_config_.sp, " pp ", engine_config_.pp);
+    if (engine_config_.pp > 1)
+      s += str(" (", engine_config_.schedule == parallel::Schedule::kGpipe ? "gpipe" : "1f1b", ", ",
+               engine_config_.microbatches, " micro-batches)");
+    return s;
+  }
+  std::size_t num_parameters() const override { return model_.num_parameters(); }
+  void initialize(std::span<float> params, std::uint64_t seed) const override { model_.initialize(params, seed); }
+  long long examples_per_epoch() const override {
+    return language_model() ? static_cast<long long>(corpus_.train.size()) / model_.config().tokens() : train_size_;
+  }
+  double flops_per_step() const override { return model_.flops_per_step(batch_, model_.config().tokens()); }
+
+  float compute_gradient(std::span<const float> params, std::span<float> grads) override {
+    const int tokens = model_.config().tokens();
+    parallel::GlobalBatch global;
+    global.batch = batch_;
+    model::TokenBatch whole;
+    whole.batch = batch_;
+    whole.tokens = tokens;
+    whole.positions = positions_;
+    if (language_model()) {
+      text_sampler_->next(bytes_.data(), targets_.data());
+      global.bytes = whole.bytes = bytes_;
+      global.targets = whole.targets = targets_;
+      whole.loss_divisor = static_cast<double>(batch_) * tokens;
+    } else {
+      image_sampler_->next(pixels_.data(), labels_.data());
+      global.pixels = whole.pixels = pixels_;
+      global.labels = whole.targets = labels_;
+      whole.loss_divisor = batch_;
+    }
+    if (engine_) return engine_->step(params, global, grads);
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    return model_.forward_backward(params, whole, grads);
+  }
+
+  TaskEvaluation evaluate(std::span<const float> params) override {
+    constexpr int kChunk = 16;  // sequences or images per forward pass
+    model::LossSums total;
+    auto add = [&](const model::LossSums& s) {
+      total.loss_sum += s.loss_sum;
+      total.correct += s.correct;
+      total.count += s.count;
+    };
+    model::TokenBatch b;
+    b.tokens = model_.config().tokens();
+    b.positions = positions_;
+    if (language_model()) {
+      const std::size_t seq = static_cast<std::size_t>(validation_.seq);
+      for (int start = 0; start < validation_.count; start += kChunk) {
+        b.batch = std::min(kChunk, validation_.count - start);
+        b.bytes = std::span<const std::int32_t>(validation_.bytes).subspan(start * seq, b.batch * seq);
+        b.targets = std::span<const std::int32_t>(validation_.targets).subspan(start * seq, b.batch * seq);
+        add(model_.evaluate(params, b));
+      }
+    } else {
+      const std::size_t pixels = static_cast<std::size_t>(test_.features);
+      for (int start = 0; start < test_.size(); start += 4 * kChunk) {
+        b.batch = std::min(4 * kChunk, test_.size() - start);
+        b.pixels = std::span<const float>(test_.inputs).subspan(start * pixels, b.batch * pixels);
+        b.targets = std::span<const std::int32_t>(test_.labels).subspan(start, b.batch);
+        add(model_.evaluate(params, b));
+      }
+    }
+    const double count = static_cast<double>(std::max<long long>(total.count, 1));
+    const double loss = total.loss_sum / count;
+    return {static_cast<double>(total.correct) / count, loss, language_model() ? loss / std::numbers::ln2 : 0.0};
+  }
+
+  BatchSampler::State sampler_state() const override {
+    if (language_model()) return {0, 0, text_sampler_->steps_drawn()};
+    return image_sampler_->state();
+  }
+  void restore_sampler(const BatchSampler::State& state) override {
+    if (language_model()) {
+      text_sampler_->restore(state.batches_drawn);
+    } else {
+      image_sampler_->restore(state);
+    }
+  }
+
+ private:
+  model::Transformer model_;
+  int batch_;
+  std::vector<int> positions_;
+  parallel::EngineConfig engine_config_;
+  std::unique_ptr<parallel::PipelineEngine> engine_;
+  // gpt
+  TextCorpus corpus_;
+  std::optional<TextSampler> text_sampler_;
+  TextWindows validation_;
+  std::vector<std::int32_t> bytes_, targets_;
+  // vit
+  Dataset shard_, test_;
+  int train_size_ = 0;
+  std::optional<BatchSampler> image_sampler_;
+  std::vector<float> pixels_;
+  std::vector<std::int32_t> labels_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_transformer_task(const TrainConfig& config, int peers, int rank) {
+  return std::make_unique<TransformerTask>(config, peers, rank);
+}
+
+}  // namespace peertrain::train

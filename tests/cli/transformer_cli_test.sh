@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The transformers as a user runs them, multi-process on loopback: the byte-level GPT on 4
+# peers with --sp 2 --pp 2 follows the same losses as with --sp 1 --pp 1 (the engine's
+# gradient equals the unsplit model's), the files carry bits per byte, the vit trains, and
+# bad combinations of flags are named. Usage: transformer_cli_test.sh SOURCE_DIR [long]
+#   long: train the GPT with --sp 2 --pp 2 until validation bits per byte fall below 2.5.
+set -u
+root=$1
+mode=${2:-short}
+bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
+work=$(mktemp -d)
+trap 'pkill -9 -f -- "$work" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+base=$((21000 + ($$ * 16) % 9000))
+{
+  echo "name: ring4"
+  echo "graph: {generator: ring, n: 4}"
+  echo "peers:"
+  for ((i = 0; i < 4; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
+} >"$work/ring4.yaml"
+tiny=(--model gpt --d-model 32 --layers 2 --heads 2 --seq 32 --batch 4 --eval-windows 4 --seed 3
+      --connect-timeout 30 --peer-timeout 60)
+
+if [[ $mode == long ]]; then
+  # Done-when: 4 peers on a ring, --sp 2 --pp 2, validation bits per byte below 2.5.
+  "$bin" launch --topology "$work/ring4.yaml" --model gpt --sp 2 --pp 2 --microbatches 2 --batch 8 --max-steps 400 \
+    --eval-every 100 --out "$work/long" >"$work/long.log" 2>&1
+  code=$?
+  bpb=$(grep -o '"val_bits_per_byte": [0-9.]*' "$work/long/summary.json" 2>/dev/null | cut -d' ' -f2)
+  echo "long: gpt --sp 2 --pp 2 on ring4, validation bits per byte of x̄ after 400 steps: ${bpb:-?} (exit $code)"
+  [[ $code -eq 0 ]] && ok || { fail "long gpt run exited $code"; tail -20 "$work/long.log"; }
+  awk -v b="${bpb:-9}" 'BEGIN { exit !(b < 2.5) }' && ok || fail "validation bits per byte ${bpb:-?} not below 2.5"
+  echo "transformer cli tests (long): $pass passed, $failures failed"
+  exit $((failures > 0))
+fi
+
+# 1. The same seed gives the same first 20 losses with --sp 2 --pp 2 as with --sp 1 --pp 1.
+"$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --max-steps 20 --eval-every 1 --out "$work/serial" \
+  >"$work/serial.log" 2>&1 && ok || { fail "gpt --sp 1 --pp 1 launch failed"; tail -20 "$work/serial.log"; }
+"$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --sp 2 --pp 2 --microbatches 2 --max-steps 20 --eval-every 1 \
+  --out "$work/split" >"$work/split.log" 2>&1 && ok || { fail "gpt --sp 2 --pp 2 launch failed"; tail -20 "$work/split.log"; }
+rows=$(tail -n +2 "$work/split/metrics.csv" 2>/dev/null | wc -l)
+[[ $rows -eq 80 ]] && ok || fail "metrics.csv has $rows rows, expected a train_loss row for every step and peer (80)"
+head -1 "$work/split/metrics.csv" | grep -q "test_bits_per_byte" && ok || fail "metrics.csv lacks test_bits_per_byte"
+grep -q '"val_bits_per_byte"' "$work/split/summary.json" 2>/dev/null && ok || fail "summary.json lacks val_bits_per_byte"
+# step,peer → train_loss from both runs, compared to 1e-4 relative.
+compare=$(awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
+  ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
+  if (r > worst) worst = r } END { printf "%d %.3g", n, worst }' "$work/serial/metrics.csv" "$work/split/metrics.csv")
+read -r matched worst <<<"$compare"
+echo "gpt: $matched (step, peer) losses compared, worst relative difference sp2·pp2 vs sp1·pp1: $worst"
+[[ $matched -eq 80 ]] && ok || fail "only $matched losses matched up"
+awk -v w="$worst" 'BEGIN { exit !(w <= 1e-4) }' && ok || fail "losses differ by $worst relative (limit 1e-4)"
+
+# 2. The vit trains on Fashion-MNIST patches with --sp 2 and a GPipe pipeline.
+"$bin" launch --topology "$work/ring4.yaml" --model vit --d-model 32 --layers 2 --heads 2 --batch 8 --max-steps 30 \
+  --sp 2 --pp 2 --microbatches 2 --schedule gpipe --out "$work/vit" >"$work/vit.log" 2>&1 && ok ||
+  { fail "vit launch failed"; tail -20 "$work/vit.log"; }
+grep -q '"model": "vit"' "$work/vit/summary.json" 2>/dev/null && ok || fail "vit summary.json missing"
+
+# 3. Bad combinations are named before any peer starts.
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern=$1
+  shift
+  out=$("$bin" launch --topology "$work/ring4.yaml" "$@" --out "$work/bad" 2>&1)
+  code=$?
+  if [[ $code -ne 0 ]] && grep -q "error:.*$pattern" <<<"$out"; then ok; else fail "[$*] gave exit $code: $out"; fi
+}
+expect_error "--microbatches 3" "${tiny[@]}" --pp 2 --microbatches 3
+expect_error "--sp\|zigzag\|divide" "${tiny[@]}" --sp 3
+expect_error "--stages" "${tiny[@]}" --pp 2 --stages 1,1
+expect_error "heads" "${tiny[@]}" --heads 5
+expect_error "--model 'bert'" --model bert
+expect_error "--schedule" "${tiny[@]}" --schedule zigzag
+expect_error "gpt or vit" --sp 2
+expect_error "fortunes\|no such directory" "${tiny[@]}" --text-dir "$work/none" --max-steps 1
+
+echo "transformer cli tests: $pass passed, $failures failed"
+exit $((failures > 0))

@@ -1,0 +1,392 @@
+// The pipeline engine against its serial twin: for every stage count, micro-batch count and
+// schedule, one step's loss and gradient equal those of the unsplit
+// Transformer::forward_backward over the whole batch, by normalized error, on fresh random
+// parameters and data; then the memory bound of 1F1B, the overrides, and failures that
+// must end the step at once instead of hanging.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/parallel/partitioner.h"
+#include "peertrain/parallel/pipeline.h"
+
+namespace {
+
+using namespace peertrain;
+using namespace peertrain::parallel;
+using model::TransformerKind;
+
+constexpr double kTolerance = 1e-5;  // float accumulation in a different order
+
+model::TransformerConfig small_gpt(bool tied = false) {
+  model::TransformerConfig c;
+  c.kind = TransformerKind::kGpt;
+  c.d_model = 32;
+  c.layers = 4;
+  c.heads = 2;
+  c.seq = 16;
+  c.tied_head = tied;
+  return c;
+}
+
+model::TransformerConfig small_vit() {
+  model::TransformerConfig c;
+  c.kind = TransformerKind::kVit;
+  c.d_model = 32;
+  c.layers = 2;  // 4 units, so 4 stages still hold one each
+  c.heads = 2;
+  c.image = 28;
+  c.patch = 7;  // 16 tokens
+  return c;
+}
+
+// A step's data, owned.
+struct Data {
+  int batch = 0;
+  std::vector<std::int32_t> bytes, targets, labels;
+  std::vector<float> pixels;
+  GlobalBatch view() const {
+    GlobalBatch g;
+    g.batch = batch;
+    g.bytes = bytes;
+    g.targets = targets;
+    g.pixels = pixels;
+    g.labels = labels;
+    return g;
+  }
+};
+
+Data random_data(const model::TransformerConfig& c, int batch, std::uint64_t seed) {
+  Rng rng(seed);
+  Data d;
+  d.batch = batch;
+  if (c.kind == TransformerKind::kGpt) {
+    const std::size_t n = static_cast<std::size_t>(batch) * c.seq;
+    for (std::size_t i = 0; i < n; ++i) d.bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
+    for (std::size_t i = 0; i < n; ++i) d.targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
+  } else {
+    const std::size_t n = static_cast<std::size_t>(batch) * c.image * c.image;
+    for (std::size_t i = 0; i < n; ++i) d.pixels.push_back(static_cast<float>(rng.normal()));
+    for (int i = 0; i < batch; ++i) d.labels.push_back(static_cast<std::int32_t>(rng.uniform_below(c.classes)));
+  }
+  return d;
+}
+
+struct Reference {
+  float loss = 0;
+  std::vector<float> grads;
+};
+
+// The unsplit model over the whole batch: the serial twin.
+Reference unsplit(const model::TransformerConfig& c, std::span<const float> params, const Data& d) {
+  model::Transformer model(c);
+  std::vector<int> positions(c.tokens());
+  std::iota(positions.begin(), positions.end(), 0);
+  model::TokenBatch tb;
+  tb.batch = d.batch;
+  tb.tokens = c.tokens();
+  tb.positions = positions;
+  if (c.kind == TransformerKind::kGpt) {
+    tb.bytes = d.bytes;
+    tb.targets = d.targets;
+    tb.loss_divisor = static_cast<double>(d.batch) * c.seq;
+  } else {
+    tb.pixels = d.pixels;
+    tb.targets = d.labels;
+    tb.loss_divisor = d.batch;
+  }
+  Reference ref;
+  ref.grads.assign(model.num_parameters(), 0.0f);
+  ref.loss = model.forward_backward(params, tb, ref.grads);
+  return ref;
+}
+
+double normalized_error(std::span<const float> got, std::span<const float> want) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+struct Case {
+  model::TransformerConfig model;
+  EngineConfig engine;
+  int batch = 8;
+  std::uint64_t seed = 1;
+};
+
+std::string describe(const Case& k) {
+  return str(k.model.kind == TransformerKind::kGpt ? (k.model.tied_head ? "gpt tied" : "gpt") : "vit", " sp ",
+             k.engine.sp, " pp ", k.engine.pp, " m ", k.engine.microbatches, " ", to_string(k.engine.schedule));
+}
+
+// Runs one step of the engine and checks it against the unsplit model; returns the engine
+// so callers can look at its statistics.
+void expect_matches_unsplit(const Case& k, StepStats* stats = nullptr, std::vector<int>* first_units = nullptr) {
+  SCOPED_TRACE(describe(k));
+  model::Transformer model(k.model);
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, k.seed);
+  const Data data = random_data(k.model, k.batch, k.seed + 100);
+  const Reference ref = unsplit(k.model, params, data);
+
+  PipelineEngine engine(model, k.engine);
+  // Poison: the step must overwrite every gradient, not add to it.
+  std::vector<float> grads(model.num_parameters(), 1e3f);
+  const float loss = engine.step(params, data.view(), grads);
+  EXPECT_NEAR(loss, ref.loss, kTolerance * std::abs(ref.loss));
+  EXPECT_LE(normalized_error(grads, ref.grads), kTolerance);
+  // Every unit's own range, so an error in a small one is not drowned by the large ones.
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto r = model.unit_parameters(u);
+    EXPECT_LE(normalized_error(std::span<const float>(grads).subspan(r.offset, r.size),
+                               std::span<const float>(ref.grads).subspan(r.offset, r.size)),
+              kTolerance)
+        << model.unit_name(u);
+  }
+  ASSERT_EQ(static_cast<int>(engine.stage_first_units().size()), k.engine.pp);
+  EXPECT_NO_THROW(validate_first_units(engine.stage_first_units(), model.num_units(), k.engine.pp));
+  if (stats) *stats = engine.last_stats();
+  if (first_units) *first_units = engine.stage_first_units();
+}
+
+TEST(PipelineEngine, MatchesTheUnsplitModelForEveryStageCountMicroBatchCountAndSchedule) {
+  std::uint64_t seed = 10;
+  for (const auto& model : {small_gpt(), small_vit()})
+    for (int pp : {1, 2, 4})
+      for (int m : {1, 4, 8})
+        for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+          Case k;
+          k.model = model;
+          k.engine.pp = pp;
+          k.engine.microbatches = m;
+          k.engine.schedule = schedule;
+          k.seed = ++seed;
+          expect_matches_unsplit(k);
+        }
+}
+
+TEST(PipelineEngine, TiedHeadGradientsOfTwoStagesAddUp) {
+  // The head on the last stage adds into the embedding's range, which stage 0 owns.
+  for (int pp : {2, 3})
+    for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+      Case k;
+      k.model = small_gpt(/*tied=*/true);
+      k.engine.pp = pp;
+      k.engine.microbatches = 4;
+      k.engine.schedule = schedule;
+      k.seed = 40 + pp;
+      expect_matches_unsplit(k);
+    }
+}
+
+TEST(PipelineEngine, FewerMicroBatchesThanStagesCompletes) {
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+    Case k;
+    k.model = small_gpt();
+    k.engine.pp = 4;
+    k.engine.microbatches = 2;
+    k.engine.schedule = schedule;
+    k.seed = 50;
+    StepStats stats;
+    expect_matches_unsplit(k, &stats);
+    for (const auto& stage : stats.stages) EXPECT_LE(stage.peak_in_flight, 2);
+  }
+}
+
+TEST(PipelineEngine, SequenceRanksTimesStagesMatchTheUnsplitModel) {
+  for (const auto& model : {small_gpt(), small_gpt(/*tied=*/true), small_vit()})
+    for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+      for (SequenceSplit split : {SequenceSplit::kZigzag, SequenceSplit::kContiguous}) {
+        Case k;
+        k.model = model;
+        k.engine.sp = 2;
+        k.engine.pp = 2;
+        k.engine.microbatches = 4;
+        k.engine.schedule = schedule;
+        k.engine.split = split;
+        k.seed = 60;
+        expect_matches_unsplit(k);
+      }
+}
+
+TEST(PipelineEngine, SequenceRanksAloneMatchTheUnsplitModel) {
+  Case k;
+  k.model = small_gpt();
+  k.engine.sp = 2;
+  k.engine.microbatches = 2;
+  k.seed = 70;
+  expect_matches_unsplit(k);
+}
+
+TEST(PipelineEngine, FirstUnitsOverrideIsUsed) {
+  Case k;
+  k.model = small_gpt();  // 6 units
+  k.engine.pp = 3;
+  k.engine.microbatches = 4;
+  k.engine.stage_first_units = parse_stage_sizes("1,4,1", 6, 3);
+  std::vector<int> first_units;
+  expect_matches_unsplit(k, nullptr, &first_units);
+  EXPECT_EQ(first_units, (std::vector<int>{0, 1, 5}));
+}
+
+TEST(PipelineEngine, PlanProfilesAndPartitionsWithoutOverride) {
+  model::Transformer model(small_gpt());
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, 3);
+  const Data data = random_data(model.config(), 8, 4);
+  EngineConfig config;
+  config.pp = 3;
+  config.microbatches = 2;
+  PipelineEngine engine(model, config);
+  engine.plan(params, data.view());
+  ASSERT_EQ(engine.unit_costs().size(), 6u);
+  for (double c : engine.unit_costs()) EXPECT_GT(c, 0.0);
+  EXPECT_EQ(engine.stage_first_units(), partition(engine.unit_costs(), 3));
+}
+
+TEST(PipelineEngine, OneFOneBHoldsAtMostStagesMinusRankMicroBatches) {
+  StepStats gpipe, one_f_one_b;
+  Case k;
+  k.model = small_gpt();
+  k.engine.pp = 4;
+  k.engine.microbatches = 8;
+  k.engine.stage_first_units = {0, 2, 3, 4};
+  k.engine.schedule = Schedule::kGpipe;
+  expect_matches_unsplit(k, &gpipe);
+  k.engine.schedule = Schedule::kOneFOneB;
+  expect_matches_unsplit(k, &one_f_one_b);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(gpipe.stages[s].peak_in_flight, 8);
+    EXPECT_EQ(one_f_one_b.stages[s].peak_in_flight, 4 - s);
+    EXPECT_GT(one_f_one_b.stages[s].peak_activation_bytes, 0u);
+    // Every micro-batch saves the same bytes on a stage: the peaks scale with the counts.
+    EXPECT_EQ(one_f_one_b.stages[s].peak_activation_bytes * 8, gpipe.stages[s].peak_activation_bytes * (4 - s));
+  }
+  for (const StepStats* st : {&gpipe, &one_f_one_b}) {
+    EXPECT_DOUBLE_EQ(st->theoretical_bubble, 3.0 / 11.0);
+    EXPECT_GE(st->measured_bubble, 0.0);
+    EXPECT_LT(st->measured_bubble, 1.0);
+    EXPECT_GE(st->replayed_bubble, 0.0);
+    EXPECT_LT(st->replayed_bubble, 1.0);
+    for (const auto& stage : st->stages) {
+      EXPECT_GT(stage.busy_s, 0.0);
+      EXPECT_GT(stage.busy_cpu_s, 0.0);
+      EXPECT_GE(stage.idle_s, 0.0);
+    }
+  }
+}
+
+TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
+  model::Transformer model(small_gpt());
+  auto expect_error = [&](EngineConfig config, const std::string& flag) {
+    try {
+      PipelineEngine engine(model, config);
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  EngineConfig c;
+  c.pp = 7;  // 6 units
+  expect_error(c, "--pp");
+  c = {};
+  c.pp = 2;
+  c.stage_first_units = {0, 6};
+  expect_error(c, "--stages");
+  c.stage_first_units = {0, 2, 4};
+  expect_error(c, "--stages");
+  c = {};
+  c.microbatches = 0;
+  expect_error(c, "--microbatches");
+  c = {};
+  c.sp = 0;
+  expect_error(c, "--sp");
+  c.sp = 3;  // zigzag needs 2·SP to divide the 16 tokens
+  expect_error(c, "--sp");
+
+  // A batch that the micro-batches do not divide.
+  EngineConfig ok;
+  ok.pp = 2;
+  ok.microbatches = 3;
+  PipelineEngine engine(model, ok);
+  std::vector<float> params(model.num_parameters()), grads(params.size());
+  model.initialize(params, 1);
+  const Data data = random_data(model.config(), 8, 2);
+  try {
+    engine.step(params, data.view(), grads);
+    ADD_FAILURE() << "a batch of 8 in 3 micro-batches was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--microbatches"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PipelineEngine, AFailingWorkerEndsTheStepAtOnceAndTheNextStepWorks) {
+  const auto config = small_gpt();
+  model::Transformer model(config);
+  std::vector<float> params(model.num_parameters()), grads(params.size());
+  model.initialize(params, 5);
+  Data data = random_data(config, 8, 6);
+  const Data good = data;
+  // A byte outside the vocabulary in the last micro-batch: stage 0 fails on its last
+  // forward while the later stages wait for it, and must be released by the abort, not by
+  // their (long) timeout.
+  data.bytes[7 * config.seq + 3] = 1000;
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+    for (int sp : {1, 2}) {
+      SCOPED_TRACE(str(to_string(schedule), " sp ", sp));
+      EngineConfig engine_config;
+      engine_config.pp = 4;
+      engine_config.sp = sp;
+      engine_config.microbatches = 4;
+      engine_config.schedule = schedule;
+      engine_config.timeout_s = 600;
+      PipelineEngine engine(model, engine_config);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        engine.step(params, data.view(), grads);
+        ADD_FAILURE() << "the bad byte was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+        EXPECT_NE(std::string(e.what()).find("pipeline stage 0"), std::string::npos) << e.what();
+      }
+      // Not a speed assertion: far below the 600 s timeout means the abort released them.
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 120.0);
+
+      const Reference ref = unsplit(config, params, good);
+      const float loss = engine.step(params, good.view(), grads);
+      EXPECT_NEAR(loss, ref.loss, kTolerance * std::abs(ref.loss));
+      EXPECT_LE(normalized_error(grads, ref.grads), kTolerance);
+    }
+}
+
+TEST(PipelineEngine, StepsRepeatWithTheSameResult) {
+  // Buffers kept between steps (activation slots, outboxes, gradient ranges) must not leak
+  // into the next.
+  model::Transformer model(small_vit());
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, 8);
+  const Data data = random_data(model.config(), 8, 9);
+  EngineConfig config;
+  config.pp = 2;
+  config.microbatches = 4;
+  PipelineEngine engine(model, config);
+  std::vector<float> first(params.size()), second(params.size());
+  const float loss1 = engine.step(params, data.view(), first);
+  const float loss2 = engine.step(params, data.view(), second);
+  // Not bitwise: Eigen's vectorized sums start at the first aligned element, so the last
+  // bits depend on where the buffers of a step happen to lie.
+  EXPECT_NEAR(loss1, loss2, 1e-6 * std::abs(loss1));
+  EXPECT_LE(normalized_error(second, first), 1e-6);
+}
+
+}  // namespace

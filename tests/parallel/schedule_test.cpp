@@ -1,0 +1,173 @@
+// The pure parts of pipeline parallelism: the partitioner's dynamic program against brute
+// force on random costs, the --stages override, and the schedules' invariants and replay.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/parallel/partitioner.h"
+#include "peertrain/parallel/schedule.h"
+
+namespace {
+
+using namespace peertrain;
+using namespace peertrain::parallel;
+
+// Every split of `units` into `stages` non-empty runs; returns the smallest bottleneck.
+double brute_force_bottleneck(const std::vector<double>& costs, int stages) {
+  const int units = static_cast<int>(costs.size());
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> first(stages, 0);
+  std::function<void(int)> choose = [&](int k) {
+    if (k == stages) {
+      best = std::min(best, bottleneck_cost(costs, first));
+      return;
+    }
+    for (int u = first[k - 1] + 1; u <= units - (stages - k); ++u) {
+      first[k] = u;
+      choose(k + 1);
+    }
+  };
+  choose(1);
+  return best;
+}
+
+TEST(Partition, MatchesBruteForceOnRandomCosts) {
+  Rng rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int units = 1 + static_cast<int>(rng.uniform_below(11));
+    const int stages = 1 + static_cast<int>(rng.uniform_below(static_cast<std::uint64_t>(units)));
+    std::vector<double> costs(units);
+    for (auto& c : costs) c = trial % 5 == 0 ? static_cast<double>(rng.uniform_below(3)) : rng.uniform() * 10;
+    const auto first = partition(costs, stages);
+    ASSERT_EQ(static_cast<int>(first.size()), stages);
+    EXPECT_NO_THROW(validate_first_units(first, units, stages));
+    EXPECT_DOUBLE_EQ(bottleneck_cost(costs, first), brute_force_bottleneck(costs, stages))
+        << "trial " << trial << ": " << units << " units, " << stages << " stages";
+  }
+}
+
+TEST(Partition, BalancesEqualUnitsAndIsolatesAHeavyOne) {
+  const std::vector<double> equal(8, 1.0);
+  EXPECT_EQ(partition(equal, 4), (std::vector<int>{0, 2, 4, 6}));
+  const std::vector<double> heavy{1, 1, 1, 9, 1, 1};
+  EXPECT_DOUBLE_EQ(bottleneck_cost(heavy, partition(heavy, 3)), 9.0);
+  EXPECT_EQ(partition(heavy, 1), (std::vector<int>{0}));
+  EXPECT_EQ(partition(heavy, 6), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST(Partition, RejectsMoreStagesThanUnitsAndBadCosts) {
+  const std::vector<double> costs{1, 2, 3};
+  EXPECT_THROW(partition(costs, 4), Error);
+  EXPECT_THROW(partition(costs, 0), Error);
+  const std::vector<double> negative{1, -1};
+  EXPECT_THROW(partition(negative, 1), Error);
+  const std::vector<double> nan{1, std::nan("")};
+  EXPECT_THROW(partition(nan, 2), Error);
+}
+
+TEST(StageSizes, ParsesUnitCountsIntoFirstUnits) {
+  EXPECT_EQ(parse_stage_sizes("3,3", 6, 2), (std::vector<int>{0, 3}));
+  EXPECT_EQ(parse_stage_sizes("1,2,2,1", 6, 4), (std::vector<int>{0, 1, 3, 5}));
+  EXPECT_EQ(parse_stage_sizes("6", 6, 1), (std::vector<int>{0}));
+  EXPECT_EQ(format_stage_sizes(std::vector<int>{0, 1, 3, 5}, 6), "1,2,2,1");
+}
+
+TEST(StageSizes, ErrorsNameTheFlagAndWhatWasExpected) {
+  for (const char* bad : {"3,2", "3,4", "3,3,0", "2,2,2", "3;3", "", "3,", "a,3", "-1,7", "6,0"}) {
+    try {
+      parse_stage_sizes(bad, 6, 2);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      const std::string message = e.what();
+      EXPECT_NE(message.find("--stages"), std::string::npos) << message;
+      EXPECT_NE(message.find("sum to 6"), std::string::npos) << message;
+    }
+  }
+  EXPECT_THROW(validate_first_units(std::vector<int>{1, 3}, 6, 2), Error);
+  EXPECT_THROW(validate_first_units(std::vector<int>{0, 0}, 6, 2), Error);
+  EXPECT_THROW(validate_first_units(std::vector<int>{0, 6}, 6, 2), Error);
+  EXPECT_THROW(validate_first_units(std::vector<int>{0, 3, 4}, 6, 2), Error);
+  EXPECT_NO_THROW(validate_first_units(std::vector<int>{0, 5}, 6, 2));
+}
+
+TEST(Schedule, ParsesItsNames) {
+  EXPECT_EQ(parse_schedule("gpipe"), Schedule::kGpipe);
+  EXPECT_EQ(parse_schedule("1f1b"), Schedule::kOneFOneB);
+  EXPECT_EQ(to_string(Schedule::kOneFOneB), "1f1b");
+  try {
+    parse_schedule("zero-bubble");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--schedule"), std::string::npos);
+  }
+}
+
+TEST(Schedule, EveryMicroBatchOnceForwardThenBackwardWithBoundedMemory) {
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+    for (int p : {1, 2, 3, 4, 7})
+      for (int m : {1, 2, 3, 4, 8, 13})
+        for (int s = 0; s < p; ++s) {
+          SCOPED_TRACE(testing::Message() << to_string(schedule) << " p " << p << " m " << m << " stage " << s);
+          const auto ops = stage_schedule(schedule, p, s, m);
+          ASSERT_EQ(ops.size(), 2u * m);
+          std::vector<int> forward_at(m, -1), backward_at(m, -1);
+          for (int k = 0; k < static_cast<int>(ops.size()); ++k) {
+            auto& at = ops[k].kind == PassKind::kForward ? forward_at : backward_at;
+            ASSERT_EQ(at[ops[k].microbatch], -1) << "pass run twice";
+            at[ops[k].microbatch] = k;
+          }
+          for (int i = 0; i < m; ++i) {
+            ASSERT_GE(forward_at[i], 0);
+            ASSERT_GT(backward_at[i], forward_at[i]);
+          }
+          const int peak = peak_in_flight(ops);
+          if (schedule == Schedule::kGpipe) {
+            EXPECT_EQ(peak, m);
+          } else {
+            EXPECT_LE(peak, p - s);
+            EXPECT_EQ(peak, std::min(p - s, m));
+          }
+        }
+}
+
+TEST(Schedule, OneFOneBMatchesPipeDreamFlushOrder) {
+  // Stage 0 of 4 with 6 micro-batches: 3 warm-up forwards, steady 1F1B, 3 drain backwards.
+  const auto ops = stage_schedule(Schedule::kOneFOneB, 4, 0, 6);
+  const std::vector<PipelineOp> expected{
+      {PassKind::kForward, 0},  {PassKind::kForward, 1},  {PassKind::kForward, 2},  {PassKind::kForward, 3},
+      {PassKind::kBackward, 0}, {PassKind::kForward, 4},  {PassKind::kBackward, 1}, {PassKind::kForward, 5},
+      {PassKind::kBackward, 2}, {PassKind::kBackward, 3}, {PassKind::kBackward, 4}, {PassKind::kBackward, 5}};
+  EXPECT_EQ(ops, expected);
+}
+
+TEST(Schedule, ReplayOfUniformStagesHasTheTheoreticalBubble) {
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+    for (int p : {1, 2, 4, 5})
+      for (int m : {1, 3, 4, 8}) {
+        // Backward twice the forward, as in a transformer; the bubble does not depend on it.
+        const auto replay = replay_schedule(schedule, p, m, [](int, const PipelineOp& op) {
+          return op.kind == PassKind::kForward ? 1.0 : 2.0;
+        });
+        EXPECT_NEAR(replay.bubble, theoretical_bubble(p, m), 1e-12)
+            << to_string(schedule) << " p " << p << " m " << m;
+        EXPECT_DOUBLE_EQ(replay.makespan_s, 3.0 * (m + p - 1));
+      }
+}
+
+TEST(Schedule, ReplayOfASlowStageIsBoundByIt) {
+  // One stage twice as slow: the step takes at least m of its passes.
+  const int p = 4, m = 8;
+  const auto replay = replay_schedule(Schedule::kOneFOneB, p, m, [](int stage, const PipelineOp&) {
+    return stage == 2 ? 2.0 : 1.0;
+  });
+  EXPECT_GE(replay.makespan_s, 2.0 * 2 * m);
+  EXPECT_GT(replay.bubble, theoretical_bubble(p, m));
+}
+
+}  // namespace
