@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "peertrain/core/error.h"
 
@@ -79,12 +80,13 @@ Gossip::Gossip(net::Network& network, std::vector<MixingRow> rows, int max_stale
 }
 
 Gossip::~Gossip() {
-  for (auto& send : sends_) {
-    try {
-      send.wait();
-    } catch (...) {
+  for (auto& part : sends_)
+    for (auto& send : part) {
+      try {
+        send.wait();
+      } catch (...) {
+      }
     }
-  }
   for (Snapshot& snapshot : in_flight_)
     for (auto& send : snapshot.sends) {
       try {
@@ -96,7 +98,7 @@ Gossip::~Gossip() {
 
 void Gossip::set_rows(std::vector<MixingRow> rows) {
   PEERTRAIN_CHECK(!rows.empty(), "gossip needs at least one mixing row");
-  PEERTRAIN_CHECK(sends_.empty(), "set_rows() between start() and finish()");
+  PEERTRAIN_CHECK(!sending(), "set_rows() between start() and finish()");
   rows_ = std::move(rows);
   // A dropped peer named in the new rows whose link is up again has rejoined: it sends its
   // first parameters at the step these rows start, so the stale mode starts over with it.
@@ -109,6 +111,46 @@ void Gossip::set_rows(std::vector<MixingRow> rows) {
       }
 }
 
+void Gossip::set_parts(std::vector<Part> parts) {
+  PEERTRAIN_CHECK(!started_, "set_parts() after the first start(): the neighbours' messages would not line up");
+  if (parts.empty()) throw Error(ErrorKind::kInvalidArgument, "gossip parts: expected at least one part, got none");
+  if (parts.size() > std::numeric_limits<std::uint32_t>::max() - kPartTagBase)
+    throw Error(ErrorKind::kInvalidArgument, str("gossip parts: ", parts.size(), " parts are more than the tags hold"));
+  std::size_t end = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const auto [offset, size] = parts[p];
+    if (offset != end)
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("gossip parts: part ", p, " starts at ", offset, ", expected ", end,
+                      p == 0 ? " (the parts cover the vector from 0)" : str(", where part ", p - 1, " ends (contiguous, in order)")));
+    if (size == 0) throw Error(ErrorKind::kInvalidArgument, str("gossip parts: part ", p, " at offset ", offset, " is empty"));
+    end += size;
+  }
+  parts_ = std::move(parts);
+  parts_given_ = true;
+}
+
+const std::vector<Gossip::Part>& Gossip::parts_for(std::size_t n) {
+  if (!parts_given_) {
+    if (parts_.size() != 1 || parts_[0].second != n) parts_.assign(1, Part{0, n});
+  } else if (parts_.back().first + parts_.back().second != n) {
+    throw Error(ErrorKind::kInvalidArgument, str("gossip parts cover ", parts_.back().first + parts_.back().second,
+                                                 " parameters, the vector has ", n));
+  }
+  if (sends_.size() != parts_.size()) sends_.resize(parts_.size());
+  return parts_;
+}
+
+std::string Gossip::part_name(std::size_t part) const {
+  return parts_.size() > 1 ? str(" (part ", part, " of ", parts_.size(), ")") : std::string();
+}
+
+bool Gossip::sending() const {
+  for (const auto& part : sends_)
+    if (!part.empty()) return true;
+  return false;
+}
+
 double Gossip::deadline_s() const {
   constexpr double kFloor = 10.0, kFactor = 30.0;
   if (rounds_ < 10 || slow_round_expected_) return network_.peer_timeout_s();  // the user's bound
@@ -119,17 +161,20 @@ double Gossip::deadline_s() const {
 // as lost only if it has also been silent that long: a neighbour that is itself waiting
 // on a stalled peer still sends heartbeats, and dropping it would spread one failure
 // across the graph. --peer-timeout bounds the whole wait either way.
-net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step) {
+net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_t part) {
   const auto start = std::chrono::steady_clock::now();
   const double limit = network_.peer_timeout_s();
   while (true) {
     const double deadline = deadline_s();
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     try {
-      return network_.receive(peer, net::MessageType::kParameters, step, 0, std::min(deadline, limit - spent));
+      return network_.receive(peer, net::MessageType::kParameters, step, part_tag(part), std::min(deadline, limit - spent));
     } catch (const Error& e) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (e.kind() != ErrorKind::kTimeout || waited >= limit - 1e-3 || network_.silence_s(peer) >= deadline) throw;
+      if (e.kind() != ErrorKind::kTimeout || waited >= limit - 1e-3 || network_.silence_s(peer) >= deadline) {
+        if (parts_.size() > 1) throw Error(e.kind(), str(e.what(), "; gossip", part_name(part)));
+        throw;
+      }
     }
   }
 }
@@ -137,12 +182,18 @@ net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step) {
 bool Gossip::is_lost(int peer) const { return std::find(lost_.begin(), lost_.end(), peer) != lost_.end(); }
 
 void Gossip::start(std::uint64_t step, std::span<const float> x) {
-  PEERTRAIN_CHECK(sends_.empty(), "start() twice without finish() at step ", step);
+  PEERTRAIN_CHECK(!sending(), "start() twice without finish() at step ", step);
+  const std::vector<Part>& parts = parts_for(x.size());
+  started_ = true;
   step_ = step;
   if (max_staleness_ > 0) return start_stale(x);
   const MixingRow& row = rows_[step % rows_.size()];
-  for (int peer : row.peers)
-    if (!is_lost(peer)) sends_.push_back(network_.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
+  // Part-major, as the owners of the parts would send: every link carries the parts in order.
+  for (std::size_t p = 0; p < parts.size(); ++p)
+    for (int peer : row.peers)
+      if (!is_lost(peer))
+        sends_[p].push_back(network_.send(peer, net::MessageType::kParameters, step, part_tag(p),
+                                          net::as_bytes(x.subspan(parts[p].first, parts[p].second))));
 }
 
 void Gossip::give_up_on(int peer, const std::string& why) {
@@ -159,47 +210,64 @@ void Gossip::note_round(double waited) {
 }
 
 double Gossip::finish(std::span<float> x, std::span<const float> update) {
+  PEERTRAIN_CHECK(update.empty() || update.size() == x.size(), "update of ", update.size(), " for ", x.size());
   if (max_staleness_ > 0) return finish_stale(x, update);
-  const auto begin = std::chrono::steady_clock::now();
+  const std::vector<Part>& parts = parts_for(x.size());
   newly_lost_.clear();
   MixingRow row = rows_[step_ % rows_.size()];
+  // home[j]: neighbour j's weight has moved to the diagonal (lost before or during this round).
+  std::vector<char> home(row.peers.size(), 0);
   std::vector<net::Payload> received;
   std::vector<float> weights;
-  received.reserve(row.peers.size());
-  for (std::size_t j = 0; j < row.peers.size(); ++j) {
-    const int peer = row.peers[j];
-    if (is_lost(peer)) {
-      row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
-      continue;
-    }
-    try {
-      net::Payload payload = receive_or_give_up(peer, step_);
-      if (payload.size() != x.size_bytes())
-        throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
-                                              " bytes of parameters for step ", step_, ", expected ", x.size_bytes()));
-      received.push_back(std::move(payload));
-      weights.push_back(row.weights[j]);
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-      give_up_on(peer, e.what());
-      row.self_weight += row.weights[j];
-    }
-  }
-  // Our x must not change while it is being sent; a send to a peer just lost may fail.
-  for (auto& send : sends_) {
-    try {
-      send.wait();
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-    }
-  }
-  sends_.clear();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  note_round(waited);
   std::vector<const float*> inputs;
-  for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload.data()));
-  mix(x, row.self_weight, weights, inputs, update);
-  for (auto& payload : received) network_.recycle(std::move(payload));
+  received.reserve(row.peers.size());
+  double waited = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const auto begin = std::chrono::steady_clock::now();
+    const auto [offset, size] = parts[p];
+    const std::size_t bytes = size * sizeof(float);
+    weights.clear();
+    for (std::size_t j = 0; j < row.peers.size(); ++j) {
+      if (home[j]) continue;
+      const int peer = row.peers[j];
+      if (is_lost(peer)) {
+        row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
+        home[j] = 1;
+        continue;
+      }
+      try {
+        net::Payload payload = receive_or_give_up(peer, step_, p);
+        if (payload.size() != bytes)
+          throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
+                                                " bytes of parameters for step ", step_, part_name(p), ", expected ",
+                                                bytes));
+        received.push_back(std::move(payload));
+        weights.push_back(row.weights[j]);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+        give_up_on(peer, e.what());
+        row.self_weight += row.weights[j];
+        home[j] = 1;
+      }
+    }
+    // This part of x must not change while it is being sent; a send to a peer just lost may fail.
+    for (auto& send : sends_[p]) {
+      try {
+        send.wait();
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+      }
+    }
+    sends_[p].clear();
+    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    inputs.clear();
+    for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload.data()));
+    mix(x.subspan(offset, size), row.self_weight, weights, inputs,
+        update.empty() ? update : update.subspan(offset, size));
+    for (auto& payload : received) network_.recycle(std::move(payload));
+    received.clear();
+  }
+  note_round(waited);
   return waited;
 }
 

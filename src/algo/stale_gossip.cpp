@@ -24,6 +24,11 @@
 // the newest kept (older ones are recycled). A neighbour's first message after it
 // (re)joined is for the step its rows start at; set_rows() forgets what we held of it.
 //
+// Parts (set_parts): each part of a neighbour is held, drained and waited for on its own,
+// and mixed as soon as every neighbour's copy of it is fresh enough, so parts of one
+// neighbour may mix copies of different steps, each at most K old. A neighbour counts
+// once per step in mixed_terms(), and in stale_terms() if any of its parts was older.
+//
 // Not deterministic: which s_j a step mixes depends on timing. Checkpoints do not save the
 // held neighbour parameters, so a resumed run starts with one synchronous round.
 #include <algorithm>
@@ -70,59 +75,92 @@ void Gossip::start_stale(std::span<const float> x) {
     Freshest& held = freshest_[peer];
     if (!held.started) {  // its first message is the one of this step
       held.started = true;
-      held.next = step_;
+      held.parts.assign(parts_.size(), HeldPart{});
+      for (HeldPart& part : held.parts) part.next = step_;
     }
-    snapshot.sends.push_back(network_.send(peer, net::MessageType::kParameters, step_, 0,
-                                           net::as_bytes(std::span<const float>(snapshot.x))));
   }
+  const std::span<const float> sent(snapshot.x);
+  for (std::size_t p = 0; p < parts_.size(); ++p)
+    for (int peer : row.peers)
+      if (!is_lost(peer))
+        snapshot.sends.push_back(network_.send(peer, net::MessageType::kParameters, step_, part_tag(p),
+                                               net::as_bytes(sent.subspan(parts_[p].first, parts_[p].second))));
   in_flight_.push_back(std::move(snapshot));
 }
 
+void Gossip::flush() {
+  PEERTRAIN_CHECK(!sending(), "flush() between start() and finish()");
+  for (Snapshot& snapshot : in_flight_) wait_all(snapshot.sends);
+  while (!in_flight_.empty()) {
+    spare_.push_back(std::move(in_flight_.front().x));
+    in_flight_.pop_front();
+  }
+}
+
 double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
-  const auto begin = std::chrono::steady_clock::now();
+  const std::vector<Part>& parts = parts_for(x.size());
   newly_lost_.clear();
   const std::uint64_t oldest = step_ >= static_cast<std::uint64_t>(max_staleness_) ? step_ - max_staleness_ : 0;
   MixingRow row = rows_[0];
+  // home[j]: neighbour j's weight has moved to the diagonal; mixed[j], stale[j]: it entered
+  // some part of the mix, an older copy of it did.
+  std::vector<char> home(row.peers.size(), 0), mixed(row.peers.size(), 0), stale(row.peers.size(), 0);
   std::vector<float> weights;
   std::vector<const float*> inputs;
-  for (std::size_t j = 0; j < row.peers.size(); ++j) {
-    const int peer = row.peers[j];
-    if (is_lost(peer)) {
-      row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
-      continue;
-    }
-    Freshest& held = freshest_[peer];
-    try {
-      auto take = [&](net::Payload payload) {
-        if (payload.size() != x.size_bytes())
-          throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
-                                                " bytes of parameters for step ", held.next, ", expected ",
-                                                x.size_bytes()));
-        if (!held.payload.empty()) network_.recycle(std::move(held.payload));
-        held.payload = std::move(payload);
-        held.step = held.next++;
-      };
-      // Whatever has arrived, oldest first; then wait only if the newest is too old.
-      while (held.next <= step_) {
-        auto payload = network_.try_receive(peer, net::MessageType::kParameters, held.next, 0);
-        if (!payload) break;
-        take(std::move(*payload));
+  double waited = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const auto begin = std::chrono::steady_clock::now();
+    const auto [offset, size] = parts[p];
+    const std::size_t bytes = size * sizeof(float);
+    weights.clear();
+    inputs.clear();
+    for (std::size_t j = 0; j < row.peers.size(); ++j) {
+      if (home[j]) continue;
+      const int peer = row.peers[j];
+      if (is_lost(peer)) {
+        row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
+        home[j] = 1;
+        continue;
       }
-      while (held.payload.empty() || held.step < oldest) take(receive_or_give_up(peer, held.next));
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-      give_up_on(peer, e.what());
-      row.self_weight += row.weights[j];
-      continue;
+      HeldPart& held = freshest_[peer].parts.at(p);
+      try {
+        auto take = [&](net::Payload payload) {
+          if (payload.size() != bytes)
+            throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
+                                                  " bytes of parameters for step ", held.next, part_name(p),
+                                                  ", expected ", bytes));
+          if (!held.payload.empty()) network_.recycle(std::move(held.payload));
+          held.payload = std::move(payload);
+          held.step = held.next++;
+        };
+        // Whatever has arrived, oldest first; then wait only if the newest is too old.
+        while (held.next <= step_) {
+          auto payload = network_.try_receive(peer, net::MessageType::kParameters, held.next, part_tag(p));
+          if (!payload) break;
+          take(std::move(*payload));
+        }
+        while (held.payload.empty() || held.step < oldest) take(receive_or_give_up(peer, held.next, p));
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+        give_up_on(peer, e.what());  // forgets what we held of it; no input below points there
+        row.self_weight += row.weights[j];
+        home[j] = 1;
+        continue;
+      }
+      weights.push_back(row.weights[j]);
+      inputs.push_back(reinterpret_cast<const float*>(held.payload.data()));
+      mixed[j] = 1;
+      if (held.step < step_) stale[j] = 1;
     }
-    weights.push_back(row.weights[j]);
-    inputs.push_back(reinterpret_cast<const float*>(held.payload.data()));
-    ++mixed_terms_;
-    if (held.step < step_) ++stale_terms_;
+    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    mix(x.subspan(offset, size), row.self_weight, weights, inputs,
+        update.empty() ? update : update.subspan(offset, size));
   }
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  for (std::size_t j = 0; j < row.peers.size(); ++j) {
+    mixed_terms_ += mixed[j];
+    stale_terms_ += stale[j];
+  }
   note_round(waited);
-  mix(x, row.self_weight, weights, inputs, update);
   // Snapshots whose sends are done are free again.
   while (!in_flight_.empty() && in_flight_.front().step < step_) {
     bool done = true;

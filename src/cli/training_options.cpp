@@ -14,8 +14,8 @@ namespace {
 const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
     "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir", "max-staleness",
-    "optimizer", "d-model", "layers", "heads", "seq", "patch", "tied-head", "text-dir", "eval-windows", "sp", "pp",
-    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout"};
+    "optimizer", "d-model", "layers", "heads", "seq", "patch", "text-dir", "eval-windows", "sp", "pp",
+    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout", "lr-schedule", "warmup-steps"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -90,6 +90,10 @@ void add_training_options(cxxopts::Options& options) {
       ("batch", "examples per peer per step (default: 32; gpt: 8 sequences)", cxxopts::value<std::string>())
       ("optimizer", "sgd | adam (default: sgd for mlp, adam for gpt and vit)", cxxopts::value<std::string>())
       ("lr", "learning rate (default: 0.05 for sgd, 0.001 for adam)", cxxopts::value<std::string>())
+      ("lr-schedule", "constant | cosine (linear warm-up, then cosine decay to 10% at the last step); "
+                      "default: constant for mlp, cosine for gpt and vit", cxxopts::value<std::string>())
+      ("warmup-steps", "steps of linear warm-up for --lr-schedule cosine",
+       cxxopts::value<std::string>()->default_value("20"))
       ("momentum", "SGD momentum", cxxopts::value<std::string>()->default_value("0.9"))
       ("weight-decay", "L2 weight decay", cxxopts::value<std::string>()->default_value("0.0001"))
       ("seed", "seed of the model, the shards and the batches", cxxopts::value<std::string>()->default_value("1"))
@@ -111,7 +115,7 @@ void add_training_options(cxxopts::Options& options) {
       ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())
       ("resume", "restart every peer from the latest complete set of checkpoints")
       ("text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))
-      ("eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("64"))
+      ("eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("256"))
       ("secret-file", "a key file every peer shares (16+ bytes); without it nobody can join or inject frames "
                       "(make one: head -c 32 /dev/urandom > run.key && chmod 600 run.key)",
        cxxopts::value<std::string>());
@@ -181,6 +185,14 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   c.checkpoint_every = positive<long long>(args, "checkpoint-every", true);
   if (args.count("checkpoint-dir")) c.checkpoint_dir = args["checkpoint-dir"].as<std::string>();
   c.resume = args.count("resume") > 0;
+  try {
+    c.lr_schedule = args.count("lr-schedule") ? train::parse_lr_schedule(args["lr-schedule"].as<std::string>())
+                    : c.model == train::ModelKind::kMlp ? train::LrSchedule::kConstant
+                                                        : train::LrSchedule::kCosine;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  c.warmup_steps = positive<long long>(args, "warmup-steps", true);
   c.max_staleness = positive<int>(args, "max-staleness", true);
   if (c.max_staleness > 1000) throw UsageError("--max-staleness must be at most 1000, got " + std::to_string(c.max_staleness));
   if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
@@ -192,6 +204,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
 std::vector<std::string> forwarded_training_flags(const cxxopts::ParseResult& args) {
   std::vector<std::string> out;
   if (args.count("resume")) out.push_back("--resume");
+  if (args.count("tied-head")) out.push_back("--tied-head");
   for (const std::string& name : kTrainingFlags)
     if (args.count(name)) {
       out.push_back("--" + name);

@@ -18,50 +18,6 @@ using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
 
 }  // namespace
 
-template <bool kTransA, bool kTransB>
-void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, float* c, bool accumulate) {
-  const ConstMatrix a_map(a, kTransA ? k : m, kTransA ? m : k);
-  const ConstMatrix b_map(b, kTransB ? n : k, kTransB ? k : n);
-  Matrix c_map(c, m, n);
-  if (!accumulate) c_map.setZero();  // both paths below accumulate
-  if (m == 0 || n == 0 || k == 0) return;
-  if (Eigen::nbThreads() > 1) {
-    if constexpr (kTransA && kTransB)
-      c_map.noalias() += a_map.transpose() * b_map.transpose();
-    else if constexpr (kTransA)
-      c_map.noalias() += a_map.transpose() * b_map;
-    else if constexpr (kTransB)
-      c_map.noalias() += a_map * b_map.transpose();
-    else
-      c_map.noalias() += a_map * b_map;
-    return;
-  }
-  m_kc = k;
-  m_mc = m;
-  m_nc = n;
-  Eigen::internal::computeProductBlockingSizes<float, float, 1>(m_kc, m_mc, m_nc, Index{1});
-  if (packed_a_.size() < m_kc * m_mc) packed_a_.resize(m_kc * m_mc);
-  if (packed_b_.size() < m_kc * m_nc) packed_b_.resize(m_kc * m_nc);
-  m_blockA = packed_a_.data();
-  m_blockB = packed_b_.data();
-  Eigen::internal::general_matrix_matrix_product<Index, float, kTransA ? Eigen::RowMajor : Eigen::ColMajor, false,
-                                                 float, kTransB ? Eigen::RowMajor : Eigen::ColMajor, false,
-                                                 Eigen::ColMajor, 1>::run(m, n, k, a, kTransA ? k : m, b,
-                                                                          kTransB ? n : k, c, 1, m, 1.0f, *this);
-}
-
-void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
-               bool accumulate) {
-  if (trans_a && trans_b)
-    run_typed<true, true>(m, n, k, a, b, c, accumulate);
-  else if (trans_a)
-    run_typed<true, false>(m, n, k, a, b, c, accumulate);
-  else if (trans_b)
-    run_typed<false, true>(m, n, k, a, b, c, accumulate);
-  else
-    run_typed<false, false>(m, n, k, a, b, c, accumulate);
-}
-
 void add_row_sums(int rows, int n, const float* x, float* sums) {
   Eigen::Map<Eigen::VectorXf> s(sums, rows);
   for (int j = 0; j < n; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + static_cast<std::ptrdiff_t>(j) * rows, rows);

@@ -12,25 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gemm.h"
+
 namespace peertrain::model::layers {
 
-// C (m×n) ← op(A)·op(B), or C += op(A)·op(B) when accumulate; A, B, C column-major, op a
-// transpose where the flag says so (only a storage order given to the kernel). With one
-// thread it calls Eigen's GEMM driver with packing buffers kept here, because Eigen's
-// product allocates (and page-faults) fresh ones on every call; with more threads it uses
-// the public product, whose parallel driver packs into buffers of its own.
-class Gemm : public Eigen::internal::level3_blocking<float, float> {
- public:
-  void run(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a,
-           const float* b, float* c, bool accumulate);
-
- private:
-  template <bool kTransA, bool kTransB>
-  void run_typed(Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a, const float* b, float* c,
-                 bool accumulate);
-  Eigen::VectorXf packed_a_;
-  Eigen::VectorXf packed_b_;
-};
+// The Linear layers' GEMM (gemm.h); transformer.cpp and the tests name it layers::Gemm.
+using model::Gemm;
 
 // y (out×n) = W·x + b.
 void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* y);

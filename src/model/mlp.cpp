@@ -7,66 +7,15 @@
 // bias gradient in one pass over each backpropagated gradient.
 #include "peertrain/model/mlp.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "gemm.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 
 namespace peertrain::model {
-namespace {
-
-using Matrix = Eigen::Map<Eigen::MatrixXf>;
-using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
-using Eigen::Index;
-
-}  // namespace
-
-// C (m×n) ← op(A)·op(B), every matrix column-major in memory, op a transpose where the
-// template flag says so. Eigen's own product allocates its packing buffers on every call,
-// and for these sizes each allocation comes back from the kernel as fresh pages: ~190 page
-// faults and 10% of a 784-512-512-10 step. With one thread this calls Eigen's GEMM driver
-// directly with packing buffers that live here and only grow. With more threads it uses the
-// public product, whose parallel driver packs into buffers of its own.
-class Mlp::Gemm : public Eigen::internal::level3_blocking<float, float> {
- public:
-  template <bool kTransA, bool kTransB>
-  void run(Index m, Index n, Index k, const float* a, const float* b, float* c) {
-    static_assert(!(kTransA && kTransB), "not needed by the MLP");
-    const ConstMatrix a_map(a, kTransA ? k : m, kTransA ? m : k);
-    const ConstMatrix b_map(b, kTransB ? n : k, kTransB ? k : n);
-    Matrix c_map(c, m, n);
-    if (Eigen::nbThreads() > 1) {
-      if constexpr (kTransA)
-        c_map.noalias() = a_map.transpose() * b_map;
-      else if constexpr (kTransB)
-        c_map.noalias() = a_map * b_map.transpose();
-      else
-        c_map.noalias() = a_map * b_map;
-      return;
-    }
-    m_kc = k;
-    m_mc = m;
-    m_nc = n;
-    Eigen::internal::computeProductBlockingSizes<float, float, 1>(m_kc, m_mc, m_nc, Index{1});
-    if (packed_a_.size() < m_kc * m_mc) packed_a_.resize(m_kc * m_mc);
-    if (packed_b_.size() < m_kc * m_nc) packed_b_.resize(m_kc * m_nc);
-    m_blockA = packed_a_.data();
-    m_blockB = packed_b_.data();
-    c_map.setZero();  // the driver accumulates
-    Eigen::internal::general_matrix_matrix_product<Index, float, kTransA ? Eigen::RowMajor : Eigen::ColMajor, false,
-                                                   float, kTransB ? Eigen::RowMajor : Eigen::ColMajor, false,
-                                                   Eigen::ColMajor, 1>::run(m, n, k, a, kTransA ? k : m, b,
-                                                                            kTransB ? n : k, c, 1, m, 1.0f, *this);
-  }
-
- private:
-  Eigen::VectorXf packed_a_;  // Eigen aligns these for its packet loads
-  Eigen::VectorXf packed_b_;
-};
-
 namespace {
 
 // z ← max(z + b, 0) column by column; the inner loop over rows vectorizes.
@@ -166,7 +115,7 @@ void Mlp::forward(std::span<const float> params, const float* inputs, int batch)
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     float* z = activations_[l].data();
-    gemm_->run<false, false>(layer.out, batch, layer.in, params.data() + layer.weight_offset, x, z);
+    gemm_->run(false, false, layer.out, batch, layer.in, params.data() + layer.weight_offset, x, z, false);
     if (l + 1 < layers_.size())
       add_bias_relu(z, params.data() + layer.bias_offset, layer.out, batch);
     else
@@ -209,9 +158,9 @@ float Mlp::forward_backward(std::span<const float> params, const float* inputs, 
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const Layer& layer = layers_[l];
     const float* x = l == 0 ? inputs : activations_[l - 1].data();
-    gemm_->run<false, true>(layer.out, layer.in, batch, delta, x, grads.data() + layer.weight_offset);
+    gemm_->run(false, true, layer.out, layer.in, batch, delta, x, grads.data() + layer.weight_offset, false);
     if (l == 0) break;  // nobody needs the gradient of the inputs
-    gemm_->run<true, false>(layer.in, batch, layer.out, params.data() + layer.weight_offset, delta, spare);
+    gemm_->run(true, false, layer.in, batch, layer.out, params.data() + layer.weight_offset, delta, spare, false);
     const Layer& below = layers_[l - 1];
     relu_backward_bias_grad(spare, activations_[l - 1].data(), grads.data() + below.bias_offset, below.out, batch);
     delta = spare;

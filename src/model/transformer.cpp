@@ -110,7 +110,7 @@ void validate(const TransformerConfig& c) {
   positive("mlp_ratio", c.mlp_ratio);
   if (c.d_model % c.heads != 0)
     throw Error(ErrorKind::kInvalidArgument,
-                str("transformer: heads (", c.heads, ") must divide d_model (", c.d_model, ")"));
+                str("transformer: heads (--heads ", c.heads, ") must divide d_model (--d-model ", c.d_model, ")"));
   if (c.kind == TransformerKind::kGpt) {
     positive("seq", c.seq);
     positive("vocab", c.vocab);
@@ -120,7 +120,7 @@ void validate(const TransformerConfig& c) {
     positive("classes", c.classes);
     if (c.image % c.patch != 0)
       throw Error(ErrorKind::kInvalidArgument,
-                  str("transformer: patch (", c.patch, ") must divide image (", c.image, ")"));
+                  str("transformer: patch (--patch ", c.patch, ") must divide the ", c.image, "-pixel image side"));
   }
 }
 

@@ -191,11 +191,27 @@ struct Network::Impl {
   // --- failure -------------------------------------------------------------------------
 
   void fail_link(Link& l, const std::string& why) {
+    bool already_dead = false;
+    std::string death;
     {
       std::lock_guard lock(mutex);
-      if (l.dead) return;
-      l.dead = true;
-      l.death = why;
+      already_dead = l.dead;
+      if (!already_dead) {
+        l.dead = true;
+        l.death = why;
+      }
+      death = l.death;
+    }
+    if (already_dead) {
+      // A link that died quietly (the peer said goodbye and closed) may still hold queued
+      // sends; end them now, or each wait() on them would run to the peer timeout. A write
+      // still in flight keeps its frame: its completion handler pops it.
+      auto first = l.queue.begin();
+      if (l.writing && first != l.queue.end()) ++first;
+      for (auto it = first; it != l.queue.end(); ++it) it->state->finish(death);
+      l.queue.erase(first, l.queue.end());
+      changed.notify_all();
+      return;
     }
     if (!closed) log::error(why);
     boost::system::error_code ignored;
@@ -390,6 +406,7 @@ struct Network::Impl {
     asio::async_write(l.socket, buffers, [this, &l, piece, generation](boost::system::error_code ec, std::size_t) {
       if (generation != l.generation) return;
       if (ec) return wrote(l, ec, true);
+      if (l.queue.empty()) return wrote(l, ec, false);  // fail_link ended the frame meanwhile
       Outgoing& o = l.queue.front();
       o.written += piece;
       wrote(l, ec, o.written == kHeaderBytes + o.payload.size());
@@ -397,9 +414,12 @@ struct Network::Impl {
   }
 
   void wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {
-    if (ec) return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
+    if (ec) {
+      l.writing = false;  // this write is over: fail_link may end its frame with the rest
+      return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
+    }
     l.last_write = Clock::now();
-    if (frame_done) {
+    if (frame_done && !l.queue.empty()) {  // empty: fail_link already ended this frame
       Outgoing done = std::move(l.queue.front());
       l.queue.pop_front();
       {

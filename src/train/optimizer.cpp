@@ -2,6 +2,7 @@
 // pass over the buffers, so the optimizer costs a few memory sweeps of the parameters.
 #include "peertrain/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "peertrain/core/error.h"
@@ -99,6 +100,22 @@ void Adam::step(std::span<float> params, std::span<const float> grads) {
   std::vector<float> update(size_);
   compute_update(params, grads, update);
   for (std::size_t i = 0; i < size_; ++i) params[i] -= update[i];
+}
+
+LrSchedule parse_lr_schedule(std::string_view name) {
+  if (name == "constant") return LrSchedule::kConstant;
+  if (name == "cosine") return LrSchedule::kCosine;
+  throw Error(ErrorKind::kInvalidArgument, str("--lr-schedule '", name, "' is not one of constant, cosine"));
+}
+
+float scheduled_learning_rate(LrSchedule schedule, float base, long long step, long long total_steps,
+                              long long warmup) {
+  if (schedule == LrSchedule::kConstant) return base;
+  if (step < warmup) return base * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  const double span = std::max<long long>(1, total_steps - 1 - warmup);
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
+  constexpr double kFloor = 0.1;
+  return static_cast<float>(base * (kFloor + (1 - kFloor) * 0.5 * (1 + std::cos(3.141592653589793 * progress))));
 }
 
 }  // namespace peertrain::train

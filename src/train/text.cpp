@@ -110,11 +110,14 @@ TextWindows validation_windows(const std::string& text, int seq, int max_windows
                 str("--seq ", seq, ": the validation text (", text.size(), " bytes) holds no window of seq + 1 bytes"));
   TextWindows w;
   w.seq = seq;
-  w.count = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(max_windows), text.size() / window));
+  const std::size_t fit = text.size() / window;
+  w.count = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(max_windows), fit));
+  // Spread over the whole text, not its first files: the files differ in subject.
+  const std::size_t stride = fit / static_cast<std::size_t>(w.count) * window;
   for (int i = 0; i < w.count; ++i)
     for (int t = 0; t < seq; ++t) {
-      w.bytes.push_back(static_cast<unsigned char>(text[i * window + t]));
-      w.targets.push_back(static_cast<unsigned char>(text[i * window + t + 1]));
+      w.bytes.push_back(static_cast<unsigned char>(text[i * stride + t]));
+      w.targets.push_back(static_cast<unsigned char>(text[i * stride + t + 1]));
     }
   return w;
 }

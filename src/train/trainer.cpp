@@ -256,6 +256,10 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   mix(static_cast<double>(c.seed));
   mix(static_cast<double>(c.partition));
   mix(c.alpha);
+  if (c.lr_schedule != LrSchedule::kConstant) {  // left out when constant: older run ids stay valid
+    mix(double(c.lr_schedule) + 30);
+    mix(static_cast<double>(c.warmup_steps));
+  }
   if (c.max_staleness > 0) mix(c.max_staleness + 1000.0);  // left out at 0: older run ids stay valid
   return h;
 }
@@ -321,6 +325,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
             ", ", task->describe(), ", ", size, " parameters");
 
   algo::Gossip gossip(network, algo::mixing_rows(t, rank), config.max_staleness);
+  gossip.set_parts(task->gossip_parts());  // the transformer: one message per unit, see gossip_parts()
   Membership membership(network, t, rank,
                         {config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue, config.max_staleness,
                          total_steps});
@@ -476,7 +481,10 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     }
   };
 
+  const float base_lr = config.optimizer == OptimizerKind::kAdam ? config.adam.lr : config.sgd.lr;
   for (long long step = first_step; step < total_steps; ++step) {
+    optimizer->set_learning_rate(
+        scheduled_learning_rate(config.lr_schedule, base_lr, step, total_steps, config.warmup_steps));
     const auto step_start = Clock::now();
     double step_wait = 0;
     float loss = 0;
@@ -552,6 +560,9 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       last_progress = Clock::now();
     }
     if (done % eval_every == 0 || done == total_steps) {
+      // With stale gossip, parameters may still be on their way to a neighbour that is about
+      // to finish; the last round waits for them, so no peer closes under another's sends.
+      if (done == total_steps && config.algorithm == Algorithm::kDpsgd) gossip.flush();
       evaluate_round(step, epoch);
       gossip.expect_slow_round();
     }

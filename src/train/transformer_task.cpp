@@ -76,6 +76,26 @@ class TransformerTask final : public Task {
   }
   double flops_per_step() const override { return model_.flops_per_step(batch_, model_.config().tokens()); }
 
+  // One gossip part per unit (embedding, each block, head): every pipeline stage, a run of
+  // consecutive units, then sends exactly the parts of its units. The parts do not follow
+  // this peer's stages: peers may differ in --pp and --stages (the run id leaves them out),
+  // and without --stages each peer picks its split from its own timing profile, while the
+  // messages of a part must line up on every peer. The units are fixed by the model, which
+  // the run id does include. The mix is elementwise, so the numbers do not depend on it.
+  std::vector<std::pair<std::size_t, std::size_t>> gossip_parts() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> parts;
+    std::size_t end = 0;
+    for (int unit = 0; unit < model_.num_units(); ++unit) {
+      const model::ParameterRange range = model_.unit_parameters(unit);
+      PEERTRAIN_CHECK(range.offset == end, "unit ", unit, " starts at ", range.offset, ", the one before ends at ", end);
+      if (range.size > 0) parts.emplace_back(range.offset, range.size);  // a unit without parameters sends nothing
+      end = range.offset + range.size;
+    }
+    PEERTRAIN_CHECK(end == model_.num_parameters(), "the units cover ", end, " of ", model_.num_parameters(),
+                    " parameters");
+    return parts;
+  }
+
   float compute_gradient(std::span<const float> params, std::span<float> grads) override {
     const int tokens = model_.config().tokens();
     parallel::GlobalBatch global;

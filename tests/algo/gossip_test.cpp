@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -184,6 +185,102 @@ TEST(Gossip, StalenessZeroIsTheSynchronousMixBitForBit) {
   EXPECT_EQ(wrong, 0) << "of " << got.size() << " values differ from the serial synchronous mix";
 }
 
+// `steps` steps of x ← W·x − u_k at every peer with the given parts (empty: the default,
+// one part) and staleness; returns the rows at the end.
+Eigen::MatrixXf gossip_with_parts(const Topology& t, const Eigen::MatrixXf& x0, const std::vector<Eigen::MatrixXf>& updates,
+                                  const std::vector<Gossip::Part>& parts, int staleness) {
+  const int n = t.num_peers();
+  const auto d = x0.cols();
+  const auto endpoints = testing::loopback_endpoints(n);
+  Eigen::MatrixXf got(n, d);
+  testing::run_peers(n, [&](int rank) {
+    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net.connect();
+    Gossip gossip(net, mixing_rows(t, rank), staleness);
+    if (!parts.empty()) gossip.set_parts(parts);
+    std::vector<float> x(d), u(d);
+    for (Eigen::Index j = 0; j < d; ++j) x[j] = x0(rank, j);
+    for (std::size_t k = 0; k < updates.size(); ++k) {
+      for (Eigen::Index j = 0; j < d; ++j) u[j] = updates[k](rank, j);
+      gossip.start(k, x);
+      gossip.finish(x, u);
+    }
+    for (Eigen::Index j = 0; j < d; ++j) got(rank, j) = x[j];
+    net.close();
+  });
+  return got;
+}
+
+long long values_that_differ(const Eigen::MatrixXf& a, const Eigen::MatrixXf& b) {
+  long long wrong = 0;
+  for (Eigen::Index i = 0; i < a.size(); ++i) wrong += std::memcmp(a.data() + i, b.data() + i, sizeof(float)) != 0;
+  return wrong;
+}
+
+// The vector sent as three parts of unequal sizes, one of a single float, mixes to the
+// dense W·X − U and to exactly the floats of the one-part exchange: synchronous over
+// several steps, and bounded-staleness over one step (step 0 waits for every neighbour's
+// step-0 parameters, so it is deterministic). A ring (one fused pass of two neighbours)
+// and the complete graph (four neighbours: two passes, the update in the first).
+TEST(Gossip, PartsOfUnequalSizesMixAsTheWholeVectorBitForBit) {
+  const int d = 1003;
+  const std::vector<Gossip::Part> parts = {{0, 600}, {600, 1}, {601, 402}};
+  for (const char* yaml : {"graph: {generator: ring, n: 5}", "graph: {generator: complete, n: 5}"}) {
+    const Topology t = topology_from(yaml);
+    const int n = t.num_peers();
+    const Eigen::MatrixXf x0 = random_rows(n, d, 21);
+    const Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+    for (int staleness : {0, 2}) {
+      SCOPED_TRACE(std::string(yaml) + ", --max-staleness " + std::to_string(staleness));
+      const int steps = staleness == 0 ? 3 : 1;
+      std::vector<Eigen::MatrixXf> updates;
+      Eigen::MatrixXf expected = x0;
+      for (int k = 0; k < steps; ++k) {
+        updates.push_back(random_rows(n, d, 400 + k) * 0.01f);
+        expected = (w * expected - updates.back()).eval();
+      }
+      const Eigen::MatrixXf in_parts = gossip_with_parts(t, x0, updates, parts, staleness);
+      const Eigen::MatrixXf whole = gossip_with_parts(t, x0, updates, {}, staleness);
+      EXPECT_LT((in_parts - expected).norm() / expected.norm(), 1e-6);
+      EXPECT_EQ(values_that_differ(in_parts, whole), 0) << "of " << whole.size() << " values differ from one part's";
+    }
+  }
+}
+
+TEST(Gossip, BadPartsAreRejected) {
+  const auto endpoints = testing::loopback_endpoints(1);
+  net::Network net(testing::options_for(0, endpoints, {}));
+  Gossip gossip(net, {MixingRow{}});  // no neighbours: the mix is x − u
+  auto expect_invalid = [&](std::vector<Gossip::Part> parts, const std::string& why) {
+    try {
+      gossip.set_parts(std::move(parts));
+      ADD_FAILURE() << why << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << why << ": " << e.what();
+    }
+  };
+  expect_invalid({}, "no parts");
+  expect_invalid({{1, 4}}, "not from 0");
+  expect_invalid({{0, 4}, {5, 4}}, "a gap");
+  expect_invalid({{0, 4}, {3, 4}}, "an overlap");
+  expect_invalid({{0, 4}, {4, 0}, {4, 2}}, "an empty part");
+  EXPECT_TRUE(gossip.parts().empty()) << "a rejected call changed the parts";
+  gossip.set_parts({{0, 4}, {4, 5}});
+  std::vector<float> x(10, 1.0f), u(10, 0.5f);
+  try {
+    gossip.start(0, x);  // the parts cover 9 of 10
+    ADD_FAILURE() << "parts short of the vector: accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+  }
+  x.resize(9);
+  u.resize(9);
+  gossip.start(0, x);
+  gossip.finish(x, u);
+  for (float v : x) EXPECT_EQ(v, 0.5f);
+  EXPECT_THROW(gossip.set_parts({{0, 9}}), Error) << "parts changed after the first start()";
+}
+
 TEST(Gossip, StalenessNeedsAFixedNeighbourhood) {
   const Topology t = topology_from("graph: {generator: one-peer-exponential, n: 8}");
   const auto endpoints = testing::loopback_endpoints(8);
@@ -195,7 +292,7 @@ TEST(Gossip, StalenessNeedsAFixedNeighbourhood) {
 // Bounded staleness (K = 3) with one peer that keeps falling behind (it sleeps now and
 // then): the others mix its older parameters instead of waiting, and D-PSGD still reaches
 // the least-squares optimum at every peer.
-TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) {
+void stale_gossip_reaches_the_least_squares_optimum(const std::vector<Gossip::Part>& parts) {
   const int n = 6, dim = 5, rows = 8, steps = 4000, staleness = 3;
   const Topology t = topology_from("graph: {generator: ring, n: 6}");
   std::vector<Eigen::MatrixXf> a(n);
@@ -212,10 +309,13 @@ TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) {
   const auto endpoints = testing::loopback_endpoints(n);
   std::vector<Eigen::VectorXf> final(n);
   std::vector<long long> stale(n), mixed(n);
-  testing::run_peers(n, [&](int rank) {
+  std::barrier finished(n);
+  // A peer that throws leaves the barrier, so that the others do not wait for it forever.
+  auto peer = [&](int rank) {
     net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank), staleness);
+    if (!parts.empty()) gossip.set_parts(parts);
     Eigen::VectorXf x = Eigen::VectorXf::Zero(dim);
     for (int k = 0; k < steps; ++k) {
       const float step_size = 0.05f / (1.0f + static_cast<float>(k) / 20.0f);
@@ -228,7 +328,22 @@ TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) {
     final[rank] = x;
     stale[rank] = gossip.stale_terms();
     mixed[rank] = gossip.mixed_terms();
+    // Peers run up to K + 1 steps apart, and a peer's last sends may still be queued: a
+    // neighbour that closed meanwhile would make those writes fail, and the failed link
+    // loses the frames it had not read yet (or leaves sends unfinished until the timeout).
+    // So every peer first sends everything, then all close together (the trainer's last
+    // evaluation round is such a barrier).
+    gossip.flush();
+    finished.arrive_and_wait();
     net.close();
+  };
+  testing::run_peers(n, [&](int rank) {
+    try {
+      peer(rank);
+    } catch (...) {
+      finished.arrive_and_drop();
+      throw;
+    }
   });
   long long stale_total = 0;
   for (int i = 0; i < n; ++i) {
@@ -237,6 +352,13 @@ TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) {
     stale_total += stale[i];
   }
   EXPECT_GT(stale_total, 0) << "no step mixed stale parameters: the test did not exercise staleness";
+}
+
+TEST(Dpsgd, StaleGossipStillConvergesToTheLeastSquaresOptimum) { stale_gossip_reaches_the_least_squares_optimum({}); }
+
+// The same with the 5 parameters in three parts, each held and waited for on its own.
+TEST(Dpsgd, StaleGossipInPartsStillConvergesToTheLeastSquaresOptimum) {
+  stale_gossip_reaches_the_least_squares_optimum({{0, 2}, {2, 1}, {3, 2}});
 }
 
 }  // namespace

@@ -124,9 +124,9 @@ TEST(Transformer, BadConfigAndBatchAreReported) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message_of([] { Transformer({.d_model = 10, .heads = 4}); }).find("heads (4) must divide d_model (10)"),
+  EXPECT_NE(message_of([] { Transformer({.d_model = 10, .heads = 4}); }).find("heads (--heads 4) must divide d_model (--d-model 10)"),
             std::string::npos);
-  EXPECT_NE(message_of([] { Transformer({.kind = TransformerKind::kVit, .patch = 5}); }).find("patch (5)"),
+  EXPECT_NE(message_of([] { Transformer({.kind = TransformerKind::kVit, .patch = 5}); }).find("patch (--patch 5)"),
             std::string::npos);
   EXPECT_THROW(validate({.layers = 0}), Error);
 

@@ -145,3 +145,25 @@ TEST(Adam, FollowsTheAdamWFormula) {
 
 }  // namespace
 }  // namespace peertrain::train
+
+namespace peertrain::train {
+namespace {
+
+TEST(LrSchedule, WarmsUpThenDecaysToATenth) {
+  EXPECT_EQ(scheduled_learning_rate(LrSchedule::kConstant, 0.1f, 50, 100, 10), 0.1f);
+  EXPECT_FLOAT_EQ(scheduled_learning_rate(LrSchedule::kCosine, 1.0f, 0, 101, 10), 0.1f);   // 1/10 of warm-up
+  EXPECT_FLOAT_EQ(scheduled_learning_rate(LrSchedule::kCosine, 1.0f, 9, 101, 10), 1.0f);   // warm-up done
+  EXPECT_FLOAT_EQ(scheduled_learning_rate(LrSchedule::kCosine, 1.0f, 10, 101, 10), 1.0f);  // decay starts
+  EXPECT_NEAR(scheduled_learning_rate(LrSchedule::kCosine, 1.0f, 55, 101, 10), 0.55f, 1e-6);  // half way
+  EXPECT_FLOAT_EQ(scheduled_learning_rate(LrSchedule::kCosine, 1.0f, 100, 101, 10), 0.1f);  // last step
+  float previous = 2.0f;
+  for (long long step = 10; step < 101; ++step) {
+    const float lr = scheduled_learning_rate(LrSchedule::kCosine, 1.0f, step, 101, 10);
+    EXPECT_LE(lr, previous) << "step " << step;
+    previous = lr;
+  }
+  EXPECT_THROW(parse_lr_schedule("linear"), Error);
+}
+
+}  // namespace
+}  // namespace peertrain::train

@@ -80,6 +80,8 @@ TEST(TextWindows, ConsecutiveWindowsCappedAtTheMaximum) {
   EXPECT_EQ(w.count, 2);
   EXPECT_EQ(w.bytes, (std::vector<std::int32_t>{'a', 'b', 'c', 'e', 'f', 'g'}));
   EXPECT_EQ(w.targets, (std::vector<std::int32_t>{'b', 'c', 'd', 'f', 'g', 'h'}));
+  const TextWindows spread = validation_windows("abcdefghijklmnop", 3, 2);  // 4 fit: every other one
+  EXPECT_EQ(spread.bytes, (std::vector<std::int32_t>{'a', 'b', 'c', 'i', 'j', 'k'}));
   EXPECT_EQ(validation_windows(text, 3, 1).count, 1);
   EXPECT_THROW(validation_windows(text, 10, 1), Error);
 }

@@ -3,12 +3,21 @@
 // at x_k is computed, because both only read x_k; the mix waits for the neighbours' x_k
 // once the gradient is done. Time-varying topologies (one-peer exponential) change the
 // neighbours and weights each step; the rows for one period are precomputed.
+//
+// The vector travels as a list of contiguous parts, one message per part per neighbour
+// (set_parts; by default one part, the whole vector): inside a peer the transformer is
+// cut into pipeline stages that each own a contiguous range of x, and a part is what a
+// stage-owned sender would send. The mix is elementwise with per-neighbour weights, so
+// the result is the same bit for bit whatever the parts.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "peertrain/net/network.h"
@@ -52,6 +61,26 @@ class Gossip {
   // new rows and whose link is up again (it rejoined) is taken back into the mix.
   void set_rows(std::vector<MixingRow> rows);
   int max_staleness() const { return max_staleness_; }
+
+  // A contiguous range of x: (offset, size).
+  using Part = std::pair<std::size_t, std::size_t>;
+  // Sends and mixes x as these parts from the first start() on: each travels as its own
+  // message (tag part_tag(p)) and is mixed, fused with its slice of the update, as soon as
+  // every neighbour's copy of it is in. The parts must be non-empty, in order and
+  // contiguous from offset 0; start() checks that they end at x.size(). Every peer must
+  // use the same parts (a neighbour's part of another size counts as a failure of that
+  // neighbour). Throws Error(kInvalidArgument) for bad parts; a check fails when called
+  // after the first start().
+  void set_parts(std::vector<Part> parts);
+  // The parts in use; empty: one part, the whole vector.
+  const std::vector<Part>& parts() const { return parts_; }
+  // The message tag of part p. Part 0 keeps tag 0, so one part is on the wire what the
+  // whole vector always was; the others start at kPartTagBase, clear of the small tags
+  // other parameter messages use at the same step (a rejoining peer's parameters, tag 1).
+  static constexpr std::uint32_t kPartTagBase = 1u << 16;
+  static std::uint32_t part_tag(std::size_t part) {
+    return part == 0 ? 0u : kPartTagBase + static_cast<std::uint32_t>(part);
+  }
   // Stale mode: how many neighbour terms were mixed older than the current step, of all.
   long long stale_terms() const { return stale_terms_; }
   long long mixed_terms() const { return mixed_terms_; }
@@ -63,7 +92,11 @@ class Gossip {
   // Waits for the sends and for every neighbour's x of this step, then mixes in place:
   // x ← W_ii·x + Σ_j W_ij·x_j − update (update may be empty). Folding D-PSGD's optimizer
   // update into the mix saves a pass over the parameters after the exchange, where it
-  // cannot overlap anything. Returns the seconds spent waiting.
+  // cannot overlap anything. Part by part: part p is received from every neighbour, its
+  // sends waited for, and mixed in one pass while later parts are still arriving. A
+  // neighbour lost midway counts in the parts already mixed and leaves its weight home in
+  // the rest (per element, the rule for a lost neighbour). Returns the seconds spent
+  // waiting (receives and sends, not the mix).
   double finish(std::span<float> x, std::span<const float> update = {});
   // How long a neighbour may keep us waiting before it counts as lost: 30 times the
   // slowest recent round (a decaying maximum), at least 10 s, at most --peer-timeout. A
@@ -74,12 +107,21 @@ class Gossip {
   // The next round may be slow for a known reason (the peers just evaluated or wrote a
   // checkpoint, at different speeds): it waits up to --peer-timeout.
   void expect_slow_round() { slow_round_expected_ = true; }
+  // Waits for every send still in flight (stale mode keeps those of up to K + 2 steps), so
+  // that closing the network afterwards cuts off nothing a neighbour still reads. Not
+  // between start() and finish().
+  void flush();
   // Neighbours lost during the last finish(), with the reason.
   const std::vector<std::pair<int, std::string>>& newly_lost() const { return newly_lost_; }
 
  private:
   bool is_lost(int peer) const;
-  net::Payload receive_or_give_up(int peer, std::uint64_t step);
+  bool sending() const;
+  // The parts for a vector of n floats (the default: one part of n); checks they cover it.
+  const std::vector<Part>& parts_for(std::size_t n);
+  // " (part p of P)" when there are several parts, for messages.
+  std::string part_name(std::size_t part) const;
+  net::Payload receive_or_give_up(int peer, std::uint64_t step, std::size_t part);
   void give_up_on(int peer, const std::string& why);
   void note_round(double waited);
   // The fused pass x ← self·x + Σ_j w_j·in_j − update; shared by both modes.
@@ -92,7 +134,10 @@ class Gossip {
   net::Network& network_;
   std::vector<MixingRow> rows_;
   std::uint64_t step_ = 0;
-  std::vector<net::SendHandle> sends_;
+  std::vector<Part> parts_;  // empty until set_parts() or the first start()
+  bool parts_given_ = false;
+  bool started_ = false;  // set_parts() only before the first start()
+  std::vector<std::vector<net::SendHandle>> sends_;  // per part
   std::vector<int> lost_;
   std::vector<std::pair<int, std::string>> newly_lost_;
   double slowest_round_s_ = 0;  // decaying maximum of the wait per round
@@ -101,11 +146,15 @@ class Gossip {
 
   // Stale mode only.
   int max_staleness_ = 0;
+  // Each part of a neighbour is held on its own: its parts may be of different steps.
+  struct HeldPart {
+    net::Payload payload;    // the newest copy of the part received (empty: none yet)
+    std::uint64_t step = 0;  // the step it belongs to
+    std::uint64_t next = 0;  // the next step to take from the mailbox
+  };
   struct Freshest {
-    net::Payload payload;          // the newest parameters received (empty: none yet)
-    std::uint64_t step = 0;        // the step they belong to
-    std::uint64_t next = 0;        // the next step to take from the mailbox
-    bool started = false;          // next is set (at the first start() that includes it)
+    std::vector<HeldPart> parts;
+    bool started = false;  // parts are set (at the first start() that includes it)
   };
   std::map<int, Freshest> freshest_;
   struct Snapshot {

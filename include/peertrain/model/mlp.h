@@ -21,6 +21,8 @@
 
 namespace peertrain::model {
 
+class Gemm;  // a GEMM with packing buffers that persist between calls (src/model/gemm.h)
+
 struct MlpConfig {
   int inputs = 784;
   std::vector<int> hidden = {512, 512};
@@ -66,8 +68,6 @@ class Mlp {
   double flops_per_step(int batch) const;
 
  private:
-  class Gemm;  // a GEMM with packing buffers that persist between calls (mlp.cpp)
-
   struct Layer {
     int in = 0;
     int out = 0;

@@ -46,7 +46,17 @@ class Optimizer {
   // that saved it; restore_state throws Error when the size differs.
   virtual std::span<const float> state() const = 0;
   virtual void restore_state(std::span<const float> state) = 0;
+  // The schedule sets the rate before every step; the rest of the configuration is fixed.
+  virtual void set_learning_rate(float lr) = 0;
 };
+
+// The learning-rate schedule: constant, or a linear warm-up over `warmup` steps followed by
+// a cosine decay to 10% of the base rate at the last step (the schedule of GPT-2 / nanoGPT
+// training). A function of the step alone, so resumed and rejoined peers agree on it.
+enum class LrSchedule { kConstant, kCosine };
+LrSchedule parse_lr_schedule(std::string_view name);  // throws Error naming the choices
+float scheduled_learning_rate(LrSchedule schedule, float base, long long step, long long total_steps,
+                              long long warmup);
 
 std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, std::size_t size, const SgdConfig& sgd,
                                           const AdamConfig& adam);
@@ -61,6 +71,7 @@ class Sgd final : public Optimizer {
   void step(std::span<float> params, std::span<const float> grads) override;
   std::span<const float> state() const override { return velocity_; }
   void restore_state(std::span<const float> state) override { restore_momentum(state); }
+  void set_learning_rate(float lr) override { config_.lr = lr; }
 
   const SgdConfig& config() const { return config_; }
   std::span<const float> momentum() const { return velocity_; }
@@ -83,6 +94,7 @@ class Adam final : public Optimizer {
   // m, then v, then the number of steps taken (exact in a float up to 2²⁴ steps).
   std::span<const float> state() const override { return state_; }
   void restore_state(std::span<const float> state) override;
+  void set_learning_rate(float lr) override { config_.lr = lr; }
 
  private:
   AdamConfig config_;

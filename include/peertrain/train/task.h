@@ -8,6 +8,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "peertrain/train/data.h"
 
@@ -41,6 +43,11 @@ class Task {
   // Where the batch sampler stands, for checkpoints.
   virtual BatchSampler::State sampler_state() const = 0;
   virtual void restore_sampler(const BatchSampler::State& state) = 0;
+  // The contiguous ranges (offset, size) of the parameter vector that gossip sends as
+  // separate messages (algo::Gossip::set_parts), in order, covering it. They must be the
+  // same on every peer of a run, so they may depend only on what the run id fixes (the
+  // model), never on a peer's own --sp, --pp or profile. Default: one part, the whole vector.
+  virtual std::vector<std::pair<std::size_t, std::size_t>> gossip_parts() const { return {{0, num_parameters()}}; }
 };
 
 // Builds the task the configuration names for peer `rank` of `peers`, loading its data.

@@ -49,9 +49,9 @@ class TextSampler {
   long long steps_ = 0;
 };
 
-// The validation set as whole windows: consecutive, non-overlapping windows of seq + 1
-// bytes from the start of the validation text, at most max_windows of them. Throws when
-// the text is shorter than one window.
+// The validation set as whole windows: at most max_windows non-overlapping windows of
+// seq + 1 bytes, spread evenly over the validation text (a whole number of windows apart).
+// Throws when the text is shorter than one window.
 struct TextWindows {
   int count = 0;
   int seq = 0;

@@ -42,11 +42,13 @@ struct TrainConfig {
   model::TransformerConfig transformer;  // gpt and vit (kind set from model)
   parallel::EngineConfig engine;         // gpt and vit: the workers inside the peer (--sp, --pp, …)
   std::string text_dir = kFortunesDir;   // gpt
-  int eval_windows = 64;                 // gpt: validation windows of seq bytes
+  int eval_windows = 256;                // gpt: validation windows of seq bytes
   int epochs = 5;
   long long max_steps = 0;  // 0: no cap beyond the epochs
   int batch = 32;           // per peer
   OptimizerKind optimizer = OptimizerKind::kSgd;
+  LrSchedule lr_schedule = LrSchedule::kConstant;
+  long long warmup_steps = 0;
   SgdConfig sgd;
   AdamConfig adam;
   std::uint64_t seed = 1;

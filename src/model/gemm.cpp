@@ -1,0 +1,67 @@
+// The model's GEMM: the transposes become template flags here, because both Eigen's product
+// expressions and its GEMM driver take the storage order of each operand at compile time.
+#include "gemm.h"
+
+namespace peertrain::model {
+namespace {
+
+using Eigen::Index;
+using Matrix = Eigen::Map<Eigen::MatrixXf>;
+using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
+
+}  // namespace
+
+template <bool kTransA, bool kTransB>
+void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, float* c, bool accumulate) {
+  const ConstMatrix a_map(a, kTransA ? k : m, kTransA ? m : k);
+  const ConstMatrix b_map(b, kTransB ? n : k, kTransB ? k : n);
+  Matrix c_map(c, m, n);
+  if (m == 0 || n == 0 || k == 0) {  // k = 0 is an empty sum: C becomes zero, or stays as it is
+    if (!accumulate) c_map.setZero();
+    return;
+  }
+  if (Eigen::nbThreads() > 1) {
+    const auto multiply = [&](const auto& op_a, const auto& op_b) {
+      if (accumulate)
+        c_map.noalias() += op_a * op_b;
+      else
+        c_map.noalias() = op_a * op_b;
+    };
+    if constexpr (kTransA && kTransB)
+      multiply(a_map.transpose(), b_map.transpose());
+    else if constexpr (kTransA)
+      multiply(a_map.transpose(), b_map);
+    else if constexpr (kTransB)
+      multiply(a_map, b_map.transpose());
+    else
+      multiply(a_map, b_map);
+    return;
+  }
+  m_kc = k;
+  m_mc = m;
+  m_nc = n;
+  Eigen::internal::computeProductBlockingSizes<float, float, 1>(m_kc, m_mc, m_nc, Index{1});
+  if (packed_a_.size() < m_kc * m_mc) packed_a_.resize(m_kc * m_mc);
+  if (packed_b_.size() < m_kc * m_nc) packed_b_.resize(m_kc * m_nc);
+  m_blockA = packed_a_.data();
+  m_blockB = packed_b_.data();
+  if (!accumulate) c_map.setZero();  // the driver accumulates
+  Eigen::internal::general_matrix_matrix_product<Index, float, kTransA ? Eigen::RowMajor : Eigen::ColMajor, false,
+                                                 float, kTransB ? Eigen::RowMajor : Eigen::ColMajor, false,
+                                                 Eigen::ColMajor, 1>::run(m, n, k, a, kTransA ? k : m, b,
+                                                                          kTransB ? n : k, c, 1, m, 1.0f, *this);
+}
+
+void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
+               bool accumulate) {
+  if (trans_a && trans_b)
+    run_typed<true, true>(m, n, k, a, b, c, accumulate);
+  else if (trans_a)
+    run_typed<true, false>(m, n, k, a, b, c, accumulate);
+  else if (trans_b)
+    run_typed<false, true>(m, n, k, a, b, c, accumulate);
+  else
+    run_typed<false, false>(m, n, k, a, b, c, accumulate);
+}
+
+}  // namespace peertrain::model
