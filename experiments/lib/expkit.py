@@ -26,11 +26,12 @@ def read_json(path):
 
 
 def read_metrics(path):
-    """metrics.csv as a list of dicts of floats (peer and step as ints)."""
+    """metrics.csv as a list of dicts of floats (peer and step as ints). Empty cells (the
+    bits-per-byte columns of a classifier) are left out of the row."""
     rows = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
-            row = {k: float(v) for k, v in r.items()}
+            row = {k: float(v) for k, v in r.items() if v != ""}
             row["peer"] = int(row["peer"])
             row["step"] = int(row["step"])
             rows.append(row)
