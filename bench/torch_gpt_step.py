@@ -34,7 +34,7 @@ class Block(torch.nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # torch 1.x: the textbook path, as nanoGPT writes it
             att = (q @ k.transpose(-2, -1)) * (k.shape[-1] ** -0.5)
-            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             y = att @ v
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
@@ -51,7 +51,7 @@ class Gpt(torch.nn.Module):
         self.head = torch.nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -67,14 +67,20 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+    parser.add_argument("--tf32", action="store_true", help="cuda: TF32 matmuls (peertrain's default GEMM)")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = Gpt(256, args.seq, args.d_model, args.layers, args.heads)
+    model = Gpt(256, args.seq, args.d_model, args.layers, args.heads).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    x = torch.randint(0, 256, (args.batch, args.seq))
-    y = torch.randint(0, 256, (args.batch, args.seq))
+    x = torch.randint(0, 256, (args.batch, args.seq), device=device)
+    y = torch.randint(0, 256, (args.batch, args.seq), device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -86,12 +92,16 @@ def main():
         step()
     times = []
     for _ in range(args.steps):
+        sync()
         start = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - start)
     ms = statistics.median(times) * 1e3
     print(json.dumps({
         "framework": f"torch {torch.__version__}",
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
         "model": "gpt",
         "batch": args.batch,
         "seq": args.seq,

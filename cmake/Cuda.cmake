@@ -17,6 +17,12 @@ if(NOT PEERTRAIN_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90)
     endif()
     enable_language(CUDA)
+    # CUDA sources take the project's C++20 (CMake derives CUDA_STANDARD from CXX_STANDARD),
+    # but CMake 3.25 predates nvcc 13 and knows no flag for it, so name the flag here.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     find_package(CUDAToolkit REQUIRED)
     set(PEERTRAIN_HAVE_CUDA ON)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)

@@ -18,6 +18,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
+#include "peertrain/model/device_model.h"
 #include "peertrain/model/mlp.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
@@ -75,6 +76,8 @@ struct Bench {
   int items = 0;       // examples per step
   long long tokens = 0;  // tokens per step (transformers)
   std::string shape;
+  std::string device = "cpu";
+  std::function<std::size_t()> peak_device_bytes;  // set for --device cuda
 };
 
 Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
@@ -139,8 +142,10 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     std::vector<int> positions;
     std::unique_ptr<train::Optimizer> optimizer;
     std::unique_ptr<parallel::PipelineEngine> engine;
+    std::unique_ptr<model::DeviceModel> device;
   };
-  auto state = std::make_shared<State>(State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr});
+  auto state =
+      std::make_shared<State>(State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr});
   const std::size_t size = state->model.num_parameters();
   const int tokens = config.tokens();
   state->params.resize(size);
@@ -159,8 +164,20 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       state->pixels.push_back(static_cast<float>(rng.normal()));
     for (int i = 0; i < batch; ++i) state->targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
   }
-  if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
   Bench b;
+  const std::string device = args.count("device") ? args["device"].as<std::string>() : "cpu";
+  try {
+    if (model::parse_device(device) == model::Device::kCuda) {
+      if (!gpt || engine.sp * engine.pp > 1) throw UsageError("--device cuda times --model gpt with --sp 1 --pp 1");
+      state->device = model::make_device_model(
+          config, {.device = 0, .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>())});
+      b.device = state->device->describe();
+      b.peak_device_bytes = [state] { return state->device->peak_device_bytes(); };
+    }
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
   b.step = [state, batch, tokens, gpt] {
     if (state->engine) {
       parallel::GlobalBatch global;
@@ -180,7 +197,10 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       whole.targets = state->targets;
       whole.loss_divisor = gpt ? static_cast<double>(batch) * tokens : batch;
       std::fill(state->grads.begin(), state->grads.end(), 0.0f);
-      state->model.forward_backward(state->params, whole, state->grads);
+      if (state->device)
+        state->device->forward_backward(state->params, whole, state->grads);
+      else
+        state->model.forward_backward(state->params, whole, state->grads);
     }
     state->optimizer->step(state->params, state->grads);
   };
@@ -213,6 +233,9 @@ int step(int argc, char** argv) {
       ("pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))
       ("microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))
       ("schedule", "gpipe | 1f1b", cxxopts::value<std::string>()->default_value("1f1b"))
+      ("device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
+       cxxopts::value<std::string>())
+      ("gemm-precision", "--device cuda: fp32 | tf32 | bf16", cxxopts::value<std::string>()->default_value("tf32"))
       ("steps", "timed steps", cxxopts::value<std::string>()->default_value("20"))
       ("warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("3"))
       ("format", "text | json", cxxopts::value<std::string>()->default_value("text"))
@@ -264,6 +287,7 @@ int step(int argc, char** argv) {
         .add("ms_per_step", seconds * 1e3)
         .add("items_per_s", bench.items / seconds);
     if (bench.tokens > 0) out.add("tokens_per_s", static_cast<double>(bench.tokens) / seconds);
+    if (bench.peak_device_bytes) out.add("device", bench.device).add("peak_device_bytes", bench.peak_device_bytes());
     out.add("flops_per_step", bench.flops)
         .add("gflops", gflops)
         .add("eigen_gemm_gflops", gemm_gflops)
@@ -272,6 +296,9 @@ int step(int argc, char** argv) {
     return 0;
   }
   std::printf("model        %s %s (%zu parameters)\n", model_name.c_str(), bench.shape.c_str(), bench.parameters);
+  if (bench.peak_device_bytes)
+    std::printf("device       %s, peak %.1f MiB allocated\n", bench.device.c_str(),
+                static_cast<double>(bench.peak_device_bytes()) / (1 << 20));
   std::printf("batch        %d\n", batch);
   std::printf("threads      %d\n", threads);
   std::printf("step         %.3f ms (median of %d, after %d warm-up)\n", seconds * 1e3, steps, warmup);

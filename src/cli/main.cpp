@@ -8,6 +8,10 @@
 #include "commands.h"
 #include "peertrain/config.h"
 #include "peertrain/core/error.h"
+#if PEERTRAIN_HAVE_CUDA
+#include "../device/device_transformer.h"
+#include "peertrain/model/device_model.h"
+#endif
 
 namespace {
 
@@ -38,6 +42,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string command = argv[1];
+#if PEERTRAIN_HAVE_CUDA
+  // This program links the CUDA library: make --device cuda reachable (model/device_model.h).
+  peertrain::model::register_device_backend(peertrain::device::backend());
+#endif
   try {
     if (command == "topology") return peertrain::cli::run_topology(argc - 1, argv + 1);
     if (command == "launch") return peertrain::cli::run_launch(argc - 1, argv + 1);

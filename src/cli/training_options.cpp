@@ -4,6 +4,7 @@
 
 #include "options.h"
 #include "peertrain/core/error.h"
+#include "peertrain/model/device_model.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/parallel/ring_attention.h"
 
@@ -15,7 +16,8 @@ const std::vector<std::string> kTrainingFlags = {
     "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
     "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir", "max-staleness",
     "optimizer", "d-model", "layers", "heads", "seq", "patch", "text-dir", "eval-windows", "sp", "pp",
-    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout", "lr-schedule", "warmup-steps"};
+    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout", "lr-schedule", "warmup-steps",
+    "device", "gemm-precision"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -40,6 +42,26 @@ T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_
   return value;
 }
 
+// Where the gradient is computed. The default is the GPU when this build has CUDA, a GPU
+// is visible and the run is one the device path runs (gpt, --sp 1 --pp 1); otherwise the
+// CPU, so that a default run works on every machine.
+void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
+  c.gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>());
+  const bool runs_on_device = c.model == train::ModelKind::kGpt && c.engine.sp * c.engine.pp == 1;
+  if (!args.count("device")) {
+    c.device = runs_on_device && model::cuda_device_count() > 0 ? model::Device::kCuda : model::Device::kCpu;
+    return;
+  }
+  c.device = model::parse_device(args["device"].as<std::string>());
+  if (c.device == model::Device::kCpu) return;
+  if (c.model != train::ModelKind::kGpt)
+    throw UsageError("--device cuda runs --model gpt; mlp and vit run on --device cpu");
+  if (!runs_on_device)
+    throw UsageError(str("--device cuda runs one worker per peer (--sp 1 --pp 1), not --sp ", c.engine.sp, " --pp ",
+                         c.engine.pp, ": the GPU pipeline and ring are not built yet"));
+  (void)model::require_cuda_device();  // before any peer starts
+}
+
 // The transformer and its split over the workers of a peer; checked against each other
 // here so that a bad combination is named before any peer starts.
 void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
@@ -62,6 +84,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
     e.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
     e.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
     e.ring = parallel::parse_ring_mode(args["ring-mode"].as<std::string>());
+    device_options(args, c);
     if (c.model == train::ModelKind::kMlp) {
       if (e.sp * e.pp > 1 || args.count("stages")) throw UsageError("--sp, --pp and --stages need --model gpt or vit");
       return;
@@ -135,7 +158,12 @@ void add_training_options(cxxopts::Options& options) {
       ("sequence-split", "zigzag | contiguous", cxxopts::value<std::string>()->default_value("zigzag"))
       ("ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",
        cxxopts::value<std::string>()->default_value("ring"))
-      ("worker-timeout", "seconds a worker thread waits for another", cxxopts::value<std::string>()->default_value("60"));
+      ("worker-timeout", "seconds a worker thread waits for another", cxxopts::value<std::string>()->default_value("60"))
+      ("device", "cpu | cuda: where gpt computes its gradient (default: cuda when a GPU is present and the run "
+                 "is gpt with --sp 1 --pp 1, else cpu)",
+       cxxopts::value<std::string>())
+      ("gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
+       cxxopts::value<std::string>()->default_value("tf32"));
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "peertrain/core/error.h"
+#include "peertrain/model/device_model.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
 #include "tasks.h"
@@ -53,8 +54,13 @@ class TransformerTask final : public Task {
       pixels_.resize(static_cast<std::size_t>(batch_) * shard_.features);
       labels_.resize(batch_);
     }
-    if (config.engine.sp * config.engine.pp > 1)
+    if (config.device == model::Device::kCuda) {
+      // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
+      const int devices = std::max(1, model::cuda_device_count());
+      device_ = model::make_device_model(model_.config(), {.device = rank % devices, .gemm = config.gemm});
+    } else if (config.engine.sp * config.engine.pp > 1) {
       engine_ = std::make_unique<parallel::PipelineEngine>(model_, config.engine);
+    }
     engine_config_ = config.engine;
   }
 
@@ -67,6 +73,7 @@ class TransformerTask final : public Task {
     if (engine_config_.pp > 1)
       s += str(" (", engine_config_.schedule == parallel::Schedule::kGpipe ? "gpipe" : "1f1b", ", ",
                engine_config_.microbatches, " micro-batches)");
+    s += device_ ? ", on " + device_->describe() : ", on the CPU";
     return s;
   }
   std::size_t num_parameters() const override { return model_.num_parameters(); }
@@ -117,6 +124,7 @@ class TransformerTask final : public Task {
     }
     if (engine_) return engine_->step(params, global, grads);
     std::fill(grads.begin(), grads.end(), 0.0f);
+    if (device_) return device_->forward_backward(params, whole, grads);
     return model_.forward_backward(params, whole, grads);
   }
 
@@ -137,7 +145,7 @@ class TransformerTask final : public Task {
         b.batch = std::min(kChunk, validation_.count - start);
         b.bytes = std::span<const std::int32_t>(validation_.bytes).subspan(start * seq, b.batch * seq);
         b.targets = std::span<const std::int32_t>(validation_.targets).subspan(start * seq, b.batch * seq);
-        add(model_.evaluate(params, b));
+        add(device_ ? device_->evaluate(params, b, /*params_changed=*/start == 0) : model_.evaluate(params, b));
       }
     } else {
       const std::size_t pixels = static_cast<std::size_t>(test_.features);
@@ -171,6 +179,7 @@ class TransformerTask final : public Task {
   std::vector<int> positions_;
   parallel::EngineConfig engine_config_;
   std::unique_ptr<parallel::PipelineEngine> engine_;
+  std::unique_ptr<model::DeviceModel> device_;  // --device cuda
   // gpt
   TextCorpus corpus_;
   std::optional<TextSampler> text_sampler_;

@@ -78,6 +78,13 @@ expect_error "--heads 5" "${tiny[@]}" --heads 5
 expect_error "--model 'bert'" --model bert
 expect_error "--schedule" "${tiny[@]}" --schedule zigzag
 expect_error "gpt or vit" --sp 2
+expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
+expect_error "--device cuda runs --model gpt" --device cuda
+expect_error "--device cuda runs one worker" "${tiny[@]}" --device cuda --sp 2
+expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say why
+  expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda
+fi
 expect_error "fortunes\|no such directory" "${tiny[@]}" --text-dir "$work/none" --max-steps 1
 
 echo "transformer cli tests: $pass passed, $failures failed"

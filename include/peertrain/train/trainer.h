@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "peertrain/model/device_model.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
 #include "peertrain/topology/topology.h"
@@ -41,6 +42,8 @@ struct TrainConfig {
   std::vector<int> hidden = {512, 512};  // mlp
   model::TransformerConfig transformer;  // gpt and vit (kind set from model)
   parallel::EngineConfig engine;         // gpt and vit: the workers inside the peer (--sp, --pp, …)
+  model::Device device = model::Device::kCpu;  // gpt: where the gradient is computed (--device)
+  model::GemmMode gemm = model::GemmMode::kTf32;  // --device cuda: GEMM precision
   std::string text_dir = kFortunesDir;   // gpt
   int eval_windows = 256;                // gpt: validation windows of seq bytes
   int epochs = 5;

@@ -1,0 +1,189 @@
+// The kernels on a GPU against the machine's own limits (kernels/NOTES.md holds the
+// figures): each memory-bound kernel's bytes moved per second against the device's
+// memory bandwidth, attention's TFLOP/s against the cuBLAS BF16 GEMM rate measured here,
+// on this card. Built with the CUDA kernels; needs a GPU to run.
+//
+//   build/bench/kernels_bench [--quick]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/ops.h"
+
+namespace {
+
+using namespace peertrain::kernels;
+
+// Median-free and simple: warm up, then the mean over enough repetitions to pass 50 ms.
+double seconds_per_call(const std::function<void()>& call) {
+  for (int i = 0; i < 3; ++i) call();
+  synchronize({});
+  int reps = 1;
+  for (;;) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) call();
+    synchronize({});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s > 0.05 || reps >= 1 << 16) return s / reps;
+    reps *= 4;
+  }
+}
+
+DeviceArray<float> random_device(std::size_t count, unsigned seed) {
+  std::vector<float> host(count);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  for (float& x : host) x = normal(rng);
+  DeviceArray<float> d(count);
+  copy_to_device(d.data(), host.data(), sizeof(float) * count, {});
+  return d;
+}
+
+double peak_bandwidth_gbs() {
+  // Theoretical DRAM bandwidth: 2 (DDR) × memory clock × bus width.
+  int clock_khz = 0, bus_bits = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, 0);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
+double cublas_bf16_tflops(int n) {
+  cublasHandle_t handle;
+  cublasCreate(&handle);
+  std::vector<__nv_bfloat16> host(static_cast<std::size_t>(n) * n);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (auto& x : host) x = __float2bfloat16(normal(rng));
+  __nv_bfloat16 *a, *b;
+  float* c;
+  cudaMalloc(&a, host.size() * sizeof(__nv_bfloat16));
+  cudaMalloc(&b, host.size() * sizeof(__nv_bfloat16));
+  cudaMalloc(&c, host.size() * sizeof(float));
+  cudaMemcpy(a, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
+  cudaMemcpy(b, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
+  const float alpha = 1, beta = 0;
+  const double s = seconds_per_call([&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c,
+                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cublasDestroy(handle);
+  return 2.0 * n * n * n / s / 1e12;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && !quick) {
+    std::printf("usage: kernels_bench [--quick]\n  times every kernel on GPU 0 against its roofline\n");
+    return std::strcmp(argv[1], "--help") == 0 ? 0 : 2;
+  }
+  if (device_count() == 0) {
+    std::fprintf(stderr, "error: kernels_bench: no CUDA device\n");
+    return 1;
+  }
+  const double bandwidth = peak_bandwidth_gbs();
+  std::printf("device: %s, DRAM %.0f GB/s (theoretical)\n", device_name(0).c_str(), bandwidth);
+  const double bf16 = cublas_bf16_tflops(quick ? 4096 : 8192);
+  std::printf("cuBLAS BF16 GEMM %d^3: %.1f TFLOP/s\n\n", quick ? 4096 : 8192, bf16);
+
+  std::printf("%-34s %10s %12s %10s %8s\n", "kernel (shape)", "time us", "bytes/flops", "rate", "roofline");
+  auto memory_row = [&](const char* name, double bytes, const std::function<void()>& call) {
+    const double s = seconds_per_call(call);
+    std::printf("%-34s %10.1f %10.1f MB %7.0f GB/s %7.0f%%\n", name, s * 1e6, bytes / 1e6, bytes / s / 1e9,
+                100 * bytes / s / 1e9 / bandwidth);
+  };
+  // GPT shapes: d 128 (F 512), batch 32 × T 256 tokens; the optimizer over 0.86 M parameters.
+  const int d = 128, f = 512, n = 32 * 256, vocab = 256;
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  auto x = random_device(static_cast<std::size_t>(f) * n, 1), y = random_device(static_cast<std::size_t>(f) * n, 2),
+       dy = random_device(static_cast<std::size_t>(f) * n, 3), gamma = random_device(d, 4), beta = random_device(d, 5),
+       mean = random_device(n, 6), rstd = random_device(n, 7), dg = random_device(d, 8), db = random_device(d, 9);
+  memory_row("gelu_forward (512 x 8192)", 8.0 * f * n, [&] { gelu_forward({}, std::size_t(f) * n, x.data(), y.data()); });
+  memory_row("gelu_backward (512 x 8192)", 12.0 * f * n,
+             [&] { gelu_backward({}, std::size_t(f) * n, x.data(), dy.data(), y.data()); });
+  memory_row("layernorm_forward (128 x 8192)", 8.0 * dn,
+             [&] { layernorm_forward({}, d, n, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); });
+  memory_row("layernorm_backward (128 x 8192)", 20.0 * dn, [&] {
+    layernorm_backward({}, d, n, x.data(), mean.data(), rstd.data(), gamma.data(), dy.data(), nullptr, y.data(), dg.data(),
+                       db.data());
+  });
+  {
+    auto logits = random_device(static_cast<std::size_t>(vocab) * n, 10);
+    std::vector<std::int32_t> host_targets(n);
+    for (int j = 0; j < n; ++j) host_targets[j] = j % vocab;
+    DeviceArray<std::int32_t> targets(n);
+    copy_to_device(targets.data(), host_targets.data(), sizeof(std::int32_t) * n, {});
+    DeviceArray<float> loss(n);
+    DeviceArray<int> correct(n);
+    memory_row("softmax_cross_entropy (256 x 8192)", 8.0 * vocab * n, [&] {
+      softmax_cross_entropy({}, vocab, n, logits.data(), targets.data(), 1e-4f, loss.data(), correct.data());
+    });
+    std::vector<int> positions(256);
+    std::iota(positions.begin(), positions.end(), 0);
+    DeviceArray<int> pos(256);
+    copy_to_device(pos.data(), positions.data(), sizeof(int) * 256, {});
+    auto wte = random_device(static_cast<std::size_t>(d) * vocab, 11), wpe = random_device(static_cast<std::size_t>(d) * 256, 12);
+    memory_row("token_embedding_forward (128 x 8192)", 4.0 * dn + 4.0 * n, [&] {
+      token_embedding_forward({}, d, 32, 256, targets.data(), pos.data(), wte.data(), wpe.data(), y.data());
+    });
+  }
+  const std::size_t params = 860000;
+  auto p = random_device(params, 13), g = random_device(params, 14), m1 = random_device(params, 15),
+       m2 = random_device(params, 16), u = random_device(params, 17);
+  memory_row("adamw_update (0.86 M)", 28.0 * params, [&] {
+    adamw_update({}, params, p.data(), g.data(), m1.data(), m2.data(), u.data(), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10.0f);
+  });
+  memory_row("sgd_update (0.86 M)", 20.0 * params,
+             [&] { sgd_update({}, params, p.data(), g.data(), m1.data(), u.data(), 0.05f, 0.9f, 1e-4f); });
+  {
+    const float* inputs[3] = {g.data(), m1.data(), m2.data()};
+    const float weights[3] = {1.0f / 3, 1.0f / 3, 1.0f / 3};
+    memory_row("gossip_mix (3 x 0.86 M)", 16.0 * params, [&] { gossip_mix({}, p.data(), inputs, weights, 3, params); });
+  }
+
+  std::printf("\nattention (FLOPs: forward 4·T²·D per (sequence, head), backward 8·T²·D (dV, dP, dQ, dK); causal half)\n");
+  std::printf("%-40s %10s %10s %12s\n", "shape", "fwd TFLOP/s", "bwd TFLOP/s", "vs BF16 GEMM");
+  for (int head_dim : {32, 64})
+    for (int tokens : quick ? std::vector<int>{1024} : std::vector<int>{1024, 4096})
+      for (bool causal : {false, true}) {
+        const int rows = (quick ? 16 : 64) * 1024 / tokens * 16 / (head_dim / 32);  // ~constant work per shape
+        const std::size_t size = static_cast<std::size_t>(rows) * tokens * head_dim;
+        auto q = random_device(size, 20), k = random_device(size, 21), v = random_device(size, 22),
+             dout = random_device(size, 23);
+        DeviceArray<float> out(size), lse(static_cast<std::size_t>(rows) * tokens), delta(lse.size()), dq(size), dk(size),
+            dv(size);
+        std::vector<int> positions(tokens);
+        std::iota(positions.begin(), positions.end(), 0);
+        DeviceArray<int> pos(tokens);
+        copy_to_device(pos.data(), positions.data(), sizeof(int) * tokens, {});
+        const AttentionDims dims{.rows = rows, .tq = tokens, .tk = tokens, .head_dim = head_dim, .causal = causal};
+        const double pairs = static_cast<double>(rows) * tokens * tokens * (causal ? 0.5 : 1.0);
+        const double fwd = seconds_per_call(
+            [&] { attention_forward({}, dims, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(), lse.data()); });
+        attention_backward_delta({}, rows, tokens, head_dim, out.data(), dout.data(), delta.data());
+        const double bwd = seconds_per_call([&] {
+          attention_backward({}, dims, q.data(), pos.data(), k.data(), v.data(), pos.data(), lse.data(), delta.data(),
+                             dout.data(), dq.data(), dk.data(), dv.data());
+        });
+        const double fwd_tflops = 4 * pairs * head_dim / fwd / 1e12, bwd_tflops = 8 * pairs * head_dim / bwd / 1e12;
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "rows %d T %d D %d %s", rows, tokens, head_dim, causal ? "causal" : "full");
+        std::printf("%-40s %10.2f %10.2f %11.1f%%\n", shape, fwd_tflops, bwd_tflops, 100 * fwd_tflops / bf16);
+      }
+  std::printf("\npeak device memory held by this process: %.1f MiB\n",
+              static_cast<double>(peak_allocated_bytes()) / (1 << 20));
+  return 0;
+}

@@ -1,0 +1,59 @@
+// The transformer on a GPU, as the CPU code sees it: parameters and gradients stay in the
+// host's flat buffer (what gossip mixes and checkpoints save), and a DeviceModel moves them
+// through page-locked memory to the device and back around each step.
+//
+// The CUDA implementation lives in its own library (src/device/, built with the kernels)
+// and registers its factory at start-up, so that this library — and every CPU-only build —
+// never links CUDA. Without a registered factory, make_device_model throws an error that
+// says the build has no CUDA.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "peertrain/model/transformer.h"
+
+namespace peertrain::model {
+
+enum class Device { kCpu, kCuda };
+Device parse_device(const std::string& name);  // "cpu" | "cuda"; names the flag when wrong
+const char* device_name(Device device);
+
+enum class GemmMode { kFp32, kTf32, kBf16 };
+GemmMode parse_gemm_mode(const std::string& name);  // "fp32" | "tf32" | "bf16"
+
+struct DeviceOptions {
+  int device = 0;                  // CUDA device index
+  GemmMode gemm = GemmMode::kTf32; // the GEMMs' tensor-core precision
+};
+
+class DeviceModel {
+ public:
+  virtual ~DeviceModel() = default;
+  virtual std::string describe() const = 0;  // "NVIDIA H100 80GB HBM3 (device 0), tf32 GEMM"
+  // One step: copies params in, ADDS the gradient of the batch's loss into grads (copied
+  // back), returns the loss. Same contract as Transformer::forward_backward.
+  virtual float forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads) = 0;
+  // Forward only. Copies params in when they differ from the last call's pointer or
+  // `params_changed` is set, so an evaluation over many chunks copies them once.
+  virtual LossSums evaluate(std::span<const float> params, const TokenBatch& batch, bool params_changed) = 0;
+  // Most device memory this process has held (kernels::peak_allocated_bytes).
+  virtual std::size_t peak_device_bytes() const = 0;
+};
+
+struct DeviceBackend {
+  int (*device_count)() = nullptr;
+  std::unique_ptr<DeviceModel> (*make)(const TransformerConfig& config, const DeviceOptions& options) = nullptr;
+};
+
+// Called once by a program linked with the CUDA library (the peertrain command).
+void register_device_backend(DeviceBackend backend);
+// Usable devices: 0 when no backend is registered or there is no GPU.
+int cuda_device_count();
+// The device count, or an error saying why --device cuda cannot run (no CUDA in this
+// build, no GPU visible).
+int require_cuda_device();
+std::unique_ptr<DeviceModel> make_device_model(const TransformerConfig& config, const DeviceOptions& options);
+
+}  // namespace peertrain::model

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU path as a user runs it: 4 peers of the default GPT on a ring with --device cuda
+# follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2), and
+# their summary names the device. Exits 77 (skipped) where there is no GPU or no CUDA
+# build. Usage: gpu_cli_test.sh SOURCE_DIR
+set -u
+root=$1
+bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
+work=$(mktemp -d)
+trap 'pkill -9 -f -- "$work" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+base=$((31000 + ($$ * 16) % 9000))
+{
+  echo "name: ring4"
+  echo "graph: {generator: ring, n: 4}"
+  echo "peers:"
+  for ((i = 0; i < 4; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
+} >"$work/ring4.yaml"
+
+probe=$("$bin" launch --topology "$work/ring4.yaml" --model gpt --d-model 32 --heads 2 --layers 1 --seq 16 \
+  --device cuda --max-steps 1 --eval-windows 2 --out "$work/probe" 2>&1)
+if grep -q "built without CUDA\|no CUDA device" <<<"$probe"; then
+  echo "skipped: $(grep -o 'error:.*' <<<"$probe" | head -1)"
+  exit 77
+fi
+
+run() {  # run NAME ARGS...: the done-when command, 20 steps, a loss row per step and peer
+  local name=$1
+  shift
+  "$bin" launch --topology "$work/ring4.yaml" --model gpt --max-steps 20 --eval-every 1 --out "$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 && ok || { fail "$name: launch $* failed"; tail -20 "$work/$name.log"; }
+}
+run cpu --device cpu
+run fp32 --device cuda --gemm-precision fp32
+run tf32 --device cuda
+
+compare() {  # compare A B LIMIT: train_loss per (step, peer)
+  local result
+  result=$(awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
+    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
+    if (r > worst) worst = r } END { printf "%d %.3g", n, worst }' "$work/$1/metrics.csv" "$work/$2/metrics.csv")
+  read -r matched worst <<<"$result"
+  echo "$2 vs $1: $matched (step, peer) losses, worst relative difference $worst (limit $3)"
+  [[ $matched -eq 80 ]] && ok || fail "$2: only $matched losses matched up"
+  awk -v w="$worst" -v l="$3" 'BEGIN { exit !(w <= l) }' && ok || fail "$2: losses differ by $worst relative (limit $3)"
+}
+compare cpu fp32 1e-4
+compare cpu tf32 2e-2
+grep -q "on NVIDIA\|on .*device 0" "$work/tf32/peer-0.log" 2>/dev/null && ok ||
+  fail "peer 0's log does not name the GPU: $(grep -m1 gpt "$work/tf32/peer-0.log")"
+
+echo "gpu cli tests: $pass passed, $failures failed"
+exit $((failures > 0))
