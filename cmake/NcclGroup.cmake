@@ -1,7 +1,10 @@
 # The NCCL backend of comm::Group, in a library of its own so that peertrain_lib and the
 # code above it never link CUDA or NCCL. Included from the top-level CMakeLists.txt only
 # when PEERTRAIN_HAVE_NCCL is ON (cmake/Cuda.cmake sets NCCL_INCLUDE_DIR and NCCL_LIBRARY).
-add_library(peertrain_nccl STATIC ${PROJECT_SOURCE_DIR}/src/comm/nccl_group.cpp)
+add_library(peertrain_nccl STATIC
+  ${PROJECT_SOURCE_DIR}/src/comm/nccl_group.cpp
+  ${PROJECT_SOURCE_DIR}/src/comm/nccl_member.cpp
+  ${PROJECT_SOURCE_DIR}/src/comm/nccl_progress.cpp)
 # nccl.h is private: include/peertrain/comm/nccl_group.h keeps CUDA and NCCL types out.
 target_include_directories(peertrain_nccl PRIVATE ${NCCL_INCLUDE_DIR})
 target_link_libraries(peertrain_nccl PUBLIC peertrain_lib PRIVATE CUDA::cudart ${NCCL_LIBRARY})

@@ -11,11 +11,6 @@
 
 #include "peertrain/core/error.h"
 
-thread_local dim3 threadIdx;
-thread_local dim3 blockIdx;
-thread_local dim3 blockDim;
-thread_local dim3 gridDim;
-
 namespace peertrain::kernels::emulator {
 namespace {
 

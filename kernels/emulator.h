@@ -17,10 +17,13 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-extern thread_local dim3 threadIdx;
-extern thread_local dim3 blockIdx;
-extern thread_local dim3 blockDim;
-extern thread_local dim3 gridDim;
+// Inline (one definition, constant-initialised, seen by every translation unit) rather than
+// extern: GCC reaches an extern thread_local of class type through a TLS wrapper call,
+// which UBSan reports as a null member access.
+inline thread_local dim3 threadIdx;
+inline thread_local dim3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
 
 #define __global__
 #define __device__

@@ -109,9 +109,11 @@ Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
   b.flops = state->mlp.flops_per_step(batch);
   b.parameters = size;
   b.items = batch;
-  std::string shape = std::to_string(config.inputs);
-  for (int w : config.hidden) shape += "-" + std::to_string(w);
-  b.shape = shape + "-" + std::to_string(config.classes);
+  std::ostringstream shape;
+  shape << config.inputs;
+  for (int w : config.hidden) shape << '-' << w;
+  shape << '-' << config.classes;
+  b.shape = shape.str();
   return b;
 }
 

@@ -42,14 +42,14 @@ T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_
   return value;
 }
 
-// Where the gradient is computed. The default is the GPU when this build has CUDA, a GPU
-// is visible and the run is one the device path runs (gpt, --sp 1 --pp 1); otherwise the
-// CPU, so that a default run works on every machine.
+// Where the gradient is computed. The default is the GPU when this build has CUDA and the
+// run is one the device path runs (gpt, --pp 1, a GPU for each of the --sp ranks);
+// otherwise the CPU, so that a default run works on every machine.
 void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   c.gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>());
-  const bool runs_on_device = c.model == train::ModelKind::kGpt && c.engine.sp * c.engine.pp == 1;
+  const bool runs_on_device = c.model == train::ModelKind::kGpt && c.engine.pp == 1;
   if (!args.count("device")) {
-    c.device = runs_on_device && model::cuda_device_count() > 0 ? model::Device::kCuda : model::Device::kCpu;
+    c.device = runs_on_device && model::cuda_device_count() >= c.engine.sp ? model::Device::kCuda : model::Device::kCpu;
     return;
   }
   c.device = model::parse_device(args["device"].as<std::string>());
@@ -57,9 +57,12 @@ void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   if (c.model != train::ModelKind::kGpt)
     throw UsageError("--device cuda runs --model gpt; mlp and vit run on --device cpu");
   if (!runs_on_device)
-    throw UsageError(str("--device cuda runs one worker per peer (--sp 1 --pp 1), not --sp ", c.engine.sp, " --pp ",
-                         c.engine.pp, ": the GPU pipeline and ring are not built yet"));
-  (void)model::require_cuda_device();  // before any peer starts
+    throw UsageError(str("--device cuda runs --pp 1 (sequence ranks, --sp, one GPU each), not --pp ", c.engine.pp,
+                         ": the GPU pipeline is not built yet"));
+  const int devices = model::require_cuda_device();  // before any peer starts
+  if (devices < c.engine.sp)
+    throw UsageError(str("--device cuda --sp ", c.engine.sp, " needs ", c.engine.sp, " GPUs (one per sequence rank), ",
+                         devices, " visible"));
 }
 
 // The transformer and its split over the workers of a peer; checked against each other

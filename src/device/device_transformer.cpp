@@ -1,10 +1,13 @@
 #include "device_transformer.h"
 
+#include "device_ring_attention.h"
+
 #include <cstring>
 #include <vector>
 
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "peertrain/comm/group.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/parameter_store.h"
 
@@ -39,10 +42,14 @@ struct BlockActivations {
 
 class DeviceTransformer final : public model::DeviceModel {
  public:
-  DeviceTransformer(const model::TransformerConfig& config, const model::DeviceOptions& options)
-      : config_(config), options_(options), cpu_model_(config) {
+  // sequence_group: null, or the group of sequence ranks this one belongs to (attention
+  // then runs around its ring and the gradient is all-reduced over it).
+  DeviceTransformer(const model::TransformerConfig& config, const model::DeviceOptions& options,
+                    comm::Group* sequence_group)
+      : config_(config), options_(options), cpu_model_(config), group_(sequence_group) {
     kernels::set_device(options.device);
     stream_ = kernels::create_stream();
+    if (group_ != nullptr && group_->size() > 1) ring_ = std::make_unique<DeviceRingAttention>(*group_, stream_);
     copy_stream_ = kernels::create_stream();
     for (int u = 0; u < cpu_model_.num_units(); ++u) {
       units_.push_back(cpu_model_.unit_parameters(u));
@@ -91,10 +98,17 @@ class DeviceTransformer final : public model::DeviceModel {
   float forward_backward(std::span<const float> params, const model::TokenBatch& batch,
                          std::span<float> grads) override {
     check_sizes(params.size(), grads.size());
+    kernels::set_device(options_.device);  // the calling thread's device (a worker of a sequence group)
     upload_parameters(params);
     kernels::zero(grads_.data(), sizeof(float) * grads.size(), stream_);
     const model::LossSums sums = forward(batch, /*keep_gradient=*/true);
-    backward(batch);  // its units' gradients travel to host_grads_ as each unit finishes
+    backward(batch);  // whole sequences: each unit's gradient travels to host_grads_ as it finishes
+    if (ring_) {      // a sequence rank: the gradient is the sum over the group's ranks
+      kernels::synchronize(stream_);
+      group_->all_reduce(grads_.span().first(grads.size()));
+      kernels::copy_to_host(host_grads_.data(), grads_.data(), sizeof(float) * grads.size(), stream_);
+      kernels::synchronize(stream_);
+    }
     kernels::synchronize(copy_stream_);
     for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += host_grads_.data()[i];
     return static_cast<float>(sums.loss_sum / batch.loss_divisor);
@@ -103,6 +117,8 @@ class DeviceTransformer final : public model::DeviceModel {
   model::LossSums evaluate(std::span<const float> params, const model::TokenBatch& batch,
                            bool params_changed) override {
     check_sizes(params.size(), params.size());
+    PEERTRAIN_CHECK(!ring_, "evaluate runs on a model that holds whole sequences");
+    kernels::set_device(options_.device);
     if (params_changed || params.data() != last_params_) upload_parameters(params);
     return forward(batch, /*keep_gradient=*/false);
   }
@@ -130,6 +146,7 @@ class DeviceTransformer final : public model::DeviceModel {
   // The gradient of `unit` is final on the compute stream: send it to the host on the copy
   // stream while the compute stream goes on with the units below.
   void download_gradient(int unit) {
+    if (ring_) return;  // the gradient is all-reduced first, then copied whole
     const model::ParameterRange r = units_[static_cast<std::size_t>(unit)];
     kernels::record(grads_ready_[static_cast<std::size_t>(unit)], stream_);
     kernels::wait(copy_stream_, grads_ready_[static_cast<std::size_t>(unit)]);
@@ -211,9 +228,13 @@ class DeviceTransformer final : public model::DeviceModel {
       kernels::split_heads(stream_, batch.batch, batch.tokens, config_.heads, hd, 3 * d, d, qkv_.data(), ensure(a.k, dn));
       kernels::split_heads(stream_, batch.batch, batch.tokens, config_.heads, hd, 3 * d, 2 * d, qkv_.data(),
                            ensure(a.v, dn));
-      kernels::attention_forward(stream_, attention_dims(batch), a.q.data(), positions_.data(), a.k.data(),
-                                 a.v.data(), positions_.data(), ensure(a.att, dn),
-                                 ensure(a.lse, static_cast<std::size_t>(config_.heads) * n));
+      float* att = ensure(a.att, dn);
+      float* lse = ensure(a.lse, static_cast<std::size_t>(config_.heads) * n);
+      if (ring_)
+        ring_->forward(attention_dims(batch), positions_.data(), a.q.data(), a.k.data(), a.v.data(), att, lse);
+      else
+        kernels::attention_forward(stream_, attention_dims(batch), a.q.data(), positions_.data(), a.k.data(),
+                                   a.v.data(), positions_.data(), att, lse);
       kernels::merge_heads(stream_, batch.batch, batch.tokens, config_.heads, hd, d, 0, a.att.data(), merged_.data());
       linear(d, d, n, p + o.proj_w, p + o.proj_b, merged_.data(), ensure(a.x_mid, dn), a.x_in.data());
       kernels::layernorm_forward(stream_, d, n, a.x_mid.data(), p + o.ln2_w, p + o.ln2_b, ensure(a.ln2, dn),
@@ -287,12 +308,17 @@ class DeviceTransformer final : public model::DeviceModel {
       linear_backward(d, d, n, p + o.proj_w, merged_.data(), d_mid, g + o.proj_w, g + o.proj_b, d_ln);
       float* d_att = merged_.data();  // merged is no longer needed
       kernels::split_heads(stream_, batch.batch, batch.tokens, config_.heads, hd, d, 0, d_ln, d_att);
-      kernels::attention_backward_delta(stream_, batch.batch * config_.heads, batch.tokens, hd, a.att.data(), d_att,
-                                        delta);
-      kernels::zero(d_heads, sizeof(float) * 3 * dn, stream_);
-      kernels::attention_backward(stream_, attention_dims(batch), a.q.data(), positions_.data(), a.k.data(),
-                                  a.v.data(), positions_.data(), a.lse.data(), delta, d_att, d_heads, d_heads + dn,
-                                  d_heads + 2 * dn);
+      if (ring_) {
+        ring_->backward(attention_dims(batch), positions_.data(), a.q.data(), a.k.data(), a.v.data(), a.att.data(),
+                        a.lse.data(), d_att, d_heads, d_heads + dn, d_heads + 2 * dn);
+      } else {
+        kernels::attention_backward_delta(stream_, batch.batch * config_.heads, batch.tokens, hd, a.att.data(), d_att,
+                                          delta);
+        kernels::zero(d_heads, sizeof(float) * 3 * dn, stream_);
+        kernels::attention_backward(stream_, attention_dims(batch), a.q.data(), positions_.data(), a.k.data(),
+                                    a.v.data(), positions_.data(), a.lse.data(), delta, d_att, d_heads, d_heads + dn,
+                                    d_heads + 2 * dn);
+      }
       for (int part = 0; part < 3; ++part)
         kernels::merge_heads(stream_, batch.batch, batch.tokens, config_.heads, hd, 3 * d, part * d,
                              d_heads + part * dn, d_hidden);
@@ -316,6 +342,8 @@ class DeviceTransformer final : public model::DeviceModel {
   model::TransformerConfig config_;
   model::DeviceOptions options_;
   model::Transformer cpu_model_;  // the layout (offsets by name) and the parameter count
+  comm::Group* group_;
+  std::unique_ptr<DeviceRingAttention> ring_;  // sequence-parallel: attention around the group's ring
   kernels::Stream stream_;       // compute
   kernels::Stream copy_stream_;  // parameters in, gradients out, beside the compute
   std::vector<model::ParameterRange> units_;
@@ -338,8 +366,7 @@ class DeviceTransformer final : public model::DeviceModel {
 
 }  // namespace
 
-std::unique_ptr<model::DeviceModel> make_device_transformer(const model::TransformerConfig& config,
-                                                            const model::DeviceOptions& options) {
+void check_runs_on_device(const model::TransformerConfig& config) {
   model::validate(config);
   if (config.kind != model::TransformerKind::kGpt)
     throw Error(ErrorKind::kInvalidArgument, "--device cuda runs --model gpt; vit runs on --device cpu");
@@ -348,7 +375,20 @@ std::unique_ptr<model::DeviceModel> make_device_transformer(const model::Transfo
     throw Error(ErrorKind::kInvalidArgument,
                 str("--device cuda: head_dim ", head_dim, " (--d-model ", config.d_model, " / --heads ", config.heads,
                     ") has no attention kernel; use 16, 32 or 64"));
-  return std::make_unique<DeviceTransformer>(config, options);
+}
+
+std::unique_ptr<model::DeviceModel> make_sequence_rank(const model::TransformerConfig& config,
+                                                       const model::DeviceOptions& options,
+                                                       comm::Group* sequence_group) {
+  check_runs_on_device(config);
+  return std::make_unique<DeviceTransformer>(config, options, sequence_group);
+}
+
+std::unique_ptr<model::DeviceModel> make_device_transformer(const model::TransformerConfig& config,
+                                                            const model::DeviceOptions& options) {
+  check_runs_on_device(config);
+  if (options.sp > 1) return make_sequence_parallel(config, options);
+  return std::make_unique<DeviceTransformer>(config, options, nullptr);
 }
 
 model::DeviceBackend backend() { return {&kernels::device_count, &make_device_transformer}; }

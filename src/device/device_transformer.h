@@ -8,12 +8,29 @@
 
 #include "peertrain/model/device_model.h"
 
+namespace peertrain::comm {
+class Group;
+}
+
 namespace peertrain::device {
 
 // Throws kInvalidArgument naming the flag for what the device path does not run: vit,
-// a head_dim the attention kernel has no instance for.
+// a head_dim the attention kernel has no instance for. options.sp > 1 gives the
+// sequence-parallel model of sequence_parallel.cpp.
 std::unique_ptr<model::DeviceModel> make_device_transformer(const model::TransformerConfig& config,
                                                             const model::DeviceOptions& options);
+
+// One rank of a sequence group: it holds some tokens of every sequence (the batch's
+// positions), runs attention around the group's ring and all-reduces the gradient over
+// the group, which must act on device memory. Only forward_backward may be called.
+std::unique_ptr<model::DeviceModel> make_sequence_rank(const model::TransformerConfig& config,
+                                                       const model::DeviceOptions& options,
+                                                       comm::Group* sequence_group);
+
+// --sp S on the device: S ranks, one thread and one GPU each, over NcclGroup (the CPU
+// emulator: a ThreadGroup). Needs S visible devices.
+std::unique_ptr<model::DeviceModel> make_sequence_parallel(const model::TransformerConfig& config,
+                                                           const model::DeviceOptions& options);
 
 // The factory and device count that the peertrain command registers (model/device_model.h).
 model::DeviceBackend backend();

@@ -57,7 +57,11 @@ class TransformerTask final : public Task {
     if (config.device == model::Device::kCuda) {
       // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
       const int devices = std::max(1, model::cuda_device_count());
-      device_ = model::make_device_model(model_.config(), {.device = rank % devices, .gemm = config.gemm});
+      device_ = model::make_device_model(model_.config(),
+                                         {.device = config.engine.sp > 1 ? 0 : rank % devices,
+                                          .gemm = config.gemm,
+                                          .sp = config.engine.sp,
+                                          .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag});
     } else if (config.engine.sp * config.engine.pp > 1) {
       engine_ = std::make_unique<parallel::PipelineEngine>(model_, config.engine);
     }

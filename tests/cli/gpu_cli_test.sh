@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path as a user runs it: 4 peers of the default GPT on a ring with --device cuda
-# follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2), and
-# their summary names the device. Exits 77 (skipped) where there is no GPU or no CUDA
+# follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2; with two
+# or more GPUs also --sp 2 over NCCL), and peer 0's log names the device. Exits 77 (skipped) where there is no GPU or no CUDA
 # build. Usage: gpu_cli_test.sh SOURCE_DIR
 set -u
 root=$1
@@ -50,6 +50,13 @@ compare() {  # compare A B LIMIT: train_loss per (step, peer)
 }
 compare cpu fp32 1e-4
 compare cpu tf32 2e-2
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [[ $gpus -ge 2 ]]; then  # sequence ranks over NCCL, one GPU each
+  run sp2 --device cuda --sp 2 --gemm-precision fp32
+  compare cpu sp2 1e-4
+else
+  echo "--sp 2 on the device not run: $gpus GPU(s)"
+fi
 grep -q "on NVIDIA\|on .*device 0" "$work/tf32/peer-0.log" 2>/dev/null && ok ||
   fail "peer 0's log does not name the GPU: $(grep -m1 gpt "$work/tf32/peer-0.log")"
 

@@ -80,7 +80,7 @@ expect_error "--schedule" "${tiny[@]}" --schedule zigzag
 expect_error "gpt or vit" --sp 2
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda
-expect_error "--device cuda runs one worker" "${tiny[@]}" --device cuda --sp 2
+expect_error "--device cuda runs --pp 1" "${tiny[@]}" --device cuda --pp 2
 expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say why
   expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda

@@ -27,6 +27,31 @@ double normalized_error(const std::vector<float>& got, const std::vector<float>&
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+// Parameters perturbed away from the initialisation (which leaves LayerNorm at 1/0 and
+// biases at 0, special points for a gradient check) and a batch of random bytes.
+struct Problem {
+  std::vector<float> params;
+  std::vector<int> positions;
+  std::vector<std::int32_t> bytes, targets;
+  model::TokenBatch batch;
+  Problem(const model::Transformer& cpu, int batch_size, int tokens, unsigned seed)
+      : params(cpu.num_parameters()), positions(tokens) {
+    cpu.initialize(params, seed);
+    std::mt19937 rng(seed + 1);
+    std::normal_distribution<float> noise(0.0f, 0.05f);
+    for (float& p : params) p += noise(rng);
+    std::iota(positions.begin(), positions.end(), 0);
+    bytes.resize(std::size_t(batch_size) * tokens);
+    targets.resize(bytes.size());
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<std::int32_t>(rng() % 256);
+      targets[i] = static_cast<std::int32_t>(rng() % 256);
+    }
+    batch = {.batch = batch_size, .tokens = tokens, .positions = positions, .bytes = bytes, .pixels = {},
+             .targets = targets, .loss_divisor = double(batch_size * tokens)};
+  }
+};
+
 struct Case {
   bool tied;
   int heads;
@@ -46,26 +71,12 @@ TEST(DeviceTransformer, MatchesTheCpuModel) {
     config.d_model = 32 * c.heads / 2;  // head_dim 16
     config.layers = 2;
     config.heads = c.heads;
-    config.seq = 80;
+    config.seq = 48;
     config.tied_head = c.tied;
     model::Transformer cpu(config);
-    std::vector<float> params(cpu.num_parameters());
-    cpu.initialize(params, 7);
-    // Initialisation leaves LayerNorm at 1/0 and biases at 0: perturb everything, so that
-    // no gradient is checked at a special point.
-    std::mt19937 rng(8);
-    std::normal_distribution<float> noise(0.0f, 0.05f);
-    for (float& p : params) p += noise(rng);
-    const int batch = 3, tokens = 70;
-    std::vector<int> positions(tokens);
-    std::iota(positions.begin(), positions.end(), 0);
-    std::vector<std::int32_t> bytes(std::size_t(batch) * tokens), targets(bytes.size());
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
-      bytes[i] = static_cast<std::int32_t>(rng() % 256);
-      targets[i] = static_cast<std::int32_t>(rng() % 256);
-    }
-    model::TokenBatch b{.batch = batch, .tokens = tokens, .positions = positions, .bytes = bytes, .pixels = {},
-                        .targets = targets, .loss_divisor = double(batch * tokens)};
+    const Problem problem(cpu, 3, 40, 7);
+    const std::vector<float>& params = problem.params;
+    const model::TokenBatch& b = problem.batch;
     std::vector<float> want(params.size(), 0.0f), got(params.size(), 0.0f);
     const float want_loss = cpu.forward_backward(params, b, want);
     const auto gpu = make_device_transformer(config, {.device = 0, .gemm = c.gemm});
@@ -90,6 +101,37 @@ TEST(DeviceTransformer, MatchesTheCpuModel) {
     EXPECT_EQ(gpu_sums.count, cpu_sums.count);
     EXPECT_NEAR(double(gpu_sums.correct), double(cpu_sums.correct), 1.0);  // a near-tie may flip
   }
+}
+
+// --sp S on the device: S ranks around a ring (a ThreadGroup on the emulator, NCCL on
+// GPUs), each holding a zigzag or contiguous share of every sequence, against the CPU model.
+TEST(DeviceTransformer, SequenceParallelMatchesTheCpuModel) {
+  for (int sp : {2, 3})
+    for (bool zigzag : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "sp " << sp << " zigzag " << zigzag);
+      if (!kernels::emulated() && kernels::device_count() < sp) GTEST_SKIP() << "needs " << sp << " GPUs";
+      model::TransformerConfig config;
+      config.d_model = 32;
+      config.layers = 2;
+      config.heads = 2;
+      config.seq = 48;
+      model::Transformer cpu(config);
+      const Problem problem(cpu, 2, 48, 9);
+      const std::vector<float>& params = problem.params;
+      const model::TokenBatch& b = problem.batch;
+      std::vector<float> want(params.size(), 0.0f), got(params.size(), 0.0f);
+      const float want_loss = cpu.forward_backward(params, b, want);
+      const auto gpu = make_device_transformer(
+          config, {.device = 0, .gemm = model::GemmMode::kFp32, .sp = sp, .zigzag = zigzag});
+      const float got_loss = gpu->forward_backward(params, b, got);
+      EXPECT_NEAR(got_loss, want_loss, 1e-5 * want_loss);
+      const double error = normalized_error(got, want);
+      EXPECT_LT(error, 1e-4);
+      std::printf("device sp %d %s: loss %.7f vs CPU %.7f, gradient normalized error %.2e\n", sp,
+                  zigzag ? "zigzag" : "contiguous", got_loss, want_loss, error);
+      const model::LossSums sums = gpu->evaluate(params, b, true);
+      EXPECT_NEAR(sums.loss_sum, cpu.evaluate(params, b).loss_sum, 1e-5 * sums.loss_sum);
+    }
 }
 
 TEST(DeviceTransformer, RejectsWhatItCannotRun) {

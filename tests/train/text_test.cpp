@@ -60,7 +60,9 @@ TEST(TextSampler, WindowsComeFromThePeersBlocksAndTargetsAreTheNextByte) {
     sampler.next(bytes.data(), targets.data());
     for (int i = 0; i < batch * seq; ++i) {
       seen.insert(bytes[i]);
-      if (i % seq != seq - 1) EXPECT_EQ(targets[i], bytes[i + 1]) << "the target is the next byte";
+      if (i % seq != seq - 1) {
+        EXPECT_EQ(targets[i], bytes[i + 1]) << "the target is the next byte";
+      }
     }
   }
   EXPECT_EQ(seen, (std::set<std::int32_t>{'c', 'g', 'k'}));

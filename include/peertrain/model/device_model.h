@@ -24,8 +24,10 @@ enum class GemmMode { kFp32, kTf32, kBf16 };
 GemmMode parse_gemm_mode(const std::string& name);  // "fp32" | "tf32" | "bf16"
 
 struct DeviceOptions {
-  int device = 0;                  // CUDA device index
+  int device = 0;                  // CUDA device index (sp 1)
   GemmMode gemm = GemmMode::kTf32; // the GEMMs' tensor-core precision
+  int sp = 1;                      // sequence ranks, one GPU each (devices 0 … sp−1)
+  bool zigzag = true;              // the sequence split over them (else contiguous)
 };
 
 class DeviceModel {
