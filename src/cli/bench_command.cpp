@@ -261,6 +261,9 @@ int step(int argc, char** argv) {
     if (threads < 1) throw UsageError("--threads " + std::to_string(threads) + " must be at least 1");
     if (steps < 1) throw UsageError("--steps " + std::to_string(steps) + " must be at least 1");
     if (warmup < 0) throw UsageError("--warmup " + std::to_string(warmup) + " must not be negative");
+    if (args.count("device") && model::parse_device(args["device"].as<std::string>()) == model::Device::kCuda &&
+        model_name != "gpt")
+      throw UsageError("--device cuda times --model gpt; " + model_name + " runs on the CPU");
     Eigen::setNbThreads(threads);
     bench = model_name == "mlp" ? mlp_bench(args, batch) : transformer_bench(args, model_name == "gpt", batch);
   } catch (const std::exception& e) {  // UsageError, or the model's Error for a bad shape

@@ -162,8 +162,8 @@ void add_training_options(cxxopts::Options& options) {
       ("ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",
        cxxopts::value<std::string>()->default_value("ring"))
       ("worker-timeout", "seconds a worker thread waits for another", cxxopts::value<std::string>()->default_value("60"))
-      ("device", "cpu | cuda: where gpt computes its gradient (default: cuda when a GPU is present and the run "
-                 "is gpt with --sp 1 --pp 1, else cpu)",
+      ("device", "cpu | cuda: where gpt computes its gradient (default: cuda when the build has CUDA and the run "
+                 "is gpt with --pp 1 and a GPU for each --sp rank, else cpu)",
        cxxopts::value<std::string>())
       ("gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
        cxxopts::value<std::string>()->default_value("tf32"));

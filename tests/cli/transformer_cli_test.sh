@@ -82,6 +82,8 @@ expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda
 expect_error "--device cuda runs --pp 1" "${tiny[@]}" --device cuda --pp 2
 expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
+out=$("$bin" bench step --model mlp --device cuda 2>&1)
+[[ $? -eq 2 ]] && grep -q "error: --device cuda times --model gpt" <<<"$out" && ok || fail "bench step mlp --device cuda: $out"
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say why
   expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda
 fi
