@@ -27,12 +27,13 @@ tiny=(--model gpt --d-model 32 --layers 2 --heads 2 --seq 32 --batch 4 --eval-wi
 
 if [[ $mode == long ]]; then
   # Done-when: 4 peers on a ring, --sp 2 --pp 2, validation bits per byte below 2.5.
-  # The README's command; 2,400 steps take ~15 minutes on 2 cores.
+  # The README's command, with the cosine decay over 2,000 steps instead of 2,400 to keep
+  # CI short: 2.41 in ~9.5 minutes on 2 cores (over 1,600 steps it ended at 2.52).
   "$bin" launch --topology "$work/ring4.yaml" --model gpt --sp 2 --pp 2 --microbatches 2 --seq 64 --batch 32 \
-    --lr 3e-3 --weight-decay 0.1 --epochs 10 --max-steps 2400 --eval-every 400 --out "$work/long" >"$work/long.log" 2>&1
+    --lr 3e-3 --weight-decay 0.1 --epochs 10 --max-steps 2000 --eval-every 400 --out "$work/long" >"$work/long.log" 2>&1
   code=$?
   bpb=$(grep -o '"val_bits_per_byte": [0-9.]*' "$work/long/summary.json" 2>/dev/null | cut -d' ' -f2)
-  echo "long: gpt --sp 2 --pp 2 on ring4, validation bits per byte of x̄ after 2400 steps: ${bpb:-?} (exit $code)"
+  echo "long: gpt --sp 2 --pp 2 on ring4, validation bits per byte of x̄ after 2000 steps: ${bpb:-?} (exit $code)"
   [[ $code -eq 0 ]] && ok || { fail "long gpt run exited $code"; tail -20 "$work/long.log"; }
   awk -v b="${bpb:-9}" 'BEGIN { exit !(b < 2.5) }' && ok || fail "validation bits per byte ${bpb:-?} not below 2.5"
   echo "transformer cli tests (long): $pass passed, $failures failed"

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds the topology-parser and frame-decoder fuzzers with clang (libFuzzer + AddressSanitizer +
-# UndefinedBehaviorSanitizer) in its own build folder and runs it for a bounded time,
-# starting from the shipped topology files. Any crash, leak or sanitizer report fails.
+# Builds the topology-parser and frame-decoder fuzzers (libFuzzer + AddressSanitizer +
+# UndefinedBehaviorSanitizer) in the sanitized build folder that sanitize.asan_ubsan uses,
+# so the library is compiled once for both, and runs each for a bounded time, starting
+# from the shipped topology files. Any crash, leak or sanitizer report fails.
+# Usage: run_fuzz.sh SOURCE BUILD [SECONDS]
 set -euo pipefail
 root=$1
 build=$2
 seconds=${3:-10}
-cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DPEERTRAIN_FUZZ=ON -DPEERTRAIN_TESTS=OFF -DPEERTRAIN_BENCHMARKS=OFF -DPEERTRAIN_CUDA=OFF \
-  -DPEERTRAIN_NATIVE=OFF -DPEERTRAIN_SANITIZE=address,undefined >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
-cmake --build "$build" --target topology_fuzz frame_fuzz -j2 >"$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+source "$root/tests/sanitize/configure_sanitized.sh"
+configure_sanitized "$root" "$build"
+cmake --build "$build" --target topology_fuzz frame_fuzz -j2 >"$build.fuzz-build.log" 2>&1 ||
+  { tail -40 "$build.fuzz-build.log"; exit 1; }
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 cp "$root"/topology/*.yaml "$root"/topology/*.txt "$corpus"/
