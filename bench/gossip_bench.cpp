@@ -20,7 +20,7 @@ constexpr int kPeers = 3;
 
 using Exchange = std::function<void(long long step)>;
 // Builds peer `rank`'s exchange on its connected network and its parameter vector.
-using MakeExchange = std::function<Exchange(int rank, net::Network& network, std::vector<float>& x)>;
+using MakeExchange = std::function<Exchange(int rank, net::Transport& network, std::vector<float>& x)>;
 
 // Runs the three peers in lockstep; rank 0 is timed by Google Benchmark.
 void run_ring(benchmark::State& state, const MakeExchange& make) {
@@ -31,7 +31,8 @@ void run_ring(benchmark::State& state, const MakeExchange& make) {
   auto run = [&](int rank, benchmark::State* timed) {
     std::vector<int> links = {(rank + 1) % kPeers, (rank + 2) % kPeers};
     std::sort(links.begin(), links.end());
-    net::Network network(testing::options_for(rank, endpoints, links, floats * sizeof(float) + 64));
+    auto network_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, links, floats * sizeof(float) + 64));
+    net::Transport& network = *network_owner;
     network.connect();
     std::vector<float> x(floats, static_cast<float>(rank));
     const Exchange exchange = make(rank, network, x);
@@ -55,7 +56,7 @@ void run_ring(benchmark::State& state, const MakeExchange& make) {
 
 void BM_GossipExchange(benchmark::State& state) {
   const auto topology = topology::parse_topology("graph: {generator: ring, n: 3}", "bench", ".");
-  run_ring(state, [&](int rank, net::Network& network, std::vector<float>& x) {
+  run_ring(state, [&](int rank, net::Transport& network, std::vector<float>& x) {
     auto gossip = std::make_shared<algo::Gossip>(network, algo::mixing_rows(topology, rank));
     return [gossip, &x](long long step) {
       gossip->start(step, x);
@@ -66,13 +67,13 @@ void BM_GossipExchange(benchmark::State& state) {
 
 // The same traffic without the mix: what the transport alone reaches.
 void BM_TransferOnly(benchmark::State& state) {
-  run_ring(state, [](int rank, net::Network& network, std::vector<float>& x) {
+  run_ring(state, [](int rank, net::Transport& network, std::vector<float>& x) {
     const std::vector<int> peers = {(rank + 1) % kPeers, (rank + 2) % kPeers};
     return [peers, &network, &x](long long step) {
-      std::vector<net::SendHandle> sends;
+      std::vector<Work> sends;
       for (int peer : peers) sends.push_back(network.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
       for (int peer : peers) network.recycle(network.receive(peer, net::MessageType::kParameters, step, 0));
-      for (auto& s : sends) s.wait();
+      for (auto& s : sends) s.wait(network.peer_timeout_s());
     };
   });
 }

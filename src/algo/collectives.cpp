@@ -7,7 +7,7 @@
 namespace peertrain::algo {
 namespace {
 
-void expect_size(const net::Network& network, int peer, const net::Payload& payload, std::size_t bytes,
+void expect_size(const net::Transport& network, int peer, const net::Payload& payload, std::size_t bytes,
                  const char* what, std::uint64_t step) {
   if (payload.size() != bytes)
     throw Error(ErrorKind::kPeerLost, str(network.peer_name(peer), " sent ", payload.size(), " bytes of ", what,
@@ -16,7 +16,7 @@ void expect_size(const net::Network& network, int peer, const net::Payload& payl
 
 }  // namespace
 
-void ring_allreduce(net::Network& network, const std::vector<int>& ring, std::uint64_t step, std::span<float> data) {
+void ring_allreduce(net::Transport& network, const std::vector<int>& ring, std::uint64_t step, std::span<float> data) {
   const int n = static_cast<int>(ring.size());
   const auto position = std::find(ring.begin(), ring.end(), network.self()) - ring.begin();
   PEERTRAIN_CHECK(position < n, "peer ", network.self(), " is not on the all-reduce ring");
@@ -38,7 +38,7 @@ void ring_allreduce(net::Network& network, const std::vector<int>& ring, std::ui
     const auto* values = reinterpret_cast<const float*>(in.data());
     for (std::size_t i = 0; i < into.size(); ++i) into[i] += values[i];
     network.recycle(std::move(in));
-    send.wait();
+    send.wait(network.peer_timeout_s());
   }
   for (int s = 0; s < n - 1; ++s) {  // all-gather
     auto out = chunk(r + 1 - s);
@@ -48,20 +48,20 @@ void ring_allreduce(net::Network& network, const std::vector<int>& ring, std::ui
     const net::Payload in = network.receive(prev, net::MessageType::kReduceChunk, step, static_cast<std::uint32_t>(n + s));
     expect_size(network, prev, in, into.size_bytes(), "an all-reduce chunk", step);
     std::copy_n(reinterpret_cast<const float*>(in.data()), into.size(), into.data());
-    send.wait();
+    send.wait(network.peer_timeout_s());
   }
 }
 
-void ps_push_pull(net::Network& network, int server, std::uint64_t step, std::span<const float> grads,
+void ps_push_pull(net::Transport& network, int server, std::uint64_t step, std::span<const float> grads,
                   std::span<float> params) {
   auto send = network.send(server, net::MessageType::kGradients, step, 0, net::as_bytes(grads));
   const net::Payload in = network.receive(server, net::MessageType::kParameters, step, 0);
   expect_size(network, server, in, params.size_bytes(), "parameters", step);
   std::copy_n(reinterpret_cast<const float*>(in.data()), params.size(), params.data());
-  send.wait();
+  send.wait(network.peer_timeout_s());
 }
 
-void ps_gather(net::Network& network, const std::vector<int>& workers, std::uint64_t step, std::span<float> sum) {
+void ps_gather(net::Transport& network, const std::vector<int>& workers, std::uint64_t step, std::span<float> sum) {
   for (int worker : workers) {
     const net::Payload in = network.receive(worker, net::MessageType::kGradients, step, 0);
     expect_size(network, worker, in, sum.size_bytes(), "gradients", step);
@@ -70,11 +70,11 @@ void ps_gather(net::Network& network, const std::vector<int>& workers, std::uint
   }
 }
 
-void ps_broadcast(net::Network& network, const std::vector<int>& workers, std::uint64_t step,
+void ps_broadcast(net::Transport& network, const std::vector<int>& workers, std::uint64_t step,
                   std::span<const float> params) {
-  std::vector<net::SendHandle> sends;
+  std::vector<Work> sends;
   for (int worker : workers) sends.push_back(network.send(worker, net::MessageType::kParameters, step, 0, net::as_bytes(params)));
-  for (auto& send : sends) send.wait();
+  for (auto& send : sends) send.wait(network.peer_timeout_s());
 }
 
 }  // namespace peertrain::algo

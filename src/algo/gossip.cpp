@@ -68,7 +68,7 @@ std::vector<MixingRow> mixing_rows_without(const topology::Topology& topology, i
   return {row};
 }
 
-Gossip::Gossip(net::Network& network, std::vector<MixingRow> rows, int max_staleness)
+Gossip::Gossip(net::Transport& network, std::vector<MixingRow> rows, int max_staleness)
     : network_(network), max_staleness_(max_staleness) {
   if (max_staleness < 0)
     throw Error(ErrorKind::kInvalidArgument, str("--max-staleness must be 0 or more, got ", max_staleness));
@@ -83,14 +83,14 @@ Gossip::~Gossip() {
   for (auto& part : sends_)
     for (auto& send : part) {
       try {
-        send.wait();
+        send.wait(network_.peer_timeout_s());
       } catch (...) {
       }
     }
   for (Snapshot& snapshot : in_flight_)
     for (auto& send : snapshot.sends) {
       try {
-        send.wait();
+        send.wait(network_.peer_timeout_s());
       } catch (...) {
       }
     }
@@ -253,7 +253,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     // This part of x must not change while it is being sent; a send to a peer just lost may fail.
     for (auto& send : sends_[p]) {
       try {
-        send.wait();
+        send.wait(network_.peer_timeout_s());
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
       }

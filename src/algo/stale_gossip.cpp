@@ -41,10 +41,10 @@ namespace peertrain::algo {
 
 namespace {
 
-void wait_all(std::vector<net::SendHandle>& sends) {
+void wait_all(std::vector<Work>& sends, double timeout_s) {
   for (auto& send : sends) {
     try {
-      send.wait();
+      send.wait(timeout_s);
     } catch (const Error& e) {
       // A send to a peer that was lost meanwhile fails; the receive side reports the loss.
       if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
@@ -58,7 +58,7 @@ void wait_all(std::vector<net::SendHandle>& sends) {
 void Gossip::start_stale(std::span<const float> x) {
   // Bound the memory held by sends that have not left yet (a slow link).
   while (in_flight_.size() > static_cast<std::size_t>(max_staleness_) + 1) {
-    wait_all(in_flight_.front().sends);
+    wait_all(in_flight_.front().sends, network_.peer_timeout_s());
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
   }
@@ -90,7 +90,7 @@ void Gossip::start_stale(std::span<const float> x) {
 
 void Gossip::flush() {
   PEERTRAIN_CHECK(!sending(), "flush() between start() and finish()");
-  for (Snapshot& snapshot : in_flight_) wait_all(snapshot.sends);
+  for (Snapshot& snapshot : in_flight_) wait_all(snapshot.sends, network_.peer_timeout_s());
   while (!in_flight_.empty()) {
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
@@ -164,9 +164,9 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
   // Snapshots whose sends are done are free again.
   while (!in_flight_.empty() && in_flight_.front().step < step_) {
     bool done = true;
-    for (auto& send : in_flight_.front().sends) done = done && send.ready();
+    for (auto& send : in_flight_.front().sends) done = done && send.done();
     if (!done) break;
-    wait_all(in_flight_.front().sends);
+    wait_all(in_flight_.front().sends, network_.peer_timeout_s());
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
   }

@@ -6,7 +6,7 @@
 //
 // Every operation is enqueued on its member's stream, followed by a CUDA event; nothing on
 // the host waits for the GPU except through those events. Asynchronous sends and receives
-// hand out a Request that a progress thread completes when its event has fired (events of
+// hand out a Work that a progress thread completes when its event has fired (events of
 // one stream fire in order, so it only ever tests the oldest of each member). Collectives
 // block their caller, polling their own event against the timeout. Polling rather than
 // cudaEventSynchronize is what makes timeouts and abort possible: a synchronize on a kernel
@@ -44,14 +44,14 @@
 
 #include "peertrain/comm/group.h"
 #include "peertrain/core/error.h"
-#include "request_state.h"
+#include "peertrain/core/work.h"
 
 // A named namespace, not an anonymous one, because these types cross files; the name keeps
 // them apart from ThreadGroup's internals in the same library.
 namespace peertrain::comm::nccl_internal {
 
 using Clock = std::chrono::steady_clock;
-using StatePtr = std::shared_ptr<Request::State>;
+using StatePtr = std::shared_ptr<Work::State>;
 
 // How often the progress thread tests outstanding events, and how long a blocking
 // collective sleeps between tests of its own: short against NCCL's latency of a few µs to
@@ -131,7 +131,7 @@ struct RankState {
   std::deque<SelfMessage> self_sends, self_recvs;
 };
 
-// Shared by the members, the progress thread and the cancel hooks of Requests, which hold
+// Shared by the members, the progress thread and the cancel hooks of Works, which hold
 // it by weak_ptr and may outlive the NcclGroup.
 struct Hub {
   explicit Hub(std::string group_name) : name(std::move(group_name)) {}
@@ -144,9 +144,9 @@ struct Hub {
   bool stopping = false;          // guarded by mutex
   std::string abort_reason;       // guarded by mutex
   std::atomic<bool> aborted{false};
-  // Requests whose waiter timed out and completes them itself with kTimeout; an abort that
+  // Works whose waiter timed out and completes them itself with kTimeout; an abort that
   // races with it must not complete them first with kPeerLost. Guarded by mutex.
-  std::vector<const Request::State*> withdrawn;
+  std::vector<const Work::State*> withdrawn;
   bool shut_down = false;  // touched only by the constructor and the destructor
   std::thread progress;
 
@@ -175,17 +175,17 @@ struct Hub {
   // another thread is using (it will be tested again).
   std::string async_error(RankState& r, bool blocking);
 
-  // Request::State::cancel, after a wait timed out. A message to oneself still waiting for
+  // Work::State::cancel, after a wait timed out. A message to oneself still waiting for
   // its partner is withdrawn; anything on the GPU can only be stopped with the group.
-  bool cancel(int rank, const Request::State* state);
+  bool cancel(int rank, const Work::State* state);
 
   // Completes a request posted after the group was aborted (kPeerLost), and hands it out.
-  Request failed(StatePtr state);
+  Work failed(StatePtr state);
 
   // Queues a send to or receive from oneself of member `me`, or pairs it with the oldest
   // of the other kind and enqueues their copy. Here rather than in the member because
   // cancel and abort_group search the same queues under the same mutex.
-  Request post_self(RankState& me, StatePtr state, bool is_send, float* data, std::size_t count);
+  Work post_self(RankState& me, StatePtr state, bool is_send, float* data, std::size_t count);
 
   // Adds an enqueued operation to its member's list, or fails it if the group was aborted
   // meanwhile (its communicator may already be gone, and no one would complete it).

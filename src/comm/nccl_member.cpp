@@ -1,6 +1,6 @@
 // One rank's side of NcclGroup: the Group operations that its worker thread calls. They
 // check their arguments, enqueue NCCL calls on the rank's stream and wait for collectives;
-// the Requests they hand out are completed by nccl_progress.cpp, on other threads.
+// the Works they hand out are completed by nccl_progress.cpp, on other threads.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -32,9 +32,9 @@ class Member final : public Group {
   int size() const override { return static_cast<int>(hub_->ranks.size()); }
   std::string name() const override { return hub_->name; }
 
-  Request isend(int peer, int tag, std::span<const float> data) override {
+  Work isend(int peer, int tag, std::span<const float> data) override {
     check_peer(peer, "isend");
-    auto state = std::make_shared<Request::State>(str(hub_->prefix(rank_), " isend to rank ", peer, " (tag ", tag,
+    auto state = std::make_shared<Work::State>(str(hub_->prefix(rank_), " isend to rank ", peer, " (tag ", tag,
                                                       ", ", data.size(), " floats)"));
     // NCCL never writes through a send buffer; the const_cast only lets one type carry both.
     float* buffer = const_cast<float*>(data.data());
@@ -42,9 +42,9 @@ class Member final : public Group {
     return post_p2p(std::move(state), /*is_send=*/true, peer, buffer, data.size());
   }
 
-  Request irecv(int peer, int tag, std::span<float> data) override {
+  Work irecv(int peer, int tag, std::span<float> data) override {
     check_peer(peer, "irecv");
-    auto state = std::make_shared<Request::State>(str(hub_->prefix(rank_), " irecv from rank ", peer, " (tag ", tag,
+    auto state = std::make_shared<Work::State>(str(hub_->prefix(rank_), " irecv from rank ", peer, " (tag ", tag,
                                                       ", ", data.size(), " floats)"));
     if (peer == rank_) return post_self(std::move(state), /*is_send=*/false, data.data(), data.size());
     return post_p2p(std::move(state), /*is_send=*/false, peer, data.data(), data.size());
@@ -161,7 +161,7 @@ class Member final : public Group {
     return count > 0;
   }
 
-  std::function<bool()> make_cancel(const Request::State* state) const {
+  std::function<bool()> make_cancel(const Work::State* state) const {
     return [weak = std::weak_ptr<Hub>(hub_), rank = rank_, state] {
       const auto hub = weak.lock();
       if (!hub) return true;  // the group is gone, and shut everything down on its way
@@ -207,12 +207,12 @@ class Member final : public Group {
     return event;
   }
 
-  Request post_p2p(StatePtr state, bool is_send, int peer, float* data, std::size_t count) {
+  Work post_p2p(StatePtr state, bool is_send, int peer, float* data, std::size_t count) {
     if (hub_->aborted) return hub_->failed(std::move(state));
     // Both sides skip an empty message alike, so the order of the others is unchanged.
     if (count == 0) {
       state->complete();
-      return Request(std::move(state));
+      return Work(std::move(state));
     }
     check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what);
     cudaEvent_t event =
@@ -225,13 +225,13 @@ class Member final : public Group {
                   });
     state->cancel = make_cancel(state.get());
     hub_->track(me_, {state}, event);
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
 
   // NCCL accepts a send to oneself only fused with its receive in one ncclGroupStart/End,
   // which two separate calls cannot be; so the hub matches the pair itself, in order of
   // posting like NCCL's, and moves it by one device-to-device copy on the stream.
-  Request post_self(StatePtr state, bool is_send, float* data, std::size_t count) {
+  Work post_self(StatePtr state, bool is_send, float* data, std::size_t count) {
     if (hub_->aborted) return hub_->failed(std::move(state));
     check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what);
     state->cancel = make_cancel(state.get());

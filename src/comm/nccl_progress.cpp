@@ -37,7 +37,7 @@ bool Hub::abort_comm(RankState& r, bool blocking) {
 
 void Hub::fail_in_flight(RankState& r) {
   std::deque<InFlight> failed;
-  std::vector<const Request::State*> skip;
+  std::vector<const Work::State*> skip;
   std::string why;
   {
     std::lock_guard lock(mutex);
@@ -91,7 +91,7 @@ std::string Hub::async_error(RankState& r, bool blocking) {
              detail && *detail ? str(" (", detail, ")") : std::string());
 }
 
-bool Hub::cancel(int rank, const Request::State* state) {
+bool Hub::cancel(int rank, const Work::State* state) {
   RankState& r = *ranks[rank];
   {
     std::lock_guard lock(mutex);
@@ -124,12 +124,12 @@ bool Hub::cancel(int rank, const Request::State* state) {
   return true;
 }
 
-Request Hub::failed(StatePtr state) {
+Work Hub::failed(StatePtr state) {
   state->complete(std::make_exception_ptr(aborted_error(state->what, reason())));
-  return Request(std::move(state));
+  return Work(std::move(state));
 }
 
-Request Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data, std::size_t count) {
+Work Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data, std::size_t count) {
   std::unique_lock lock(mutex);
   if (aborted) {
     lock.unlock();
@@ -138,7 +138,7 @@ Request Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data,
   auto& partners = is_send ? me.self_recvs : me.self_sends;
   if (partners.empty()) {
     (is_send ? me.self_sends : me.self_recvs).push_back(SelfMessage{state, data, count});
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
   SelfMessage partner = std::move(partners.front());
   partners.pop_front();
@@ -155,13 +155,13 @@ Request Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data,
     };
     send.state->complete(mismatch());
     recv.state->complete(mismatch());
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
   if (count == 0) {
     lock.unlock();
     send.state->complete();
     recv.state->complete();
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
   // Enqueued under the hub's lock (these calls only queue work): a waiter's cancel then
   // finds the pair either still queued or in flight, never in between.
@@ -185,7 +185,7 @@ Request Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data,
   if (failure.empty()) {
     me.in_flight.push_back(InFlight{{send.state, recv.state}, event});
     progress_cv.notify_all();
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
   lock.unlock();
   const std::string message = str(state->what, ": ", failure);

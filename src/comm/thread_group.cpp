@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "peertrain/core/error.h"
-#include "request_state.h"
+#include "peertrain/core/work.h"
 
 namespace peertrain::comm {
 namespace {
@@ -47,13 +47,13 @@ const char* collective_name(Collective kind) {
 }
 
 struct PendingSend {
-  std::shared_ptr<Request::State> state;
+  std::shared_ptr<Work::State> state;
   const float* data;
   std::size_t count;
 };
 
 struct PendingRecv {
-  std::shared_ptr<Request::State> state;
+  std::shared_ptr<Work::State> state;
   float* data;
   std::size_t count;
 };
@@ -74,7 +74,7 @@ struct Slot {
   int root = 0;
 };
 
-// The state every member shares. Held by shared_ptr so that a Request's cancel hook can
+// The state every member shares. Held by shared_ptr so that a Work's cancel hook can
 // outlive the ThreadGroup without touching freed memory.
 struct Hub {
   Hub(int n, std::string group_name) : size(n), name(std::move(group_name)), slots(n) {}
@@ -138,9 +138,9 @@ class Member final : public Group {
   int size() const override { return hub_->size; }
   std::string name() const override { return hub_->name; }
 
-  Request isend(int peer, int tag, std::span<const float> data) override {
+  Work isend(int peer, int tag, std::span<const float> data) override {
     check_peer(peer, "isend");
-    auto state = std::make_shared<Request::State>(
+    auto state = std::make_shared<Work::State>(
         str("thread group '", hub_->name, "': rank ", rank_, " isend to rank ", peer, " (tag ", tag, ", ",
             data.size(), " floats)"));
     const auto key = std::make_tuple(rank_, peer, tag);
@@ -151,18 +151,18 @@ class Member final : public Group {
     if (channel.recvs.empty()) {
       state->cancel = make_cancel(key, state.get(), /*is_send=*/true);
       channel.sends.push_back(std::move(send));
-      return Request(std::move(state));
+      return Work(std::move(state));
     }
     PendingRecv recv = std::move(channel.recvs.front());
     channel.recvs.pop_front();
     lock.unlock();
     rendezvous(*hub_, rank_, peer, tag, send, recv);
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
 
-  Request irecv(int peer, int tag, std::span<float> data) override {
+  Work irecv(int peer, int tag, std::span<float> data) override {
     check_peer(peer, "irecv");
-    auto state = std::make_shared<Request::State>(
+    auto state = std::make_shared<Work::State>(
         str("thread group '", hub_->name, "': rank ", rank_, " irecv from rank ", peer, " (tag ", tag, ", ",
             data.size(), " floats)"));
     const auto key = std::make_tuple(peer, rank_, tag);
@@ -173,13 +173,13 @@ class Member final : public Group {
     if (channel.sends.empty()) {
       state->cancel = make_cancel(key, state.get(), /*is_send=*/false);
       channel.recvs.push_back(std::move(recv));
-      return Request(std::move(state));
+      return Work(std::move(state));
     }
     PendingSend send = std::move(channel.sends.front());
     channel.sends.pop_front();
     lock.unlock();
     rendezvous(*hub_, peer, rank_, tag, send, recv);
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
 
   void all_reduce(std::span<float> data, double timeout_s) override {
@@ -260,15 +260,15 @@ class Member final : public Group {
                                                    ": peer ", peer, " is outside [0, ", hub_->size, ")"));
   }
 
-  Request failed(std::shared_ptr<Request::State> state, std::unique_lock<std::mutex>& lock) const {
+  Work failed(std::shared_ptr<Work::State> state, std::unique_lock<std::mutex>& lock) const {
     const std::string reason = hub_->abort_reason;
     lock.unlock();
     state->complete(
         std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(state->what, ": group aborted: ", reason))));
-    return Request(std::move(state));
+    return Work(std::move(state));
   }
 
-  std::function<bool()> make_cancel(std::tuple<int, int, int> key, const Request::State* state, bool is_send) {
+  std::function<bool()> make_cancel(std::tuple<int, int, int> key, const Work::State* state, bool is_send) {
     return [weak = std::weak_ptr<Hub>(hub_), key, state, is_send] {
       const auto hub = weak.lock();
       if (!hub) return true;  // the group is gone, and with it any partner
@@ -410,7 +410,7 @@ ThreadGroup::ThreadGroup(int size, std::string name) {
 }
 
 ThreadGroup::~ThreadGroup() {
-  // Requests may outlive the group; fail what is still queued so nobody waits on a partner
+  // Works may outlive the group; fail what is still queued so nobody waits on a partner
   // that can no longer come.
   std::lock_guard lock(shared_->hub->mutex);
   shared_->hub->abort_locked("the thread group was destroyed");

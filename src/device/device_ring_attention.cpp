@@ -44,7 +44,7 @@ void DeviceRingAttention::exchange(Block& outgoing, Block& incoming, std::size_t
   const std::span<const float> out(outgoing.data.data(), floats);
   const std::span<float> in(incoming.data.data(), floats);
   constexpr int kTag = 7;
-  comm::Request sent, received;
+  Work sent, received;
   if (rank % 2 == 0) {
     sent = group_.isend(next, kTag, out);
     received = group_.irecv(previous, kTag, in);

@@ -215,7 +215,7 @@ struct PipelineEngine::Worker {
   // Buffers handed to isend, kept until the partner has taken them.
   struct Parcel {
     std::vector<float> data;
-    comm::Request request;
+    Work request;
   };
   std::vector<Parcel> outbox;
 
@@ -269,11 +269,11 @@ struct PipelineEngine::Worker {
     for (auto& parcel : outbox)
       if (parcel.request.done()) {
         parcel.request.wait();  // rethrows a failed send
-        parcel.request = comm::Request();
+        parcel.request = Work();
         parcel.data.resize(floats);
         return parcel;
       }
-    outbox.push_back({std::vector<float>(floats), comm::Request()});
+    outbox.push_back({std::vector<float>(floats), Work()});
     return outbox.back();
   }
 };
@@ -390,7 +390,7 @@ void PipelineEngine::Worker::run(StepShared& step) {
     waiting([&] {
       for (auto& parcel : outbox) {
         parcel.request.wait(timeout_s);
-        parcel.request = comm::Request();
+        parcel.request = Work();
       }
     });
     end = Clock::now();
@@ -403,7 +403,7 @@ void PipelineEngine::Worker::run(StepShared& step) {
     step.failure.record(std::current_exception(), where());
     // The groups are aborted now, so these return at once, and no send is left pointing
     // into a buffer or at a group that is about to go.
-    for (auto& parcel : outbox) parcel.request = comm::Request();
+    for (auto& parcel : outbox) parcel.request = Work();
     end = Clock::now();
   }
   ring.reset();

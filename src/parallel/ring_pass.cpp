@@ -71,9 +71,9 @@ void ring_pass(comm::Group& group, double timeout_s, int tag_base, MemoryMeter& 
   const std::size_t sum_size = spec.accumulators > 0 ? sum_offset.back() : 0;
   Tracked<float> local(meter, sum_size), incoming(meter, sum_size);
 
-  std::vector<comm::Request> part_sends(spec.parts), part_recvs(spec.parts), sum_sends(spec.accumulators),
+  std::vector<Work> part_sends(spec.parts), part_recvs(spec.parts), sum_sends(spec.accumulators),
       sum_recvs(spec.accumulators), homes;
-  const auto wait_all = [&](std::vector<comm::Request>& requests) {
+  const auto wait_all = [&](std::vector<Work>& requests) {
     for (auto& r : requests) r.wait(timeout_s);
   };
   try {

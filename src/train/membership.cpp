@@ -62,7 +62,7 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                                                  " stops the whole run when a peer is lost"));
 }
 
-Membership::Membership(net::Network& network, const topology::Topology& topology, int rank, MembershipOptions options)
+Membership::Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options)
     : network_(network), topology_(topology), rank_(rank), options_(options),
       reports_read_(static_cast<std::size_t>(topology.num_peers()), 0),
       back_at_(static_cast<std::size_t>(topology.num_peers()), 0) {}
@@ -87,7 +87,7 @@ void Membership::add_failure(std::uint64_t step, int peer, const std::string& re
   std::sort(lost_.begin(), lost_.end());
   failures_.push_back({peer, step, reason});
   log::warn("peer ", peer, " is lost (noticed at step ", step, "): ", reason);
-  // Close our link too, so that a restarted process for it can rejoin (net::Network
+  // Close our link too, so that a restarted process for it can rejoin (net::Transport
   // accepts a rejoining peer only on a link its side has dropped).
   if (rank_ == 0) network_.drop(peer, str("peer 0 counts ", network_.peer_name(peer), " as lost since step ", step));
 }
@@ -125,7 +125,7 @@ void Membership::send_to_coordinator(std::uint64_t step, const std::vector<int>&
   }
   put(payload, reason.data(), std::min<std::size_t>(reason.size(), 512));
   try {
-    network_.send(0, net::MessageType::kMembership, reports_sent_++, 0, payload, false).wait();
+    network_.send(0, net::MessageType::kMembership, reports_sent_++, 0, payload, false).wait(network_.peer_timeout_s());
   } catch (const Error& e) {
     coordinator_lost_ = true;
     log::warn("cannot reach peer 0 to report a lost peer: ", e.what());
@@ -183,7 +183,7 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
   for (int peer = 1; peer < topology_.num_peers(); ++peer) {
     if ((is_lost(peer) && !joining(peer)) || !network_.alive(peer)) continue;
     try {
-      network_.send(peer, net::MessageType::kMembership, sequence, 0, payload, false).wait();
+      network_.send(peer, net::MessageType::kMembership, sequence, 0, payload, false).wait(network_.peer_timeout_s());
     } catch (const Error& e) {
       log::warn("could not tell peer ", peer, " about the new membership: ", e.what());
     }
@@ -231,7 +231,7 @@ void Membership::answer_rejoin(std::uint64_t step, int peer) {
     log::warn("peer ", peer, " asked to rejoin; refused: ", refusal);
   }
   try {
-    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, answer, false).wait();
+    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, answer, false).wait(network_.peer_timeout_s());
   } catch (const Error& e) {
     log::warn("could not answer peer ", peer, "'s request to rejoin: ", e.what());
   }
@@ -241,7 +241,7 @@ RejoinTicket Membership::rejoin() {
   PEERTRAIN_CHECK(rank_ != 0, "peer 0 cannot rejoin");
   std::vector<std::byte> request;
   put(request, &kRejoinVersion, sizeof kRejoinVersion);
-  network_.send(0, net::MessageType::kMembership, 0, kRejoinTag, request, false).wait();
+  network_.send(0, net::MessageType::kMembership, 0, kRejoinTag, request, false).wait(network_.peer_timeout_s());
   const net::Payload answer = network_.receive(0, net::MessageType::kMembership, 0, kRejoinTag);
   std::size_t at = 0;
   const auto status = take<std::uint32_t>(answer, at, "peer 0");
@@ -346,7 +346,7 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
         // The peer coming back starts from our parameters of this step.
         PEERTRAIN_CHECK(x.size() > 0, "poll() needs x at a step where this peer is a donor");
         try {
-          network_.send(join.peer, net::MessageType::kParameters, step, kRejoinTag, net::as_bytes(x), false).wait();
+          network_.send(join.peer, net::MessageType::kParameters, step, kRejoinTag, net::as_bytes(x), false).wait(network_.peer_timeout_s());
           log::info("sent peer ", join.peer, " our parameters of step ", step, " to rejoin with");
         } catch (const Error& e) {
           log::warn("could not send peer ", join.peer, " the parameters to rejoin with: ", e.what());

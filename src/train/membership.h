@@ -14,7 +14,7 @@
 // drop (no recompute, no evaluation, no summary), and launch reports the run as failed.
 //
 // Rejoining. A process restarted for a lost peer p (`peertrain peer --rank p --rejoin`,
-// same flags) dials its links; a neighbour that has dropped p accepts it (net::Network).
+// same flags) dials its links; a neighbour that has dropped p accepts it (net::Transport).
 // p asks peer 0 to come back (rejoin()); peer 0 picks a switch step s ahead, as for a
 // loss, and a donor, p's lowest-numbered surviving neighbour, and announces "p back at
 // step s from donor d" to everyone, p included. At step s every peer switches to
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "peertrain/algo/gossip.h"
-#include "peertrain/net/network.h"
+#include "peertrain/net/transport.h"
 #include "peertrain/topology/topology.h"
 #include "peertrain/train/trainer.h"
 
@@ -72,7 +72,7 @@ struct RejoinTicket {
 
 class Membership {
  public:
-  Membership(net::Network& network, const topology::Topology& topology, int rank, MembershipOptions options);
+  Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options);
 
   // Tells peer 0 (or, on peer 0, records) the neighbours lost at `step`.
   void report_lost(std::uint64_t step, const std::vector<std::pair<int, std::string>>& lost);
@@ -111,7 +111,7 @@ class Membership {
   void send_to_coordinator(std::uint64_t step, const std::vector<int>& peers, const std::string& reason);
   void add_failure(std::uint64_t step, int peer, const std::string& reason);
 
-  net::Network& network_;
+  net::Transport& network_;
   const topology::Topology& topology_;
   int rank_;
   MembershipOptions options_;

@@ -18,7 +18,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/log.h"
-#include "peertrain/net/network.h"
+#include "peertrain/net/tcp.h"
 #include "peertrain/topology/spectrum.h"
 #include "membership.h"
 #include "peertrain/train/checkpoint.h"
@@ -295,7 +295,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
                                                    " peers, same topology and training flags) in ", config.checkpoint_dir));
     resume_step = *found;
   }
-  net::NetworkOptions options;
+  net::TcpOptions options;
   if (!config.secret_file.empty()) options.secret = net::Secret::load(config.secret_file);
   options.self = rank;
   for (const auto& p : t.peers) options.endpoints.push_back({p.host, p.port});
@@ -312,7 +312,8 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     const auto link = t.link(rank, peer);
     return net::LinkShaping{link.latency_ms, link.bandwidth_mbps};
   };
-  net::Network network(options);
+  const std::unique_ptr<net::Transport> transport = net::make_tcp_transport(options);
+  net::Transport& network = *transport;
   log::info("listening on port ", t.peers[rank].port, "; connecting to ", options.links.size(), " peers");
   network.connect();
   // The I/O thread must never wait behind the gradient for a core, or the exchange stops
@@ -417,7 +418,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       std::memcpy(payload.data(), &report, sizeof report);
       std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
       try {
-        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
+        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait(network.peer_timeout_s());
         eval_sent += report_bytes;
         // Wait until peer 0 has evaluated x̄, so that its evaluation does not land in the
         // timing of our next exchange.
@@ -465,7 +466,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
     const TaskEvaluation avg = task->evaluate(average_f);
     recorder->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
-    std::vector<net::SendHandle> released;
+    std::vector<Work> released;
     for (int p = 1; p < n; ++p)
       if (!others[p].empty()) {
         eval_received += report_bytes;
@@ -474,7 +475,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       }
     for (auto& r : released) {
       try {
-        r.wait();
+        r.wait(network.peer_timeout_s());
       } catch (const Error& e) {
         if (!tolerant) throw;
       }

@@ -36,7 +36,8 @@ TEST(RingAllreduce, EqualsTheExactSum) {
       std::iota(ring.begin(), ring.end(), 0);
       std::vector<std::vector<float>> results(n);
       peertrain::testing::run_peers(n, [&](int rank) {
-        net::Network net(peertrain::testing::options_for(rank, endpoints, ring_links(n, rank)));
+        auto net_owner = net::make_tcp_transport(peertrain::testing::options_for(rank, endpoints, ring_links(n, rank)));
+    net::Transport& net = *net_owner;
         net.connect();
         // Small integers: every order of summation gives the exact same float.
         std::vector<float> data(size);
@@ -61,7 +62,8 @@ TEST(ParameterServer, GathersEveryGradientAndReturnsTheParameters) {
   const int n = 5;
   const auto endpoints = peertrain::testing::loopback_endpoints(n);
   peertrain::testing::run_peers(n, [&](int rank) {
-    net::Network net(peertrain::testing::options_for(rank, endpoints, rank == 0 ? others(n, 0) : std::vector<int>{0}));
+    auto net_owner = net::make_tcp_transport(peertrain::testing::options_for(rank, endpoints, rank == 0 ? others(n, 0) : std::vector<int>{0}));
+    net::Transport& net = *net_owner;
     net.connect();
     std::vector<float> grads(33, static_cast<float>(rank + 1)), params(33, 0.0f);
     if (rank == 0) {

@@ -34,7 +34,8 @@ std::vector<Eigen::MatrixXf> gossip_steps(const Topology& t, const Eigen::Matrix
   const auto endpoints = testing::loopback_endpoints(n);
   std::vector<Eigen::MatrixXf> history(steps, Eigen::MatrixXf(n, x0.cols()));
   testing::run_peers(n, [&](int rank) {
-    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    auto net_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net::Transport& net = *net_owner;
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank));
     std::vector<float> x(x0.cols());
@@ -123,7 +124,8 @@ TEST(Dpsgd, ConvergesToTheLeastSquaresOptimum) {
   const auto endpoints = testing::loopback_endpoints(n);
   std::vector<Eigen::VectorXf> final(n);
   testing::run_peers(n, [&](int rank) {
-    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    auto net_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net::Transport& net = *net_owner;
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank));
     Eigen::VectorXf x = Eigen::VectorXf::Zero(dim);
@@ -152,7 +154,8 @@ TEST(Gossip, StalenessZeroIsTheSynchronousMixBitForBit) {
   const auto endpoints = testing::loopback_endpoints(n);
   Eigen::MatrixXf got(n, d);
   testing::run_peers(n, [&](int rank) {
-    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    auto net_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net::Transport& net = *net_owner;
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank), 0);
     std::vector<float> x(d), u(d);
@@ -194,7 +197,8 @@ Eigen::MatrixXf gossip_with_parts(const Topology& t, const Eigen::MatrixXf& x0, 
   const auto endpoints = testing::loopback_endpoints(n);
   Eigen::MatrixXf got(n, d);
   testing::run_peers(n, [&](int rank) {
-    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    auto net_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net::Transport& net = *net_owner;
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank), staleness);
     if (!parts.empty()) gossip.set_parts(parts);
@@ -249,7 +253,8 @@ TEST(Gossip, PartsOfUnequalSizesMixAsTheWholeVectorBitForBit) {
 
 TEST(Gossip, BadPartsAreRejected) {
   const auto endpoints = testing::loopback_endpoints(1);
-  net::Network net(testing::options_for(0, endpoints, {}));
+  auto net_owner = net::make_tcp_transport(testing::options_for(0, endpoints, {}));
+    net::Transport& net = *net_owner;
   Gossip gossip(net, {MixingRow{}});  // no neighbours: the mix is x − u
   auto expect_invalid = [&](std::vector<Gossip::Part> parts, const std::string& why) {
     try {
@@ -284,7 +289,8 @@ TEST(Gossip, BadPartsAreRejected) {
 TEST(Gossip, StalenessNeedsAFixedNeighbourhood) {
   const Topology t = topology_from("graph: {generator: one-peer-exponential, n: 8}");
   const auto endpoints = testing::loopback_endpoints(8);
-  net::Network net(testing::options_for(0, endpoints, union_links(t, 0)));
+  auto net_owner = net::make_tcp_transport(testing::options_for(0, endpoints, union_links(t, 0)));
+    net::Transport& net = *net_owner;
   EXPECT_THROW(Gossip(net, mixing_rows(t, 0), 2), Error);
   EXPECT_THROW(Gossip(net, mixing_rows(t, 0), -1), Error);
 }
@@ -312,7 +318,8 @@ void stale_gossip_reaches_the_least_squares_optimum(const std::vector<Gossip::Pa
   std::barrier finished(n);
   // A peer that throws leaves the barrier, so that the others do not wait for it forever.
   auto peer = [&](int rank) {
-    net::Network net(testing::options_for(rank, endpoints, union_links(t, rank)));
+    auto net_owner = net::make_tcp_transport(testing::options_for(rank, endpoints, union_links(t, rank)));
+    net::Transport& net = *net_owner;
     net.connect();
     Gossip gossip(net, mixing_rows(t, rank), staleness);
     if (!parts.empty()) gossip.set_parts(parts);

@@ -163,16 +163,16 @@ TEST(NcclGroup, AWorldOfOneMatchesThreadGroupExactly) {
       const auto message = random_values(count, rng);
       std::vector<float> expected(count, -1.0f);
       {
-        Request r = oracle.irecv(0, 4, expected);
-        Request s = oracle.isend(0, 4, message);
+        Work r = oracle.irecv(0, 4, expected);
+        Work s = oracle.isend(0, 4, message);
         r.wait();
         s.wait();
       }
       DeviceBuffer in(count, 0), out(count, 0);
       in.upload(std::vector<float>(count, -1.0f));
       out.upload(message);
-      Request r = g.irecv(0, 4, in.span());
-      Request s = g.isend(0, 4, out.span());
+      Work r = g.irecv(0, 4, in.span());
+      Work s = g.isend(0, 4, out.span());
       r.wait();
       s.wait();
       EXPECT_EQ(count_wrong(in.download(), expected), 0) << "isend/irecv to self";
@@ -244,7 +244,7 @@ TEST(NcclGroup, ARingExchangeOverEveryDeviceDeliversInOrder) {
           out.upload(values);
           // NCCL runs one member's operations in order: alternate which goes first, or
           // every rank would wait on a partner queued behind its own first operation.
-          Request s, r;
+          Work s, r;
           if (rank % 2 == 0) {
             s = g.isend(next, 0, out.span());
             r = g.irecv(prev, 0, in.span());
@@ -297,7 +297,7 @@ TEST(NcclGroup, AbortFailsEveryLaterOperation) {
   data.upload(std::vector<float>(16, 1.0f));
   g.all_reduce(data.span());  // the group works before
   // A pending receive fails at once too.
-  Request pending = g.irecv(0, 1, in.span());
+  Work pending = g.irecv(0, 1, in.span());
   g.abort("worker 0 ran out of memory");
   std::string message;
   EXPECT_EQ(kind_of([&] { pending.wait(5.0); }), ErrorKind::kPeerLost);
@@ -348,7 +348,7 @@ TEST(NcclGroup, AMessageToOneselfWithoutPartnerTimesOutAndIsWithdrawn) {
   EXPECT_NE(message.find("stage 0 sequence group"), std::string::npos) << message;
   EXPECT_NE(message.find("irecv"), std::string::npos) << message;
   // Withdrawn: the next message goes to the next receive, and the group is not aborted.
-  Request r = g.irecv(0, 7, later.span());
+  Work r = g.irecv(0, 7, later.span());
   g.send(0, 7, out.span());
   r.wait();
   EXPECT_EQ(later.download(), std::vector<float>(4, 5.0f));

@@ -214,7 +214,7 @@ TEST(ThreadGroup, MessagesOfOneTagArriveInOrderWhateverComesFirst) {
   run_ranks(group, [&](Group& g) {
     if (g.rank() == 0) {
       std::vector<std::vector<float>> out(2 * messages);
-      std::vector<Request> sends;
+      std::vector<Work> sends;
       for (int m = 0; m < messages; ++m)
         for (int tag : {1, 2}) {
           auto& buffer = out[2 * m + tag - 1];
@@ -238,7 +238,7 @@ TEST(ThreadGroup, MessagesOfOneTagArriveInOrderWhateverComesFirst) {
   run_ranks(group, [&](Group& g) {
     const int peer = 1 - g.rank();
     std::vector<std::vector<float>> in(messages, std::vector<float>(7));
-    std::vector<Request> recvs;
+    std::vector<Work> recvs;
     for (int m = 0; m < messages; ++m) recvs.push_back(g.irecv(peer, 5, in[m]));
     for (int m = 0; m < messages; ++m) {
       const std::vector<float> out(7, value(g.rank(), 0, m));
@@ -365,10 +365,10 @@ TEST(ThreadGroup, RequestWaitRethrowsAndDestructionWaits) {
   ThreadGroup group(2, "test group");
   std::vector<float> in(2);
   {
-    Request r = group.member(1).irecv(0, 1, in);
+    Work r = group.member(1).irecv(0, 1, in);
     EXPECT_FALSE(r.done());
     const std::vector<float> out(3, 1.0f);
-    Request s = group.member(0).isend(1, 1, out);
+    Work s = group.member(0).isend(1, 1, out);
     EXPECT_TRUE(s.done());
     EXPECT_EQ(kind_of([&] { r.wait(); }), ErrorKind::kInvalidArgument);
     EXPECT_EQ(kind_of([&] { r.wait(); }), ErrorKind::kInvalidArgument);  // again: same error
@@ -376,12 +376,12 @@ TEST(ThreadGroup, RequestWaitRethrowsAndDestructionWaits) {
   }
   // A request replaced by assignment is finished first.
   std::vector<float> got(2);
-  Request r = group.member(1).irecv(0, 2, got);
+  Work r = group.member(1).irecv(0, 2, got);
   std::thread sender([&] {
     const std::vector<float> out(2, 8.0f);
     group.member(0).send(1, 2, out);
   });
-  r = Request();
+  r = Work();
   sender.join();
   EXPECT_EQ(got, std::vector<float>(2, 8.0f));
   EXPECT_THROW(group.member(2), Error);

@@ -1,4 +1,4 @@
-// Runs n peers as threads of one test process, each with its own Network on loopback.
+// Runs n peers as threads of one test process, each with its own TCP transport on loopback.
 #pragma once
 
 #include <sys/socket.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "peertrain/core/error.h"
-#include "peertrain/net/network.h"
+#include "peertrain/net/tcp.h"
 
 namespace peertrain::testing {
 
@@ -60,9 +60,9 @@ inline void run_peers(int n, const std::function<void(int)>& body) {
 }
 
 // Network options for `rank` of a cluster whose links are the given neighbour lists.
-inline net::NetworkOptions options_for(int rank, const std::vector<net::Endpoint>& endpoints,
+inline net::TcpOptions options_for(int rank, const std::vector<net::Endpoint>& endpoints,
                                        std::vector<int> links, std::uint64_t max_payload = 1 << 24) {
-  net::NetworkOptions o;
+  net::TcpOptions o;
   o.self = rank;
   o.endpoints = endpoints;
   o.links = std::move(links);

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "peertrain/net/network.h"
+#include "peertrain/net/transport.h"
 #include "peertrain/topology/topology.h"
 
 namespace peertrain::algo {
@@ -53,7 +53,7 @@ class Gossip {
  public:
   // Throws Error(kInvalidArgument) for max_staleness < 0, or > 0 with a topology that
   // changes every step (one-peer exponential: a neighbour does not send every step).
-  Gossip(net::Network& network, std::vector<MixingRow> rows, int max_staleness = 0);
+  Gossip(net::Transport& network, std::vector<MixingRow> rows, int max_staleness = 0);
   ~Gossip();  // waits for sends still in flight (stale mode): their buffers are ours
   Gossip(const Gossip&) = delete;
   Gossip& operator=(const Gossip&) = delete;
@@ -131,13 +131,13 @@ class Gossip {
   void start_stale(std::span<const float> x);
   double finish_stale(std::span<float> x, std::span<const float> update);
 
-  net::Network& network_;
+  net::Transport& network_;
   std::vector<MixingRow> rows_;
   std::uint64_t step_ = 0;
   std::vector<Part> parts_;  // empty until set_parts() or the first start()
   bool parts_given_ = false;
   bool started_ = false;  // set_parts() only before the first start()
-  std::vector<std::vector<net::SendHandle>> sends_;  // per part
+  std::vector<std::vector<Work>> sends_;  // per part
   std::vector<int> lost_;
   std::vector<std::pair<int, std::string>> newly_lost_;
   double slowest_round_s_ = 0;  // decaying maximum of the wait per round
@@ -160,7 +160,7 @@ class Gossip {
   struct Snapshot {
     std::uint64_t step = 0;
     std::vector<float> x;  // what was sent: x may change before the sends finish
-    std::vector<net::SendHandle> sends;
+    std::vector<Work> sends;
   };
   std::deque<Snapshot> in_flight_;
   std::vector<std::vector<float>> spare_;  // snapshot buffers to reuse

@@ -13,28 +13,12 @@
 #include <span>
 #include <string>
 
+#include "peertrain/core/work.h"
+
 namespace peertrain::comm {
 
-inline constexpr double kDefaultTimeoutS = 60.0;
-
-// An operation in flight. wait() blocks until it completed (true), or throws the error
-// that ended it; a wait that runs past timeout_s throws kTimeout. Destroying a Request
-// that was not waited for waits for it (without a time limit beyond the group's own).
-class Request {
- public:
-  struct State;
-  Request() = default;
-  explicit Request(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  Request(Request&&) noexcept = default;
-  Request& operator=(Request&&) noexcept;
-  ~Request();
-  void wait(double timeout_s = kDefaultTimeoutS);
-  bool done() const;
-  bool valid() const { return state_ != nullptr; }
-
- private:
-  std::shared_ptr<State> state_;
-};
+using peertrain::kDefaultTimeoutS;
+using peertrain::Work;
 
 class Group {
  public:
@@ -47,8 +31,8 @@ class Group {
   // Point to point. Messages between a pair with the same tag arrive in the order sent.
   // The buffers must stay valid until the request completes. A receive whose buffer size
   // differs from the message fails with kInvalidArgument on both sides.
-  virtual Request isend(int peer, int tag, std::span<const float> data) = 0;
-  virtual Request irecv(int peer, int tag, std::span<float> data) = 0;
+  virtual Work isend(int peer, int tag, std::span<const float> data) = 0;
+  virtual Work irecv(int peer, int tag, std::span<float> data) = 0;
   void send(int peer, int tag, std::span<const float> data, double timeout_s = kDefaultTimeoutS) {
     isend(peer, tag, data).wait(timeout_s);
   }

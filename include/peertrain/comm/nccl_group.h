@@ -7,7 +7,7 @@
 //   member's own device; host memory is rejected with kInvalidArgument.
 // - Operations are enqueued on the member's own CUDA stream (stream(rank)); a kernel
 //   launched on that stream after an operation sees its result without a host wait, which
-//   is how a ring-attention or pipeline hop overlaps compute. Request::wait and the
+//   is how a ring-attention or pipeline hop overlaps compute. Work::wait and the
 //   blocking collectives return once the operation has finished on the GPU.
 // - There are no tags: the messages between two ranks match in the order they were posted,
 //   whatever their tags, and a size mismatch cannot be detected (NCCL sends no header: the
@@ -19,7 +19,7 @@
 //   waits behind every operation its member posted before it. A ring step where every rank
 //   posts its receive before its send (or its send before its receive, once messages
 //   exceed NCCL's buffers) cannot complete; alternate the order by rank parity.
-// - A timeout cannot withdraw work already on the GPU: a Request::wait or a collective that
+// - A timeout cannot withdraw work already on the GPU: a Work::wait or a collective that
 //   runs past its timeout aborts the whole group (ncclCommAbort of every communicator), and
 //   every later operation of every rank fails with kPeerLost.
 // - Collectives check only what one rank can see (all is size()·mine, spans on the right

@@ -1,5 +1,5 @@
 // The transport on loopback, peers as threads: delivery, refusal, loss, timeouts, shaping.
-#include "peertrain/net/network.h"
+#include "peertrain/net/tcp.h"
 
 #include <gtest/gtest.h>
 
@@ -28,17 +28,18 @@ std::vector<float> iota(std::size_t n, float start) {
   return v;
 }
 
-TEST(Network, DeliversByTypeStepAndTagInAnyOrderAndCounts) {
+TEST(TcpTransport, DeliversByTypeStepAndTagInAnyOrderAndCounts) {
   const auto endpoints = loopback_endpoints(3);
   run_peers(3, [&](int rank) {
     std::vector<int> links;
     for (int p = 0; p < 3; ++p)
       if (p != rank) links.push_back(p);
-    Network net(options_for(rank, endpoints, links));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, links));
+    Transport& net = *net_owner;
     net.connect();
     const auto big = iota(1 << 18, static_cast<float>(rank));  // 1 MiB
     const std::vector<float> one = {static_cast<float>(rank)};
-    std::vector<SendHandle> sends;
+    std::vector<Work> sends;
     for (int peer : links) {
       sends.push_back(net.send(peer, MessageType::kParameters, 7, 0, as_bytes(big)));
       sends.push_back(net.send(peer, MessageType::kParameters, 8, 0, as_bytes(one)));
@@ -53,7 +54,7 @@ TEST(Network, DeliversByTypeStepAndTagInAnyOrderAndCounts) {
       ASSERT_EQ(first.size(), big.size() * 4);
       EXPECT_EQ(reinterpret_cast<const float*>(first.data())[1000], 1000.0f + static_cast<float>(peer));
     }
-    for (auto& s : sends) s.wait();
+    for (auto& s : sends) s.wait(20);
     const LinkCounters c = net.total_counters();
     EXPECT_EQ(c.messages_sent, 6u);
     EXPECT_EQ(c.bytes_sent, 2 * (3 * kHeaderBytes + big.size() * 4 + 4));
@@ -61,17 +62,18 @@ TEST(Network, DeliversByTypeStepAndTagInAnyOrderAndCounts) {
   });
 }
 
-TEST(Network, PeersMayStartInAnyOrder) {
+TEST(TcpTransport, PeersMayStartInAnyOrder) {
   const auto endpoints = loopback_endpoints(2);
   run_peers(2, [&](int rank) {
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the acceptor is late
-    Network net(options_for(rank, endpoints, {1 - rank}));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}));
+    Transport& net = *net_owner;
     net.connect();
     net.close();
   });
 }
 
-TEST(Network, RefusesAPeerWithAnotherTopologyOrRun) {
+TEST(TcpTransport, RefusesAPeerWithAnotherTopologyOrRun) {
   for (const char* what : {"fingerprint", "run id"}) {
     SCOPED_TRACE(what);
     const auto endpoints = loopback_endpoints(2);
@@ -81,7 +83,8 @@ TEST(Network, RefusesAPeerWithAnotherTopologyOrRun) {
       o.connect_timeout_s = 3;
       if (rank == 0 && std::string(what) == "fingerprint") o.fingerprint = 0xbeef;
       if (rank == 0 && std::string(what) == "run id") o.run_id = 7;
-      Network net(o);
+      auto net_owner = make_tcp_transport(o);
+      Transport& net = *net_owner;
       try {
         net.connect();
       } catch (const Error& e) {
@@ -94,11 +97,12 @@ TEST(Network, RefusesAPeerWithAnotherTopologyOrRun) {
   }
 }
 
-TEST(Network, AVanishedPeerIsNamedNotWaitedFor) {
+TEST(TcpTransport, AVanishedPeerIsNamedNotWaitedFor) {
   const auto endpoints = loopback_endpoints(2);
   std::string error;
   run_peers(2, [&](int rank) {
-    Network net(options_for(rank, endpoints, {1 - rank}));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}));
+    Transport& net = *net_owner;
     net.connect();
     if (rank == 1) {
       net.abort();  // as if killed
@@ -116,13 +120,14 @@ TEST(Network, AVanishedPeerIsNamedNotWaitedFor) {
   EXPECT_NE(error.find("peer 1 (127.0.0.1:"), std::string::npos) << error;
 }
 
-TEST(Network, ASilentPeerTimesOut) {
+TEST(TcpTransport, ASilentPeerTimesOut) {
   const auto endpoints = loopback_endpoints(2);
   std::string error;
   run_peers(2, [&](int rank) {
     auto o = options_for(rank, endpoints, {1 - rank});
     o.peer_timeout_s = 0.5;
-    Network net(o);
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
     net.connect();
     if (rank == 0) {
       try {
@@ -140,11 +145,12 @@ TEST(Network, ASilentPeerTimesOut) {
   EXPECT_NE(error.find("step 5"), std::string::npos) << error;
 }
 
-TEST(Network, LeavingCleanlyIsNotAnError) {
+TEST(TcpTransport, LeavingCleanlyIsNotAnError) {
   const auto endpoints = loopback_endpoints(2);
   std::string error;
   run_peers(2, [&](int rank) {
-    Network net(options_for(rank, endpoints, {1 - rank}));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}));
+    Transport& net = *net_owner;
     net.connect();
     if (rank == 1) return net.close();
     try {
@@ -156,10 +162,11 @@ TEST(Network, LeavingCleanlyIsNotAnError) {
   EXPECT_NE(error.find("finished"), std::string::npos) << error;
 }
 
-TEST(Network, AStrangerSendingGarbageIsRefusedAndHarmless) {
+TEST(TcpTransport, AStrangerSendingGarbageIsRefusedAndHarmless) {
   const auto endpoints = loopback_endpoints(2);
   run_peers(2, [&](int rank) {
-    Network net(options_for(rank, endpoints, {1 - rank}));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}));
+    Transport& net = *net_owner;
     if (rank == 1) {
       boost::asio::io_context io;
       boost::asio::ip::tcp::socket stranger(io);
@@ -171,21 +178,22 @@ TEST(Network, AStrangerSendingGarbageIsRefusedAndHarmless) {
     const std::vector<float> x = {1.0f, 2.0f};
     auto s = net.send(1 - rank, MessageType::kParameters, 1, 0, as_bytes(x));
     EXPECT_EQ(net.receive(1 - rank, MessageType::kParameters, 1, 0).size(), 8u);
-    s.wait();
+    s.wait(20);
     net.close();
   });
 }
 
-TEST(Network, AnOversizedFrameClosesTheLinkWithoutAllocatingIt) {
+TEST(TcpTransport, AnOversizedFrameClosesTheLinkWithoutAllocatingIt) {
   const auto endpoints = loopback_endpoints(2);
   std::string error;
   run_peers(2, [&](int rank) {
     // Peer 1 believes messages are at most 16 bytes; peer 0 sends 400.
-    Network net(options_for(rank, endpoints, {1 - rank}, rank == 1 ? 16 : 1 << 20));
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}, rank == 1 ? 16 : 1 << 20));
+    Transport& net = *net_owner;
     net.connect();
     if (rank == 0) {
       const std::vector<float> x(100, 1.0f);
-      net.send(1, MessageType::kParameters, 0, 0, as_bytes(x)).wait();
+      net.send(1, MessageType::kParameters, 0, 0, as_bytes(x)).wait(20);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       return;
     }
@@ -198,18 +206,19 @@ TEST(Network, AnOversizedFrameClosesTheLinkWithoutAllocatingIt) {
   EXPECT_NE(error.find("payload of 400 bytes"), std::string::npos) << error;
 }
 
-TEST(Network, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
+TEST(TcpTransport, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
   const auto endpoints = loopback_endpoints(2);
   run_peers(2, [&](int rank) {
     auto o = options_for(rank, endpoints, {1 - rank});
     o.shaping = [](int) { return LinkShaping{50.0, 80.0}; };  // 50 ms, 80 Mbit/s = 10 MB/s
-    Network net(o);
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
     net.connect();
     const std::vector<float> x(1 << 18, 1.0f);  // 1 MiB: ≥ 0.1 s at 10 MB/s, plus 50 ms
     const auto start = std::chrono::steady_clock::now();
     auto s = net.send(1 - rank, MessageType::kParameters, 0, 0, as_bytes(x));
     net.receive(1 - rank, MessageType::kParameters, 0, 0);
-    s.wait();
+    s.wait(20);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // A lower bound only: the emulated link can never be faster than its cap.
     EXPECT_GE(seconds, 0.8 * (0.05 + (1 << 20) / 10e6)) << seconds;
@@ -217,7 +226,7 @@ TEST(Network, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
   });
 }
 
-TEST(Network, ANodeCapIsSharedByAllLinks) {
+TEST(TcpTransport, ANodeCapIsSharedByAllLinks) {
   const auto endpoints = loopback_endpoints(3);
   run_peers(3, [&](int rank) {
     std::vector<int> links;
@@ -225,15 +234,16 @@ TEST(Network, ANodeCapIsSharedByAllLinks) {
       if (p != rank) links.push_back(p);
     auto o = options_for(rank, endpoints, links);
     if (rank == 0) o.node_bandwidth_mbps = 80.0;  // 10 MB/s for both links together
-    Network net(o);
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
     net.connect();
     const std::vector<float> x(1 << 18, 1.0f);  // 1 MiB to each of two peers
     if (rank == 0) {
       const auto start = std::chrono::steady_clock::now();
       auto a = net.send(1, MessageType::kParameters, 0, 0, as_bytes(x));
       auto b = net.send(2, MessageType::kParameters, 0, 0, as_bytes(x));
-      a.wait();
-      b.wait();
+      a.wait(20);
+      b.wait(20);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       EXPECT_GE(seconds, 0.8 * 2 * (1 << 20) / 10e6) << seconds;  // a lower bound: the card is shared
     } else {
@@ -247,25 +257,26 @@ Secret secret_of(const std::string& text) {
   return Secret::from_bytes(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
 }
 
-TEST(Network, PeersWithTheSameSecretAuthenticateAndTalk) {
+TEST(TcpTransport, PeersWithTheSameSecretAuthenticateAndTalk) {
   const auto endpoints = loopback_endpoints(2);
   run_peers(2, [&](int rank) {
     auto o = options_for(rank, endpoints, {1 - rank});
     o.secret = secret_of("0123456789abcdef-shared");
-    Network net(o);
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
     net.connect();
     const std::vector<float> x(1000, static_cast<float>(rank));
     for (std::uint64_t step = 0; step < 3; ++step) {
       auto s = net.send(1 - rank, MessageType::kParameters, step, 0, as_bytes(x));
       const Payload got = net.receive(1 - rank, MessageType::kParameters, step, 0);
       EXPECT_EQ(reinterpret_cast<const float*>(got.data())[999], static_cast<float>(1 - rank));
-      s.wait();
+      s.wait(20);
     }
     net.close();
   });
 }
 
-TEST(Network, AProcessWithoutTheKeyCannotJoin) {
+TEST(TcpTransport, AProcessWithoutTheKeyCannotJoin) {
   for (const char* case_name : {"other key", "no key"}) {
     SCOPED_TRACE(case_name);
     const auto endpoints = loopback_endpoints(2);
@@ -275,7 +286,8 @@ TEST(Network, AProcessWithoutTheKeyCannotJoin) {
       o.connect_timeout_s = 3;
       if (rank == 1) o.secret = secret_of("0123456789abcdef-shared");
       if (rank == 0 && std::string(case_name) == "other key") o.secret = secret_of("fedcba9876543210-wrong!");
-      Network net(o);
+      auto net_owner = make_tcp_transport(o);
+      Transport& net = *net_owner;
       try {
         net.connect();
       } catch (const Error& e) {
@@ -295,7 +307,7 @@ TEST(Network, AProcessWithoutTheKeyCannotJoin) {
 // the neighbour still counts it in, accepted after drop(), in either dialing direction;
 // what the old process left in the mailbox is discarded, so the new one's messages of
 // the same steps are not taken for duplicates.
-TEST(Network, ADroppedPeerCanRejoinWithAFreshLink) {
+TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
   for (const bool keyed : {false, true}) {
     SCOPED_TRACE(keyed ? "with --secret-file" : "without a key");
     const auto endpoints = loopback_endpoints(2);
@@ -307,7 +319,8 @@ TEST(Network, ADroppedPeerCanRejoinWithAFreshLink) {
       auto o = options_for(rank, endpoints, {1 - rank});
       if (keyed) o.secret = secret_of("0123456789abcdef-shared");
       if (rank == 0) {
-        Network net(o);
+        auto net_owner = make_tcp_transport(o);
+        Transport& net = *net_owner;
         net.connect();
         net.receive(1, MessageType::kParameters, 6, 0);  // step 5 is now waiting in the mailbox
         old_may_die.set_value();
@@ -324,31 +337,33 @@ TEST(Network, ADroppedPeerCanRejoinWithAFreshLink) {
         EXPECT_EQ(net.rejoins(1), 1);
         net.readmit(1);
         const auto reply = iota(4, 9);
-        net.send(1, MessageType::kParameters, 8, 0, as_bytes(reply)).wait();
+        net.send(1, MessageType::kParameters, 8, 0, as_bytes(reply)).wait(20);
         net.receive(1, MessageType::kReport, 8, 0);  // it got our reply before we close
         net.close();
         return;
       }
       {
-        Network old(o);
+        auto old_owner = make_tcp_transport(o);
+        Transport& old = *old_owner;
         old.connect();
         const auto stale = iota(16, 100);
-        old.send(0, MessageType::kParameters, 5, 0, as_bytes(stale)).wait();
-        old.send(0, MessageType::kParameters, 6, 0, as_bytes(stale)).wait();
+        old.send(0, MessageType::kParameters, 5, 0, as_bytes(stale)).wait(20);
+        old.send(0, MessageType::kParameters, 6, 0, as_bytes(stale)).wait(20);
         may_die.wait();
         old.abort();  // killed
       }
       o.rejoin = true;
-      Network again(o);
+      auto again_owner = make_tcp_transport(o);
+      Transport& again = *again_owner;
       const auto start = std::chrono::steady_clock::now();
       again.connect();
       EXPECT_TRUE(dropped.load()) << "accepted before peer 0 dropped the old link";
       EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
       const auto fresh = iota(16, 500);
-      again.send(0, MessageType::kParameters, 5, 0, as_bytes(fresh)).wait();
+      again.send(0, MessageType::kParameters, 5, 0, as_bytes(fresh)).wait(20);
       const Payload reply = again.receive(0, MessageType::kParameters, 8, 0);
       EXPECT_EQ(reply.size(), 4 * sizeof(float));
-      again.send(0, MessageType::kReport, 8, 0, {}).wait();
+      again.send(0, MessageType::kReport, 8, 0, {}).wait(20);
       again.close();
     });
     ASSERT_EQ(got.size(), 16u);
@@ -357,7 +372,7 @@ TEST(Network, ADroppedPeerCanRejoinWithAFreshLink) {
 }
 
 // A peer restarted without --rejoin into a run under way is refused with the way out.
-TEST(Network, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
+TEST(TcpTransport, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
   const auto endpoints = loopback_endpoints(2);
   std::promise<void> old_dead;
   auto dead = old_dead.get_future();
@@ -365,7 +380,8 @@ TEST(Network, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
   run_peers(2, [&](int rank) {
     auto o = options_for(rank, endpoints, {1 - rank});
     if (rank == 1) {
-      Network net(o);
+      auto net_owner = make_tcp_transport(o);
+      Transport& net = *net_owner;
       net.connect();
       EXPECT_THROW(net.receive(0, MessageType::kParameters, 0, 0), Error);
       net.drop(0, "test: peer 0 is lost");
@@ -375,13 +391,15 @@ TEST(Network, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
       return;
     }
     {
-      Network old(o);
+      auto old_owner = make_tcp_transport(o);
+      Transport& old = *old_owner;
       old.connect();
       old.abort();
     }
     dead.wait();
     o.connect_timeout_s = 2;
-    Network again(o);
+    auto again_owner = make_tcp_transport(o);
+    Transport& again = *again_owner;
     try {
       again.connect();
     } catch (const Error& e) {

@@ -1,0 +1,95 @@
+// One byte codec for the wire and file formats: little-endian integers and doubles,
+// fixed byte arrays and text, written to a growing buffer and read back with every read
+// bounds-checked. A short or malformed input throws Error(kParse) naming what was being
+// read ("hello from 10.0.0.3:41234", "membership report from peer 5"), never reads past
+// the end.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "peertrain/core/error.h"
+
+namespace peertrain::codec {
+
+static_assert(std::endian::native == std::endian::little, "peertrain's wire formats assume a little-endian host");
+
+class Writer {
+ public:
+  Writer& u32(std::uint32_t v) { return raw(&v, sizeof v); }
+  Writer& u64(std::uint64_t v) { return raw(&v, sizeof v); }
+  Writer& f64(double v) { return raw(&v, sizeof v); }
+  template <typename T, std::size_t N>
+  Writer& bytes(const std::array<T, N>& a) {
+    static_assert(sizeof(T) == 1);
+    return raw(a.data(), N);
+  }
+  Writer& bytes(std::span<const std::byte> b) { return raw(b.data(), b.size()); }
+  // Text without a length: it runs to the end of the message (the reader's rest_as_text).
+  Writer& text(const std::string& s) { return raw(s.data(), s.size()); }
+  std::size_t size() const { return out_.size(); }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  Writer& raw(const void* data, std::size_t size) {
+    const auto* p = static_cast<const std::byte*>(data);
+    out_.insert(out_.end(), p, p + size);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, std::string what) : in_(in), what_(std::move(what)) {}
+  std::uint32_t u32() { return read<std::uint32_t>(); }
+  std::uint64_t u64() { return read<std::uint64_t>(); }
+  double f64() { return read<double>(); }
+  template <typename T, std::size_t N>
+  void bytes(std::array<T, N>& a) {
+    static_assert(sizeof(T) == 1);
+    need(N);
+    std::memcpy(a.data(), in_.data() + at_, N);
+    at_ += N;
+  }
+  std::span<const std::byte> bytes(std::size_t n) {
+    need(n);
+    auto s = in_.subspan(at_, n);
+    at_ += n;
+    return s;
+  }
+  std::string rest_as_text() {
+    std::string s(reinterpret_cast<const char*>(in_.data()) + at_, in_.size() - at_);
+    at_ = in_.size();
+    return s;
+  }
+  std::size_t left() const { return in_.size() - at_; }
+  bool done() const { return at_ == in_.size(); }
+  const std::string& what() const { return what_; }
+
+ private:
+  void need(std::size_t n) const {
+    if (n > in_.size() - at_)
+      throw Error(ErrorKind::kParse, str("truncated ", what_, ": ", n, " more bytes needed at offset ", at_, " of ",
+                                         in_.size()));
+  }
+  template <typename T>
+  T read() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  std::span<const std::byte> in_;
+  std::size_t at_ = 0;
+  std::string what_;
+};
+
+}  // namespace peertrain::codec

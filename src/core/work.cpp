@@ -1,0 +1,65 @@
+#include "peertrain/core/work.h"
+
+#include <chrono>
+
+#include "peertrain/core/error.h"
+
+namespace peertrain {
+
+void Work::State::complete(std::exception_ptr failure) {
+  {
+    std::lock_guard lock(mutex);
+    if (done) return;
+    done = true;
+    error = std::move(failure);
+  }
+  cv.notify_all();
+}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    // The operation this handle owned may still use its buffers: finish it first, as the
+    // destructor would.
+    Work old(std::move(state_));
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (!state_) return;
+  try {
+    wait(state_->destroy_timeout_s);
+  } catch (...) {
+    // A destructor cannot report; the error was the owner's to collect with wait().
+  }
+}
+
+void Work::wait(double timeout_s) {
+  if (!state_) return;
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  const auto limit = std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s);
+  if (!s.cv.wait_for(lock, limit, [&] { return s.done; })) {
+    lock.unlock();
+    if (s.cancel && s.cancel())
+      s.complete(std::make_exception_ptr(Error(ErrorKind::kTimeout, str(s.what, " did not finish within ", timeout_s, " s"))));
+    lock.lock();
+    s.cv.wait(lock, [&] { return s.done; });
+  }
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+bool Work::done() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+Work Work::completed(std::exception_ptr failure) {
+  auto state = std::make_shared<State>("a completed operation");
+  state->complete(std::move(failure));
+  return Work(std::move(state));
+}
+
+}  // namespace peertrain

@@ -1,0 +1,135 @@
+// The TCP transport's private parts: a link (one connection to one peer, with its write
+// queue and its state) and the transport's shared state, whose member functions live in
+// tcp_transport.cpp (reading, writing, failing) and tcp_connect.cpp (dialing, accepting,
+// the handshake's I/O).
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "admission.h"
+#include "handshake.h"
+#include "mailbox.h"
+#include "peertrain/core/work.h"
+#include "peertrain/net/tcp.h"
+#include "token_bucket.h"
+
+namespace peertrain::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// One frame on its way out. The payload's bytes are owned by the SendBuffer or borrowed
+// from the sender, who keeps them until `state` is done (transport.h).
+struct Outgoing {
+  HeaderBytes header;
+  SendBuffer payload;
+  std::shared_ptr<Work::State> state;
+  Clock::time_point ready_at;
+  bool shaped = true;
+  std::size_t written = 0;  // of header + payload
+};
+
+struct Link {
+  explicit Link(asio::io_context& io) : socket(io), timer(io) {}
+  int peer = 0;
+  std::string name;
+  tcp::socket socket;
+  asio::steady_timer timer;  // shaping waits
+  LinkShaping shaping;
+  TokenBucket bucket;
+  std::deque<Outgoing> queue;  // I/O thread only
+  bool writing = false;
+  HeaderBytes header_in{};
+  Payload payload_in;
+  FrameHeader pending;
+  // Guarded by TcpCore::mutex:
+  bool connected = false;
+  bool dead = false;
+  bool left = false;  // said goodbye
+  // The caller gave up on it (drop()) and has not counted it in again (readmit()): a
+  // restarted process for it may rejoin once the link is dead.
+  bool dropped = false;
+  int rejoins = 0;
+  std::string death;
+  LinkCounters counters;
+  std::unique_ptr<FrameAuthenticator> auth;  // set by the handshake when a secret is in use
+  std::unique_ptr<asio::steady_timer> heartbeat;
+  Clock::time_point last_write = Clock::now();  // I/O thread only
+  Clock::time_point last_heard = Clock::now();  // guarded by TcpCore::mutex
+  // Bumped when a rejoined peer replaces the socket: completions of the old socket's
+  // reads and writes that run later must not touch the new connection.
+  std::uint64_t generation = 0;  // I/O thread only
+};
+
+// Everything the I/O thread and the callers share. Held by shared_ptr so that a Work's
+// cancel hook, which may run after the transport is gone, can tell.
+struct TcpCore {
+  explicit TcpCore(TcpOptions o) : options(std::move(o)) {}
+  TcpOptions options;
+  // Declared before the io_context: handlers that hold a handshake slot release it when
+  // the io_context destroys them.
+  Admission admission{kMaxPendingHandshakes, kMaxPendingPerAddress};
+  RateLimitedLine stranger_line{10.0};
+  RateLimitedLine accept_line{10.0};
+  double accept_backoff_s = 0;  // after accept failed for lack of descriptors
+
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::acceptor acceptor{io};
+  std::thread thread;
+  std::map<int, std::unique_ptr<Link>> links;
+
+  std::mutex mutex;  // guards the mailbox and the link states marked above
+  std::condition_variable changed;
+  Mailbox mailbox;
+  TokenBucket node_bucket;  // the shared egress cap (I/O thread only)
+  std::string fatal;        // a refusal that ends connect()
+  std::string last_refusal;
+  bool closed = false;
+
+  Link& link(int peer);
+  std::string name_of(int peer) const;
+
+  // tcp_transport.cpp: failing, reading, writing.
+  void fail_link(Link& l, const std::string& why);
+  void stop_links(void (*how)(Link&, boost::system::error_code&));
+  void start_read(Link& l);
+  void read_failed(Link& l, const boost::system::error_code& ec);
+  void deliver(Link& l);
+  void enqueue(Link& l, Outgoing out);
+  void write_next(Link& l);
+  void wrote(Link& l, const boost::system::error_code& ec, bool frame_done);
+  Outgoing make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped,
+                      const std::string& to, bool authenticated = false);
+  void established(Link& l, tcp::socket socket);
+  void schedule_heartbeat(Link& l);
+
+  // tcp_connect.cpp: dialing, accepting, the handshake's I/O.
+  void dial_all(Clock::time_point deadline);
+  void dial(Link& l, Clock::time_point deadline);
+  void retry_dial(Link& l, Clock::time_point deadline, const std::string& why);
+  void send_hello(Link& l, Clock::time_point deadline, std::shared_ptr<tcp::socket> socket);
+  void prove_as_dialer(Link& l, Clock::time_point deadline, std::shared_ptr<tcp::socket> socket,
+                       const handshake::Hello& hello, const handshake::Reply& reply,
+                       std::shared_ptr<asio::steady_timer> timer);
+  void refuse_fatally(const std::string& why);
+  void listen();
+  void accept_next();
+  void handshake(std::shared_ptr<tcp::socket> socket, std::shared_ptr<void> slot, const std::string& from);
+  void answer_hello(std::shared_ptr<tcp::socket> socket, const handshake::Hello& hello, const std::string& from,
+                    std::shared_ptr<asio::steady_timer> timer, std::shared_ptr<void> slot);
+  handshake::Verdict admit_hello(const handshake::Hello& hello);  // under the lock
+};
+
+}  // namespace peertrain::net

@@ -1,0 +1,566 @@
+// The TCP transport: reading and writing frames on established links, failing links, and
+// the Transport interface over them. Dialing, accepting and the handshake are in
+// tcp_connect.cpp; the handshake's decisions in handshake.cpp.
+#include <future>
+
+#include "peertrain/core/error.h"
+#include "peertrain/core/log.h"
+#include "tcp_link.h"
+
+namespace peertrain::net {
+
+Link& TcpCore::link(int peer) {
+  auto it = links.find(peer);
+  if (it == links.end())
+    throw Error(ErrorKind::kInvalidArgument, str("peer ", options.self, " has no link to peer ", peer));
+  return *it->second;
+}
+
+std::string TcpCore::name_of(int peer) const {
+  const Endpoint& e = options.endpoints.at(static_cast<std::size_t>(peer));
+  return str("peer ", peer, " (", e.host, ":", e.port, ")");
+}
+
+// --- failure -------------------------------------------------------------------------
+
+void TcpCore::fail_link(Link& l, const std::string& why) {
+  bool already_dead = false;
+  std::string death;
+  {
+    std::lock_guard lock(mutex);
+    already_dead = l.dead;
+    if (!already_dead) {
+      l.dead = true;
+      l.death = why;
+    }
+    death = l.death;
+  }
+  const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, death));
+  if (already_dead) {
+    // A link that died quietly (the peer said goodbye and closed) may still hold queued
+    // sends; end them now, or each wait() on them would run to its time-out. A write still
+    // in flight keeps its frame: its completion handler pops it.
+    auto first = l.queue.begin();
+    if (l.writing && first != l.queue.end()) ++first;
+    for (auto it = first; it != l.queue.end(); ++it) it->state->complete(lost);
+    l.queue.erase(first, l.queue.end());
+    changed.notify_all();
+    return;
+  }
+  if (!closed) log::error(why);
+  // Closing the socket on this thread ends every read and write of it: the reactor touches
+  // a write's buffers only on this thread, so the queue's bytes are free once it is closed.
+  boost::system::error_code ignored;
+  l.socket.close(ignored);
+  l.timer.cancel();
+  if (l.heartbeat) l.heartbeat->cancel();
+  for (Outgoing& out : l.queue) out.state->complete(lost);
+  l.queue.clear();
+  l.writing = false;
+  changed.notify_all();
+}
+
+// Marks the transport closed, then, on the I/O thread, closes the acceptor and applies
+// `how` to every link; waits (at most 5 s) for that to have happened.
+void TcpCore::stop_links(void (*how)(Link&, boost::system::error_code&)) {
+  {
+    std::lock_guard lock(mutex);
+    closed = true;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  asio::post(io, [this, how, done] {
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    for (auto& [peer, link] : links) how(*link, ignored);
+    done->set_value();
+  });
+  done->get_future().wait_for(std::chrono::seconds(5));
+}
+
+// --- reading -------------------------------------------------------------------------
+
+void TcpCore::start_read(Link& l) {
+  const std::uint64_t generation = l.generation;
+  asio::async_read(l.socket, asio::buffer(l.header_in), [this, &l, generation](boost::system::error_code ec, std::size_t) {
+    if (generation != l.generation) return;
+    if (ec) return read_failed(l, ec);
+    try {
+      l.pending = decode_header(l.header_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+    } catch (const Error& e) {
+      return fail_link(l, e.what());
+    }
+    {
+      std::lock_guard lock(mutex);
+      if (l.payload_in.capacity() < l.pending.length) l.payload_in = mailbox.reuse(l.pending.length);
+    }
+    l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
+    asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l, generation](boost::system::error_code ec2, std::size_t) {
+      if (generation != l.generation) return;
+      if (ec2) return read_failed(l, ec2);
+      if (l.auth) {
+        if (!l.auth->verify(l.header_in, l.payload_in))
+          return fail_link(l, str("bad frame from ", l.name, ": authentication failed on a ", to_string(l.pending.type),
+                                  " frame for step ", l.pending.step, " (forged, corrupted or replayed); closing the link"));
+      } else {
+        try {
+          verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+        } catch (const Error& e) {
+          return fail_link(l, e.what());
+        }
+      }
+      deliver(l);
+    });
+  });
+}
+
+void TcpCore::read_failed(Link& l, const boost::system::error_code& ec) {
+  {
+    std::lock_guard lock(mutex);
+    if (l.left || closed) {
+      l.dead = true;
+      l.death = str(l.name, " finished and closed its connection");
+      changed.notify_all();
+      return;
+    }
+  }
+  fail_link(l, ec == asio::error::eof ? str(l.name, " closed the connection (it exited or crashed)")
+                                      : str("lost ", l.name, ": ", ec.message()));
+}
+
+void TcpCore::deliver(Link& l) {
+  const FrameHeader& h = l.pending;
+  bool duplicate = false;
+  {
+    std::lock_guard lock(mutex);
+    l.counters.bytes_received += kHeaderBytes + h.length;
+    ++l.counters.messages_received;
+    l.last_heard = Clock::now();
+    if (h.type == MessageType::kGoodbye) {
+      l.left = true;
+    } else if (h.type == MessageType::kHeartbeat) {
+      // nothing to deliver: hearing it was the point
+    } else {
+      duplicate = !mailbox.put(Mailbox::key(l.peer, h.type, h.step, h.tag), std::move(l.payload_in));
+      l.payload_in = Payload();
+    }
+  }
+  if (duplicate)
+    return fail_link(l, str("bad frame from ", l.name, ": a second ", to_string(h.type), " for step ", h.step,
+                            " (part ", h.tag, "); closing the link"));
+  changed.notify_all();
+  start_read(l);
+}
+
+// --- writing -------------------------------------------------------------------------
+
+void TcpCore::enqueue(Link& l, Outgoing out) {
+  {
+    std::lock_guard lock(mutex);
+    if (l.dead) {
+      out.state->complete(std::make_exception_ptr(Error(ErrorKind::kPeerLost, l.death)));
+      return;
+    }
+  }
+  // Signed here, on the I/O thread, so that signing order is wire order.
+  if (l.auth) l.auth->sign(out.header, out.payload.bytes());
+  l.queue.push_back(std::move(out));
+  if (!l.writing) write_next(l);
+}
+
+void TcpCore::write_next(Link& l) {
+  if (l.queue.empty()) {
+    l.writing = false;
+    return;
+  }
+  l.writing = true;
+  Outgoing& out = l.queue.front();
+  const auto payload = out.payload.bytes();
+  const double node_mbps = options.node_bandwidth_mbps;
+  const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0 || node_mbps > 0);
+  const std::uint64_t generation = l.generation;
+  if (!shaped) {
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(payload.data(), payload.size())};
+    asio::async_write(l.socket, buffers, [this, &l, generation](boost::system::error_code ec, std::size_t) {
+      if (generation == l.generation) wrote(l, ec, true);
+    });
+    return;
+  }
+  const auto now = Clock::now();
+  if (now < out.ready_at) {  // one-way latency
+    l.timer.expires_at(out.ready_at);
+    l.timer.async_wait([this, &l](boost::system::error_code ec) {
+      if (!ec) write_next(l);
+    });
+    return;
+  }
+  const std::size_t total = kHeaderBytes + payload.size();
+  const double link_mbps = l.shaping.bandwidth_mbps;
+  const std::size_t piece = std::min(shaped_piece(std::max(link_mbps, node_mbps)), total - out.written);
+  // Two token buckets, the link's and the card's shared by every link; a piece goes when
+  // both hold enough.
+  double wait_s = 0;
+  if (link_mbps > 0) wait_s = std::max(wait_s, l.bucket.refill(now, link_mbps, piece));
+  if (node_mbps > 0) wait_s = std::max(wait_s, node_bucket.refill(now, node_mbps, piece));
+  if (wait_s > 0) {
+    l.timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
+    l.timer.async_wait([this, &l](boost::system::error_code ec) {
+      if (!ec) write_next(l);
+    });
+    return;
+  }
+  if (link_mbps > 0) l.bucket.spend(piece);
+  if (node_mbps > 0) node_bucket.spend(piece);
+  std::vector<asio::const_buffer> buffers;
+  std::size_t from = out.written, left = piece;
+  if (from < kHeaderBytes) {
+    const std::size_t n = std::min(left, kHeaderBytes - from);
+    buffers.push_back(asio::buffer(out.header.data() + from, n));
+    from += n;
+    left -= n;
+  }
+  if (left > 0) buffers.push_back(asio::buffer(payload.data() + (from - kHeaderBytes), left));
+  asio::async_write(l.socket, buffers, [this, &l, piece, generation](boost::system::error_code ec, std::size_t) {
+    if (generation != l.generation) return;
+    if (ec) return wrote(l, ec, true);
+    if (l.queue.empty()) return wrote(l, ec, false);  // fail_link ended the frame meanwhile
+    Outgoing& o = l.queue.front();
+    o.written += piece;
+    wrote(l, ec, o.written == kHeaderBytes + o.payload.bytes().size());
+  });
+}
+
+void TcpCore::wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {
+  if (ec) {
+    l.writing = false;  // this write is over: fail_link may end its frame with the rest
+    return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
+  }
+  l.last_write = Clock::now();
+  if (frame_done && !l.queue.empty()) {  // empty: fail_link already ended this frame
+    Outgoing done = std::move(l.queue.front());
+    l.queue.pop_front();
+    {
+      std::lock_guard lock(mutex);
+      l.counters.bytes_sent += kHeaderBytes + done.payload.bytes().size();
+      ++l.counters.messages_sent;
+    }
+    done.state->complete();
+  }
+  write_next(l);
+}
+
+Outgoing TcpCore::make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped,
+                             const std::string& to, bool authenticated) {
+  FrameHeader h;
+  h.type = type;
+  h.sender = static_cast<std::uint32_t>(options.self);
+  h.tag = tag;
+  h.step = step;
+  h.length = payload.bytes().size();
+  if (!authenticated) h.checksum = frame_checksum(h, checksum_payload(payload.bytes()));  // else the tag replaces it
+  Outgoing out;
+  out.header = encode_header(h);
+  out.payload = std::move(payload);
+  out.state = std::make_shared<Work::State>(str("sending ", to_string(type), " for step ", step, " to ", to),
+                                            options.peer_timeout_s);
+  out.shaped = shaped;
+  return out;
+}
+
+void TcpCore::established(Link& l, tcp::socket socket) {
+  boost::system::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  {
+    std::lock_guard lock(mutex);
+    if (l.connected) {  // a peer we dropped came back (rejoin): a fresh link
+      ++l.generation;
+      ++l.rejoins;
+      l.dead = l.left = false;  // still `dropped` until the caller readmit()s it
+      l.death.clear();
+      mailbox.forget(l.peer);  // what the old process sent
+      l.queue.clear();
+      l.writing = false;
+      l.bucket.tokens = 0;
+      log::info(l.name, " rejoined: its link is up again");
+    }
+  }
+  l.timer.cancel();
+  l.socket.close(ignored);
+  l.socket = std::move(socket);
+  {
+    std::lock_guard lock(mutex);
+    l.connected = true;
+    l.last_heard = Clock::now();
+  }
+  log::debug("connected to ", l.name);
+  changed.notify_all();
+  start_read(l);
+  l.heartbeat = std::make_unique<asio::steady_timer>(io);
+  schedule_heartbeat(l);
+}
+
+void TcpCore::schedule_heartbeat(Link& l) {
+  l.heartbeat->expires_after(std::chrono::seconds(1));
+  l.heartbeat->async_wait([this, &l](boost::system::error_code ec) {
+    if (ec) return;
+    {
+      std::lock_guard lock(mutex);
+      if (closed || l.dead || l.left) return;
+    }
+    if (!l.writing && l.queue.empty() && Clock::now() - l.last_write > std::chrono::milliseconds(900))
+      enqueue(l, make_frame(MessageType::kHeartbeat, 0, 0, {}, false, l.name, options.secret.has_value()));
+    schedule_heartbeat(l);
+  });
+}
+
+// --- the Transport -------------------------------------------------------------------
+
+namespace {
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(TcpOptions options) : core_(std::make_shared<TcpCore>(std::move(options))) {
+    TcpCore& m = *core_;
+    const int self = m.options.self;
+    PEERTRAIN_CHECK(self >= 0 && self < static_cast<int>(m.options.endpoints.size()), "self ", self, " of ",
+                    m.options.endpoints.size(), " endpoints");
+    for (int peer : m.options.links) {
+      auto l = std::make_unique<Link>(m.io);
+      l->peer = peer;
+      l->name = m.name_of(peer);
+      if (m.options.shaping) l->shaping = m.options.shaping(peer);
+      m.links.emplace(peer, std::move(l));
+    }
+    m.listen();
+    m.thread = std::thread([&m] {
+      try {
+        m.io.run();
+      } catch (const std::exception& e) {
+        log::error("the I/O thread stopped: ", e.what());
+      }
+    });
+  }
+
+  ~TcpTransport() override {
+    TcpCore& m = *core_;
+    // Only an explicit close() says goodbye: a transport destroyed by an exception must
+    // look to its neighbours like the failure it is, not like a clean finish.
+    bool clean;
+    {
+      std::lock_guard lock(m.mutex);
+      clean = m.closed;
+    }
+    if (!clean) {
+      try {
+        abort();
+      } catch (...) {
+      }
+    }
+    m.work.reset();
+    m.io.stop();
+    if (m.thread.joinable()) m.thread.join();
+    // Sends nobody will write any more: end them, so their Works do not wait out a time-out.
+    const auto gone = std::make_exception_ptr(Error(ErrorKind::kPeerLost, "the transport was closed"));
+    for (auto& [peer, link] : m.links)
+      for (Outgoing& out : link->queue) out.state->complete(gone);
+  }
+
+  void connect() override {
+    TcpCore& m = *core_;
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(m.options.connect_timeout_s));
+    asio::post(m.io, [&m, deadline] { m.dial_all(deadline); });
+    std::unique_lock lock(m.mutex);
+    auto all_connected = [&] {
+      for (auto& [peer, link] : m.links)
+        if (!link->connected) return false;
+      return true;
+    };
+    m.changed.wait_until(lock, deadline, [&] { return !m.fatal.empty() || all_connected(); });
+    if (!m.fatal.empty()) throw Error(ErrorKind::kPeerLost, str("peer ", m.options.self, ": ", m.fatal));
+    if (!all_connected()) {
+      std::string missing;
+      for (auto& [peer, link] : m.links)
+        if (!link->connected) missing += (missing.empty() ? "" : ", ") + link->name;
+      throw Error(ErrorKind::kTimeout, str("peer ", m.options.self, " could not connect to ", missing, " within ",
+                                           m.options.connect_timeout_s, " s",
+                                           m.last_refusal.empty() ? "" : " (last problem: " + m.last_refusal + ")"));
+    }
+  }
+
+  Work send(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped) override {
+    TcpCore& m = *core_;
+    Link& l = m.link(peer);
+    PEERTRAIN_CHECK(payload.bytes().size() <= m.options.max_payload_bytes, "payload of ", payload.bytes().size(),
+                    " bytes exceeds ", m.options.max_payload_bytes);
+    Outgoing out = m.make_frame(type, step, tag, std::move(payload), shaped, l.name, m.options.secret.has_value());
+    out.ready_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(l.shaping.latency_ms / 1000.0));
+    out.state->cancel = cancel_hook(l, out.state);
+    Work work(out.state);
+    asio::post(m.io, [&m, &l, out = std::move(out)]() mutable { m.enqueue(l, std::move(out)); });
+    return work;
+  }
+
+  Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double timeout_s) override {
+    TcpCore& m = *core_;
+    Link& l = m.link(peer);
+    const auto key = Mailbox::key(peer, type, step, tag);
+    timeout_s = std::min(timeout_s, m.options.peer_timeout_s);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    std::unique_lock lock(m.mutex);
+    while (true) {
+      if (auto payload = m.mailbox.take(key)) return std::move(*payload);
+      const std::string waiting = str(to_string(type), " for step ", step, tag ? str(" (part ", tag, ")") : "");
+      if (l.dead) throw Error(ErrorKind::kPeerLost, str(l.death, "; peer ", m.options.self, " was waiting for ", waiting));
+      if (l.left) throw Error(ErrorKind::kPeerLost, str(l.name, " finished and left before sending ", waiting));
+      if (m.changed.wait_until(lock, deadline) == std::cv_status::timeout && !m.mailbox.has(key))
+        throw Error(ErrorKind::kTimeout,
+                    str(l.name, " sent no ", waiting, " within ", timeout_s, " s",
+                        timeout_s < m.options.peer_timeout_s ? " (adaptive deadline)" : " (--peer-timeout)", "; peer ",
+                        m.options.self, " gives up"));
+    }
+  }
+
+  std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) override {
+    TcpCore& m = *core_;
+    Link& l = m.link(peer);
+    std::lock_guard lock(m.mutex);
+    if (auto payload = m.mailbox.take(Mailbox::key(peer, type, step, tag))) return payload;
+    if (l.dead && !l.left) throw Error(ErrorKind::kPeerLost, l.death);
+    return std::nullopt;
+  }
+
+  void drop(int peer, const std::string& why) override {
+    TcpCore& m = *core_;
+    Link& l = m.link(peer);
+    auto done = std::make_shared<std::promise<void>>();
+    asio::post(m.io, [&m, &l, why, done] {
+      {
+        std::lock_guard lock(m.mutex);
+        if (!l.dead) {
+          l.dead = true;
+          l.death = why;
+        }
+        l.dropped = true;
+        m.mailbox.forget(l.peer);  // nothing more is read from it
+      }
+      boost::system::error_code ignored;
+      l.socket.close(ignored);
+      l.timer.cancel();
+      const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, why));
+      for (Outgoing& out : l.queue) out.state->complete(lost);
+      l.queue.clear();
+      l.writing = false;
+      m.changed.notify_all();
+      done->set_value();
+    });
+    done->get_future().wait_for(std::chrono::seconds(5));
+  }
+
+  void readmit(int peer) override {
+    std::lock_guard lock(core_->mutex);
+    core_->link(peer).dropped = false;
+  }
+  int rejoins(int peer) const override {
+    std::lock_guard lock(core_->mutex);
+    return core_->link(peer).rejoins;
+  }
+  bool alive(int peer) const override {
+    std::lock_guard lock(core_->mutex);
+    const Link& l = core_->link(peer);
+    return l.connected && !l.dead && !l.left;
+  }
+  double silence_s(int peer) const override {
+    std::lock_guard lock(core_->mutex);
+    return std::chrono::duration<double>(Clock::now() - core_->link(peer).last_heard).count();
+  }
+  void recycle(Payload payload) override {
+    std::lock_guard lock(core_->mutex);
+    core_->mailbox.recycle(std::move(payload));
+  }
+
+  void close() override {
+    TcpCore& m = *core_;
+    {
+      std::lock_guard lock(m.mutex);
+      if (m.closed) return;
+    }
+    std::vector<Work> goodbyes;
+    for (auto& [peer, link] : m.links) {
+      bool live;
+      {
+        std::lock_guard lock(m.mutex);
+        live = link->connected && !link->dead;
+      }
+      if (live) goodbyes.push_back(send(peer, MessageType::kGoodbye, 0, 0, {}, false));
+    }
+    for (auto& g : goodbyes) {
+      try {
+        g.wait(m.options.peer_timeout_s);
+      } catch (const Error&) {
+      }
+    }
+    m.stop_links([](Link& link, boost::system::error_code& ignored) {
+      link.socket.shutdown(tcp::socket::shutdown_send, ignored);  // FIN after what is queued
+      link.timer.cancel();
+      if (link.heartbeat) link.heartbeat->cancel();
+    });
+  }
+
+  void abort() override {
+    core_->stop_links([](Link& link, boost::system::error_code& ignored) {
+      link.socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
+      link.socket.close(ignored);
+    });
+  }
+
+  int self() const override { return core_->options.self; }
+  const std::vector<int>& links() const override { return core_->options.links; }
+  LinkCounters counters(int peer) const override {
+    std::lock_guard lock(core_->mutex);
+    return core_->link(peer).counters;
+  }
+  LinkCounters total_counters() const override {
+    std::lock_guard lock(core_->mutex);
+    LinkCounters total;
+    for (auto& [peer, link] : core_->links) {
+      total.bytes_sent += link->counters.bytes_sent;
+      total.bytes_received += link->counters.bytes_received;
+      total.messages_sent += link->counters.messages_sent;
+      total.messages_received += link->counters.messages_received;
+    }
+    return total;
+  }
+  std::string peer_name(int peer) const override { return core_->name_of(peer); }
+  double peer_timeout_s() const override { return core_->options.peer_timeout_s; }
+
+ private:
+  // What a send's wait() does when it runs out of time: on the I/O thread, it ends the
+  // send with kTimeout and fails the link (closing the socket), so that the I/O thread has
+  // let go of the send's bytes before the caller hears of the time-out and frees them.
+  std::function<bool()> cancel_hook(Link& l, const std::shared_ptr<Work::State>& state) const {
+    return [weak_core = std::weak_ptr<TcpCore>(core_), &l, weak_state = std::weak_ptr<Work::State>(state)] {
+      const auto core = weak_core.lock();
+      const auto me = weak_state.lock();
+      if (!core || !me) return true;  // the transport is gone: its I/O thread with it
+      auto done = std::make_shared<std::promise<void>>();
+      asio::post(core->io, [c = core.get(), &l, me, done] {
+        const std::string why = str(me->what, " did not finish in time; closing the link to ", l.name);
+        me->complete(std::make_exception_ptr(Error(ErrorKind::kTimeout, why)));
+        c->fail_link(l, why);
+        done->set_value();
+      });
+      if (done->get_future().wait_for(std::chrono::seconds(5)) != std::future_status::ready)
+        return true;  // the I/O thread is stopped: nothing reads the bytes any more
+      return false;   // completed above
+    };
+  }
+
+  std::shared_ptr<TcpCore> core_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_tcp_transport(TcpOptions options) { return std::make_unique<TcpTransport>(std::move(options)); }
+
+}  // namespace peertrain::net
