@@ -8,5 +8,6 @@ int run_topology(int argc, char** argv);
 int run_peer(int argc, char** argv);
 int run_launch(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_keygen(int argc, char** argv);
 
 }  // namespace peertrain::cli

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -241,9 +242,16 @@ int run_launch(int argc, char** argv) {
     std::vector<std::string> args_text = common;
     args_text.insert(args_text.begin() + 1, {"--rank", std::to_string(rank)});
     if (rank == 0) args_text.push_back("--progress");
+    const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw Error(ErrorKind::kIo, str("cannot start peer ", rank, ": ", std::strerror(errno)));
     if (pid == 0) {
+      // A peer must not outlive its launcher: if launch is killed (even with SIGKILL, which
+      // it cannot catch), the kernel sends each peer SIGTERM, so no orphan keeps training
+      // and holding its port for the next run. The second check closes the race with a
+      // launcher that died before the first took effect.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1);
       dup2(pipe_fds[1], STDOUT_FILENO);
       dup2(log_fd, STDERR_FILENO);
       close(pipe_fds[0]);

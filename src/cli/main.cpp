@@ -24,7 +24,8 @@ void print_usage() {
       "  peer                run one peer (launch, srun or mpirun start these)\n"
       "  topology generate   write a topology file from a generator\n"
       "  topology inspect    check a topology file and report W's spectral gap\n"
-      "  bench step          time one training step\n\n"
+      "  bench step          time one training step\n"
+      "  keygen FILE         write a new key file for --secret-file\n\n"
       "Run 'peertrain <command> --help' for a command's options.\n"
       "build: cuda=%s nccl=%s\n",
       PEERTRAIN_VERSION, PEERTRAIN_HAVE_CUDA ? "yes" : "no", PEERTRAIN_HAVE_NCCL ? "yes" : "no");
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     if (command == "launch") return peertrain::cli::run_launch(argc - 1, argv + 1);
     if (command == "peer") return peertrain::cli::run_peer(argc - 1, argv + 1);
     if (command == "bench") return peertrain::cli::run_bench(argc - 1, argv + 1);
+    if (command == "keygen") return peertrain::cli::run_keygen(argc - 1, argv + 1);
     std::fprintf(stderr, "error: unknown command '%s'; run 'peertrain --help' for the list\n", command.c_str());
     return 2;
   } catch (const peertrain::Error& e) {

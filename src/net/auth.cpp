@@ -19,6 +19,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <algorithm>
 #include <fstream>
 
 #include "peertrain/core/error.h"
@@ -74,13 +76,53 @@ std::vector<std::uint8_t> transcript(const char* label, const HandshakeContext& 
 }
 
 void check_length(std::size_t size, const std::string& what) {
-  if (size == 0) throw Error(ErrorKind::kInvalidArgument, str(what, " is empty"));
-  if (size < kMinSecretBytes)
-    throw Error(ErrorKind::kInvalidArgument,
-                str(what, " holds ", size, " bytes; a secret needs at least ", kMinSecretBytes,
-                    " random bytes (make one with: head -c 32 /dev/urandom > FILE)"));
-  if (size > kMaxSecretBytes)
-    throw Error(ErrorKind::kInvalidArgument, str(what, " is longer than ", kMaxSecretBytes, " bytes (is it a key file?)"));
+  if (size != kSecretBytes)
+    throw Error(ErrorKind::kInvalidArgument, str(what, " holds ", size, " bytes; a key is exactly ", kSecretBytes,
+                                                 " random bytes (make one with: peertrain keygen FILE)"));
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The text as hex, or nothing when it is not hex.
+std::optional<std::vector<std::uint8_t>> from_hex(const std::string& text) {
+  if (text.size() % 2 != 0) return std::nullopt;
+  std::vector<std::uint8_t> out;
+  for (std::size_t i = 0; i < text.size(); i += 2) {
+    const int hi = hex_digit(text[i]), lo = hex_digit(text[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out.push_back(static_cast<std::uint8_t>(hi * 16 + lo));
+  }
+  return out;
+}
+
+// The text as standard base64 (padding optional), or nothing when it is not base64.
+std::optional<std::vector<std::uint8_t>> from_base64(std::string text) {
+  while (!text.empty() && text.back() == '=') text.pop_back();
+  if (text.size() % 4 == 1) return std::nullopt;
+  std::vector<std::uint8_t> out;
+  std::uint32_t buffer = 0;
+  int bits = 0;
+  for (char c : text) {
+    int v;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') v = c - '0' + 52;
+    else if (c == '+') v = 62;
+    else if (c == '/') v = 63;
+    else return std::nullopt;
+    buffer = (buffer << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<std::uint8_t>(buffer >> bits));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -107,23 +149,58 @@ Secret Secret::load(const std::string& path) {
   if (S_ISDIR(info.st_mode)) throw Error(ErrorKind::kIo, str(what, " is a directory, not a key file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorKind::kIo, str("cannot read ", what, ": ", std::strerror(errno)));
-  // Read at most two bytes past the bound (a trailing "\r\n"), never what the file claims.
-  std::vector<std::uint8_t> bytes(kMaxSecretBytes + 3);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  // Read at most one byte past the bound, never what the file claims.
+  std::string text(kMaxSecretFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw Error(ErrorKind::kIo, str("cannot read ", what, ": ", std::strerror(errno)));
-  std::size_t size = static_cast<std::size_t>(in.gcount());
-  if (size > 0 && bytes[size - 1] == '\n') {
-    --size;
-    if (size > 0 && bytes[size - 1] == '\r') --size;
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxSecretFileBytes)
+    throw Error(ErrorKind::kInvalidArgument, str(what, " is longer than ", kMaxSecretFileBytes, " bytes; it is not a key file"));
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  std::size_t first = 0, last = text.size();
+  while (first < last && space(text[first])) ++first;
+  while (last > first && space(text[last - 1])) --last;
+  const std::string key = text.substr(first, last - first);
+  OPENSSL_cleanse(text.data(), text.size());
+  const std::string how = "; a key file holds 32 random bytes as 64 hex digits or as base64 (make one with: "
+                          "peertrain keygen FILE, or openssl rand -hex 32 > FILE)";
+  if (key.empty()) throw Error(ErrorKind::kInvalidArgument, str(what, " is empty", how));
+  std::optional<std::vector<std::uint8_t>> bytes = from_hex(key);
+  const char* form = "hex";
+  if (!bytes) {
+    bytes = from_base64(key);
+    form = "base64";
   }
-  Secret secret = from_bytes({bytes.data(), size}, what);
-  OPENSSL_cleanse(bytes.data(), bytes.size());
+  if (!bytes)
+    throw Error(ErrorKind::kInvalidArgument,
+                str(what, " holds ", key.size(), " characters that are neither hex nor base64 (a passphrase?)", how));
+  if (bytes->size() != kSecretBytes)
+    throw Error(ErrorKind::kInvalidArgument, str(what, " holds ", bytes->size(), " bytes as ", form, ", not ", kSecretBytes, how));
+  if (std::all_of(bytes->begin(), bytes->end(), [&](std::uint8_t b) { return b == bytes->front(); }))
+    throw Error(ErrorKind::kInvalidArgument, str(what, " holds one byte repeated: that is not a random key", how));
+  Secret secret(std::move(*bytes));
   if (info.st_mode & (S_IRWXG | S_IRWXO)) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
     log::warn(what, " may be accessed by group or others (mode ", mode, "); restrict it with: chmod 600 ", path);
   }
   return secret;
+}
+
+Secret Secret::generate() {
+  std::vector<std::uint8_t> bytes(kSecretBytes);
+  PEERTRAIN_OPENSSL(RAND_bytes(bytes.data(), static_cast<int>(bytes.size())));
+  return Secret(std::move(bytes));
+}
+
+std::string Secret::hex() const {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::uint8_t b : *bytes_) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
 }
 
 // --- the handshake -----------------------------------------------------------------------

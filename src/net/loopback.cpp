@@ -1,6 +1,7 @@
 #include "peertrain/net/loopback.h"
 
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -102,8 +103,12 @@ class LoopbackTransport final : public Transport {
       if (l.dead) throw Error(ErrorKind::kPeerLost, str(l.death, "; peer ", rank_, " was waiting for ", waiting));
       if (l.left) throw Error(ErrorKind::kPeerLost, str(LoopbackFabric::State::name(peer), " finished and left before sending ", waiting));
       if (s_->changed.wait_until(lock, deadline) == std::cv_status::timeout && !box.has(key))
-        throw Error(ErrorKind::kTimeout, str(LoopbackFabric::State::name(peer), " sent no ", waiting, " within ", timeout_s,
+      {
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%g", timeout_s);
+        throw Error(ErrorKind::kTimeout, str(LoopbackFabric::State::name(peer), " sent no ", waiting, " within ", seconds,
                                              " s; peer ", rank_, " gives up"));
+      }
     }
   }
 

@@ -97,8 +97,8 @@ void TcpCore::retry_dial(Link& l, Clock::time_point deadline, const std::string&
   {
     std::lock_guard lock(mutex);
     if (closed) return;
+    last_refusal = str("could not reach ", l.name, ": ", why);  // connect() names the latest problem
     if (Clock::now() >= deadline) {
-      last_refusal = str("could not reach ", l.name, ": ", why);
       changed.notify_all();
       return;
     }

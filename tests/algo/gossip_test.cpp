@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "../net/test_cluster.h"
+#include "peertrain/net/faulty.h"
+#include "peertrain/net/loopback.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/topology/spectrum.h"
 
@@ -68,6 +70,36 @@ TEST(Gossip, OneStepEqualsDenseWTimesX) {
     const auto got = gossip_steps(t, x, 1);
     EXPECT_LT((got[0] - expected).norm() / expected.norm(), 1e-6);
   }
+}
+
+// The same serial twin over the in-process transport, with one peer's messages held back
+// by the fault injector: a slow link changes when the mix happens, never what it is.
+TEST(Gossip, OverLoopbackWithADelayedPeerStillEqualsWToTheK) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  const int n = t.num_peers(), steps = 4;
+  const Eigen::MatrixXf x0 = random_rows(n, 517, 11);
+  net::LoopbackOptions options{n, {}, 10};
+  for (int i = 0; i < n; ++i) options.links.push_back(union_links(t, i));
+  net::LoopbackFabric fabric(options);
+  Eigen::MatrixXf got(n, x0.cols());
+  testing::run_peers(n, [&](int rank) {
+    std::vector<net::Fault> faults;
+    if (rank == 2) faults.push_back({.action = net::Fault::kDelay, .delay_s = 0.03});
+    auto net = net::make_faulty_transport(fabric.transport(rank), faults);
+    Gossip gossip(*net, mixing_rows(t, rank));
+    std::vector<float> x(x0.cols());
+    for (Eigen::Index j = 0; j < x0.cols(); ++j) x[j] = x0(rank, j);
+    for (int k = 0; k < steps; ++k) {
+      gossip.start(k, x);
+      gossip.finish(x);
+    }
+    for (Eigen::Index j = 0; j < x0.cols(); ++j) got(rank, j) = x[j];
+    net->close();
+  });
+  Eigen::MatrixXf expected = x0;
+  const Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+  for (int k = 0; k < steps; ++k) expected = (w * expected).eval();
+  EXPECT_LT((got - expected).norm() / expected.norm(), 1e-6);
 }
 
 TEST(Gossip, OnePeerExponentialFollowsItsScheduleAndAveragesInOnePeriod) {

@@ -184,8 +184,10 @@ grep -q "adaptive deadline" "$work/stalled/peer-0.log" && ok || fail "the stall 
 [[ $elapsed -lt 110 ]] && ok || fail "a stalled peer took ${elapsed}s to handle with --peer-timeout 120"
 
 # 6. Authentication: peers sharing --secret-file train; one without the key is refused.
-head -c 32 /dev/urandom >"$work/run.key"
-chmod 600 "$work/run.key"
+"$bin" keygen "$work/run.key" >/dev/null && ok || fail "keygen"
+[[ $(stat -c %a "$work/run.key") == 600 ]] && ok || fail "keygen wrote mode $(stat -c %a "$work/run.key")"
+"$bin" keygen "$work/run.key" 2>"$work/keygen.err"; [[ $? -eq 1 ]] && grep -q "never overwrites" "$work/keygen.err" && ok ||
+  fail "keygen overwrote a key: $(cat "$work/keygen.err")"
 "$bin" launch --topology "$work/ring4.yaml" --max-steps 20 --eval-every 20 "${small[@]}" --secret-file "$work/run.key" \
   --out "$work/auth" >"$work/auth.log" 2>&1 && ok || fail "launch with --secret-file: $(tail -2 "$work/auth.log")"
 for r in 0 2 3; do
@@ -204,6 +206,8 @@ cat "$work"/noauth-[023].log | grep -q "refused peer 1 .*we require --secret-fil
   fail "no peer logged why it refused the keyless peer"
 : >"$work/empty.key"
 check_error_early() { local out; out=$("$@" 2>&1); [[ $? -eq 1 ]] && grep -q "$work/empty.key" <<<"$out" && ok || fail "bad key file: $out"; }
+check_error_early "$bin" peer --topology "$work/ring4.yaml" --rank 0 --secret-file "$work/empty.key"
+echo "correct horse battery staple" >"$work/empty.key"  # a passphrase is refused too, naming the file
 check_error_early "$bin" peer --topology "$work/ring4.yaml" --rank 0 --secret-file "$work/empty.key"
 
 # 7. Checkpoints: a run stopped at step 40 and resumed follows the uninterrupted run's
@@ -247,6 +251,20 @@ check_error 2 "^error: no --rank" -- env -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK
 check_error 1 "^error: .*none of its 8 peers is on this machine" -- "$bin" launch --topology "$root/topology/two-hosts.yaml"
 check_error 1 "^error: .*no-such-dir.*" -- "$bin" peer --topology "$work/ring4.yaml" --rank 0 --data-dir "$work/no-such-dir"
 check_error 0 "peer-timeout" -- "$bin" launch --help
+check_error 0 "keygen FILE" -- "$bin" --help
+
+# 9. launch killed with SIGKILL takes its peers with it: none is left holding a port, and
+#    the next run on the same file starts.
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 100000 "${small[@]}" --out "$work/orphans" >/dev/null 2>&1 &
+launcher=$!
+sleep 3
+mapfile -t kids < <(pgrep -P "$launcher")
+kill -KILL "$launcher"; wait "$launcher" 2>/dev/null
+sleep 2
+left=0; for k in "${kids[@]}"; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
+[[ ${#kids[@]} -eq 4 && $left -eq 0 ]] && ok || { fail "after launch was killed, $left of ${#kids[@]} peers live on"; kill -KILL "${kids[@]}" 2>/dev/null; }
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 5 "${small[@]}" --out "$work/after-orphans" >/dev/null 2>&1 && ok ||
+  fail "the run after a killed launch did not start: $(tail -2 "$work/after-orphans/peer-0.log")"
 
 fi
 

@@ -88,15 +88,23 @@ class SecretFile : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(SecretFile, LoadsTheBytesAndDropsOneTrailingNewline) {
-  const std::string key = "0123456789abcdef0123";
-  for (const char* ending : {"", "\n", "\r\n"}) {
-    const Secret s = Secret::load(write("ok.key", key + ending));
-    ASSERT_EQ(s.bytes().size(), key.size()) << "ending of " << std::strlen(ending) << " bytes";
-    EXPECT_EQ(std::string(s.bytes().begin(), s.bytes().end()), key);
+TEST_F(SecretFile, ReadsThirtyTwoBytesAsHexOrBase64AroundWhiteSpace) {
+  const Secret made = Secret::generate();
+  const std::string hex = made.hex();
+  ASSERT_EQ(hex.size(), 64u);
+  for (const char* ending : {"", "\n", "\r\n", "  \n\n"}) {
+    const Secret s = Secret::load(write("ok.key", hex + ending));
+    EXPECT_TRUE(std::equal(s.bytes().begin(), s.bytes().end(), made.bytes().begin(), made.bytes().end()))
+        << "ending of " << std::strlen(ending) << " bytes";
   }
-  // Only one newline is trimmed: the rest is key material.
-  EXPECT_EQ(Secret::load(write("two.key", key + "\n\n")).bytes().size(), key.size() + 1);
+  std::string upper = hex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(c));
+  EXPECT_TRUE(std::ranges::equal(Secret::load(write("upper.key", upper)).bytes(), made.bytes()));
+  // The same 32 bytes (0, 1, ..., 31) in base64, with and without padding.
+  std::vector<std::uint8_t> counting(32);
+  for (std::size_t i = 0; i < 32; ++i) counting[i] = static_cast<std::uint8_t>(i);
+  for (const char* b64 : {"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"})
+    EXPECT_TRUE(std::ranges::equal(Secret::load(write("b64.key", b64)).bytes(), counting)) << b64;
 }
 
 TEST_F(SecretFile, EachBadFileIsNamedInTheError) {
@@ -105,17 +113,21 @@ TEST_F(SecretFile, EachBadFileIsNamedInTheError) {
   const std::string dir = dir_.string();
   EXPECT_ERROR_MENTIONS(Secret::load(dir), dir.c_str(), "directory");
   const std::string empty = write("empty.key", "");
-  EXPECT_ERROR_MENTIONS(Secret::load(empty), empty.c_str(), "empty");
+  EXPECT_ERROR_MENTIONS(Secret::load(empty), empty.c_str(), "empty", "peertrain keygen");
   const std::string newline = write("newline.key", "\n");
   EXPECT_ERROR_MENTIONS(Secret::load(newline), newline.c_str(), "empty");
-  const std::string short_key = write("short.key", std::string(15, 'k') + "\n");
-  EXPECT_ERROR_MENTIONS(Secret::load(short_key), short_key.c_str(), "15 bytes", "at least 16");
-  const std::string long_key = write("long.key", std::string(kMaxSecretBytes + 1, 'k'));
+  const std::string phrase = write("phrase.key", "correct horse battery staple\n");
+  EXPECT_ERROR_MENTIONS(Secret::load(phrase), phrase.c_str(), "neither hex nor base64", "passphrase");
+  const std::string short_hex = write("short.key", std::string(32, 'a') + "\n");  // 16 bytes as hex
+  EXPECT_ERROR_MENTIONS(Secret::load(short_hex), short_hex.c_str(), "16 bytes as hex", "not 32");
+  const std::string raw = write("raw.key", std::string("\x01\x02\xff\x80", 4) + std::string(28, 'q'));
+  EXPECT_ERROR_MENTIONS(Secret::load(raw), raw.c_str(), "neither hex nor base64");
+  const std::string same = write("same.key", std::string(64, '0'));
+  EXPECT_ERROR_MENTIONS(Secret::load(same), same.c_str(), "one byte repeated");
+  const std::string long_key = write("long.key", std::string(kMaxSecretFileBytes + 1, 'k'));
   EXPECT_ERROR_MENTIONS(Secret::load(long_key), long_key.c_str(), "longer than 4096");
-  EXPECT_EQ(Secret::load(write("max.key", std::string(kMaxSecretBytes, 'k') + "\n")).bytes().size(), kMaxSecretBytes);
-  EXPECT_EQ(Secret::load(write("min.key", std::string(kMinSecretBytes, 'k'))).bytes().size(), kMinSecretBytes);
 
-  const std::string unreadable = write("unreadable.key", std::string(32, 'k'), fs::perms::none);
+  const std::string unreadable = write("unreadable.key", Secret::generate().hex(), fs::perms::none);
   if (std::ifstream(unreadable)) {
     std::printf("(running as root: skipping the unreadable-file case)\n");
   } else {
@@ -125,14 +137,14 @@ TEST_F(SecretFile, EachBadFileIsNamedInTheError) {
 
 TEST_F(SecretFile, WarnsWhenOthersMayReadIt) {
   const std::string open_key =
-      write("open.key", std::string(32, 'k'), fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+      write("open.key", Secret::generate().hex(), fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
   ::testing::internal::CaptureStderr();
   Secret::load(open_key);
   std::string warning = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(warning.find(open_key), std::string::npos) << warning;
   EXPECT_NE(warning.find("chmod 600"), std::string::npos) << warning;
 
-  const std::string private_key = write("private.key", std::string(32, 'k'));
+  const std::string private_key = write("private.key", Secret::generate().hex());
   ::testing::internal::CaptureStderr();
   Secret::load(private_key);
   warning = ::testing::internal::GetCapturedStderr();

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <numeric>
 
 #include "../topology/test_util.h"
@@ -253,8 +255,11 @@ TEST(TcpTransport, ANodeCapIsSharedByAllLinks) {
   });
 }
 
+// A key of 32 bytes made from a label, so that two tests' keys differ when their labels do.
 Secret secret_of(const std::string& text) {
-  return Secret::from_bytes(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  std::vector<std::uint8_t> key(kSecretBytes);
+  for (std::size_t i = 0; i < key.size(); ++i) key[i] = static_cast<std::uint8_t>(text[i % text.size()] + i);
+  return Secret::from_bytes(key);
 }
 
 TEST(TcpTransport, PeersWithTheSameSecretAuthenticateAndTalk) {
@@ -407,6 +412,166 @@ TEST(TcpTransport, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
     }
   });
   EXPECT_NE(error.find("restart it with --rejoin"), std::string::npos) << error;
+}
+
+// --- a peer that misbehaves on purpose ------------------------------------------------
+
+// Plays peer `self` on its port: accepts one connection, answers the hello (accepted, no
+// key) when `answer` is set, and then reads nothing more until `release` is set.
+class FakePeer {
+ public:
+  FakePeer(const Endpoint& at, std::uint32_t self, bool answer)
+      : acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(at.port)}) {
+    thread_ = std::thread([this, self, answer] {
+      boost::asio::ip::tcp::socket socket(io_);
+      acceptor_.accept(socket);
+      HeaderBytes header;
+      std::array<std::byte, 64> hello;
+      boost::asio::read(socket, boost::asio::buffer(header));
+      boost::asio::read(socket, boost::asio::buffer(hello));
+      if (answer) {
+        const std::array<std::byte, 4> accepted{};  // status 0
+        FrameHeader h;
+        h.type = MessageType::kHelloReply;
+        h.sender = self;
+        h.length = accepted.size();
+        h.checksum = frame_checksum(h, checksum_payload(accepted));
+        const HeaderBytes out = encode_header(h);
+        boost::asio::write(socket, boost::asio::buffer(out));
+        boost::asio::write(socket, boost::asio::buffer(accepted));
+      }
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return released_; });  // a stopped process: reads nothing
+    });
+  }
+  ~FakePeer() {
+    {
+      std::lock_guard lock(mutex_);
+      released_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  std::thread thread_;
+};
+
+// A send that times out against a receiver that stopped reading must leave nothing that
+// reads the caller's buffer afterwards: the link is failed on the I/O thread before the
+// error comes back. Freeing the buffer at once is then safe (checked under ASan by the
+// sanitizer run), and the link is reported dead.
+TEST(TcpTransport, ASendThatTimesOutLetsGoOfItsBytesBeforeTheCallerHears) {
+  const auto endpoints = loopback_endpoints(2);
+  FakePeer stalled(endpoints[1], 1, /*answer=*/true);
+  auto o = options_for(0, endpoints, {1}, 64u << 20);
+  auto net_owner = make_tcp_transport(o);
+  Transport& net = *net_owner;
+  net.connect();
+  for (bool owned : {false, true}) {
+    // More than the kernel's socket buffers hold on both ends: the write cannot finish.
+    auto bytes = std::make_unique<Payload>(48u << 20, std::byte{7});
+    std::string error;
+    ErrorKind kind = ErrorKind::kInternal;
+    {
+      Work send = owned ? net.send(1, MessageType::kParameters, 3, 0, std::move(*bytes))
+                        : net.send(1, MessageType::kParameters, 3, 0, *bytes);
+      try {
+        send.wait(0.5);
+      } catch (const Error& e) {
+        error = e.what();
+        kind = e.kind();
+      }
+    }
+    bytes.reset();  // freed at once: the I/O thread must not read it any more
+    if (!owned) {
+      EXPECT_EQ(kind, ErrorKind::kTimeout) << error;
+      EXPECT_NE(error.find("did not finish in time"), std::string::npos) << error;
+      EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
+    } else {
+      EXPECT_EQ(kind, ErrorKind::kPeerLost) << error;  // the link died with the first send
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(net.alive(1));
+  }
+}
+
+// A Work dropped without wait() waits for its send (bounded), so an exception that
+// unwinds past a send cannot leave the I/O thread reading a freed buffer either.
+TEST(TcpTransport, AnUnwaitedSendIsFinishedBeforeItsHandleGoes) {
+  const auto endpoints = loopback_endpoints(2);
+  FakePeer stalled(endpoints[1], 1, /*answer=*/true);
+  auto o = options_for(0, endpoints, {1}, 64u << 20);
+  o.peer_timeout_s = 0.5;
+  auto net_owner = make_tcp_transport(o);
+  net_owner->connect();
+  auto bytes = std::make_unique<Payload>(48u << 20, std::byte{9});
+  const auto start = std::chrono::steady_clock::now();
+  { Work forgotten = net_owner->send(1, MessageType::kParameters, 1, 0, *bytes); }
+  bytes.reset();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.4);
+  EXPECT_FALSE(net_owner->alive(1));
+}
+
+// The dialing side of the handshake has a time-out too: an acceptor that takes the
+// connection and says nothing costs one time-out per try, and connect() ends with the
+// reason instead of hanging.
+TEST(TcpTransport, ASilentAcceptorIsNamedNotWaitedForeverByTheDialer) {
+  const auto endpoints = loopback_endpoints(2);
+  FakePeer silent(endpoints[1], 1, /*answer=*/false);
+  auto o = options_for(0, endpoints, {1});
+  o.connect_timeout_s = kHandshakeTimeoutS + 2;
+  auto net_owner = make_tcp_transport(o);
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    net_owner->connect();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(error.find("could not connect to peer 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("handshake with peer 1"), std::string::npos) << error;
+  EXPECT_LT(took, o.connect_timeout_s + 5);
+}
+
+// Strangers who open many idle connections take at most kMaxPendingPerAddress handshake
+// slots; the rest are closed at once, said so in a rate-limited line, and the peers still
+// connect and talk.
+TEST(TcpTransport, IdleStrangersAreCappedAndThePeersStillConnect) {
+  const auto endpoints = loopback_endpoints(2);
+  boost::asio::io_context io;
+  std::vector<boost::asio::ip::tcp::socket> strangers;
+  ::testing::internal::CaptureStderr();
+  run_peers(2, [&](int rank) {
+    auto net_owner = make_tcp_transport(options_for(rank, endpoints, {1 - rank}));
+    Transport& net = *net_owner;
+    if (rank == 1) {
+      for (int i = 0; i < 300; ++i) {
+        strangers.emplace_back(io);
+        strangers.back().connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[1].port)});
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let them be accepted first
+    }
+    net.connect();
+    const std::vector<float> x = {1.0f, 2.0f, 3.0f};
+    auto s = net.send(1 - rank, MessageType::kParameters, 1, 0, as_bytes(x));
+    EXPECT_EQ(net.receive(1 - rank, MessageType::kParameters, 1, 0).size(), 12u);
+    s.wait(20);
+    net.close();
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("refused strangers: too many handshakes open from 127.0.0.1"), std::string::npos) << log;
+  // One line per ten seconds, not one per connection.
+  std::size_t lines = 0;
+  for (std::size_t at = log.find("refused strangers"); at != std::string::npos; at = log.find("refused strangers", at + 1))
+    ++lines;
+  EXPECT_LE(lines, 2u) << log;
 }
 
 }  // namespace

@@ -35,7 +35,8 @@
 // fields, beyond what the proofs bind (a forged refusal can still turn a peer away);
 // denial of service (an on-path attacker can always reset or stall a TCP connection);
 // and a weak secret: the proofs allow an offline guess per transcript, so the file must
-// hold random bytes (`head -c 32 /dev/urandom > run.key`), not a password.
+// hold 32 random bytes (`peertrain keygen run.key`), not a password; load() refuses anything
+// else.
 //
 // Speed on one core here, OpenSSL 3.0, 10 MB buffers (bench/auth_bench.cpp): sign and verify
 // 13.8 GB/s; AES-256-GCM as GMAC would give 9.2, HMAC-SHA256 1.8, against a transport of
@@ -58,8 +59,8 @@ inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;
 inline constexpr std::size_t kFrameTagOffset = 32;  // the header's checksum and reserved fields
 inline constexpr std::size_t kFrameTagBytes = 16;
-inline constexpr std::size_t kMinSecretBytes = 16;
-inline constexpr std::size_t kMaxSecretBytes = 4096;
+inline constexpr std::size_t kSecretBytes = 32;
+inline constexpr std::size_t kMaxSecretFileBytes = 4096;
 static_assert(kFrameTagOffset + kFrameTagBytes == kHeaderBytes);
 
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
@@ -68,12 +69,18 @@ using Proof = std::array<std::uint8_t, kProofBytes>;
 // The shared key. Copies share one buffer, which is wiped when the last copy goes.
 class Secret {
  public:
-  // Reads the whole file; one trailing newline ("\n" or "\r\n") is dropped, so a key made
-  // with `echo` works. Throws Error naming the file if it is missing, a directory,
-  // unreadable (kIo), empty, shorter than kMinSecretBytes or longer than kMaxSecretBytes
-  // (kInvalidArgument). Warns if group or others may access it.
+  // Reads a key file: kSecretBytes random bytes written as 64 hex digits or as base64
+  // (`openssl rand -hex 32 > run.key`, `peertrain keygen run.key`), with white space
+  // around it ignored. Anything else is refused, a passphrase above all: the proofs
+  // allow an offline guess per transcript, so only a random key of full length is safe.
+  // Throws Error naming the file if it is missing, a directory, unreadable (kIo), or not
+  // such a key (kInvalidArgument: what it holds and how to make a good one). Warns if
+  // group or others may access it.
   static Secret load(const std::string& path);
-  // For tests and callers that hold the key already; the same length bounds, `what` names it.
+  // 32 fresh bytes from OpenSSL's CSPRNG, and their hex text for a key file.
+  static Secret generate();
+  std::string hex() const;
+  // For tests and callers that hold the key already: exactly kSecretBytes; `what` names it.
   static Secret from_bytes(std::span<const std::uint8_t> bytes, const std::string& what = "the secret");
 
   std::span<const std::uint8_t> bytes() const { return *bytes_; }
