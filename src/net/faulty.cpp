@@ -123,7 +123,10 @@ class FaultyTransport final : public Transport {
         cv_.wait(lock);
         continue;
       }
-      if (cv_.wait_until(lock, delayed_.top().due) != std::cv_status::timeout && Clock::now() < delayed_.top().due) continue;
+      // A copy: the wait reads its deadline after relocking, when a send may have grown
+      // the queue and moved its elements.
+      const Clock::time_point due = delayed_.top().due;
+      if (cv_.wait_until(lock, due) != std::cv_status::timeout || Clock::now() < due) continue;
       Delayed d = std::move(const_cast<Delayed&>(delayed_.top()));
       delayed_.pop();
       lock.unlock();

@@ -255,14 +255,19 @@ check_error 0 "keygen FILE" -- "$bin" --help
 
 # 9. launch killed with SIGKILL takes its peers with it: none is left holding a port, and
 #    the next run on the same file starts.
-"$bin" launch --topology "$work/ring4.yaml" --max-steps 100000 "${small[@]}" --out "$work/orphans" >/dev/null 2>&1 &
+"$bin" launch --topology "$work/ring4.yaml" --max-steps 100000 "${small[@]}" --out "$work/orphans" >"$work/orphans.log" 2>&1 &
 launcher=$!
-sleep 3
-mapfile -t kids < <(pgrep -P "$launcher")
+kids=()
+for _ in $(seq 1 100); do  # until the four peers are up (at most 20 s)
+  mapfile -t kids < <(pgrep -P "$launcher")
+  [[ ${#kids[@]} -eq 4 ]] && break
+  sleep 0.2
+done
+sleep 1
 kill -KILL "$launcher"; wait "$launcher" 2>/dev/null
 sleep 2
 left=0; for k in "${kids[@]}"; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
-[[ ${#kids[@]} -eq 4 && $left -eq 0 ]] && ok || { fail "after launch was killed, $left of ${#kids[@]} peers live on"; kill -KILL "${kids[@]}" 2>/dev/null; }
+[[ ${#kids[@]} -eq 4 && $left -eq 0 ]] && ok || { fail "after launch was killed, $left of ${#kids[@]} peers live on: $(tail -3 "$work/orphans.log")"; kill -KILL "${kids[@]}" 2>/dev/null; }
 "$bin" launch --topology "$work/ring4.yaml" --max-steps 5 "${small[@]}" --out "$work/after-orphans" >/dev/null 2>&1 && ok ||
   fail "the run after a killed launch did not start: $(tail -2 "$work/after-orphans/peer-0.log")"
 
