@@ -73,7 +73,7 @@ void BM_TransferOnly(benchmark::State& state) {
       std::vector<Work> sends;
       for (int peer : peers) sends.push_back(network.send(peer, net::MessageType::kParameters, step, 0, net::as_bytes(x)));
       for (int peer : peers) network.recycle(network.receive(peer, net::MessageType::kParameters, step, 0));
-      for (auto& s : sends) s.wait(network.peer_timeout_s());
+      for (auto& s : sends) s.wait();
     };
   });
 }

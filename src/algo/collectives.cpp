@@ -38,7 +38,7 @@ void ring_allreduce(net::Transport& network, const std::vector<int>& ring, std::
     const auto* values = reinterpret_cast<const float*>(in.data());
     for (std::size_t i = 0; i < into.size(); ++i) into[i] += values[i];
     network.recycle(std::move(in));
-    send.wait(network.peer_timeout_s());
+    send.wait();
   }
   for (int s = 0; s < n - 1; ++s) {  // all-gather
     auto out = chunk(r + 1 - s);
@@ -48,7 +48,7 @@ void ring_allreduce(net::Transport& network, const std::vector<int>& ring, std::
     const net::Payload in = network.receive(prev, net::MessageType::kReduceChunk, step, static_cast<std::uint32_t>(n + s));
     expect_size(network, prev, in, into.size_bytes(), "an all-reduce chunk", step);
     std::copy_n(reinterpret_cast<const float*>(in.data()), into.size(), into.data());
-    send.wait(network.peer_timeout_s());
+    send.wait();
   }
 }
 
@@ -58,7 +58,7 @@ void ps_push_pull(net::Transport& network, int server, std::uint64_t step, std::
   const net::Payload in = network.receive(server, net::MessageType::kParameters, step, 0);
   expect_size(network, server, in, params.size_bytes(), "parameters", step);
   std::copy_n(reinterpret_cast<const float*>(in.data()), params.size(), params.data());
-  send.wait(network.peer_timeout_s());
+  send.wait();
 }
 
 void ps_gather(net::Transport& network, const std::vector<int>& workers, std::uint64_t step, std::span<float> sum) {
@@ -74,7 +74,7 @@ void ps_broadcast(net::Transport& network, const std::vector<int>& workers, std:
                   std::span<const float> params) {
   std::vector<Work> sends;
   for (int worker : workers) sends.push_back(network.send(worker, net::MessageType::kParameters, step, 0, net::as_bytes(params)));
-  for (auto& send : sends) send.wait(network.peer_timeout_s());
+  for (auto& send : sends) send.wait();
 }
 
 }  // namespace peertrain::algo

@@ -83,14 +83,14 @@ Gossip::~Gossip() {
   for (auto& part : sends_)
     for (auto& send : part) {
       try {
-        send.wait(network_.peer_timeout_s());
+        send.wait();
       } catch (...) {
       }
     }
   for (Snapshot& snapshot : in_flight_)
     for (auto& send : snapshot.sends) {
       try {
-        send.wait(network_.peer_timeout_s());
+        send.wait();
       } catch (...) {
       }
     }
@@ -253,7 +253,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     // This part of x must not change while it is being sent; a send to a peer just lost may fail.
     for (auto& send : sends_[p]) {
       try {
-        send.wait(network_.peer_timeout_s());
+        send.wait();
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
       }

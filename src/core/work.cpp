@@ -29,10 +29,14 @@ Work& Work::operator=(Work&& other) noexcept {
 Work::~Work() {
   if (!state_) return;
   try {
-    wait(state_->destroy_timeout_s);
+    wait();
   } catch (...) {
     // A destructor cannot report; the error was the owner's to collect with wait().
   }
+}
+
+void Work::wait() {
+  if (state_) wait(state_->timeout_s);
 }
 
 void Work::wait(double timeout_s) {

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <thread>
 
 #include "peertrain/core/error.h"
@@ -31,7 +32,14 @@ class FaultyTransport final : public Transport {
 
   Work send(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped) override {
     if (const Fault* f = match(peer, type, step, {Fault::kKill})) {
-      inner_->drop(peer, str("injected fault: the link to ", inner_->peer_name(peer), " was killed at step ", f->from_step));
+      // Once per link: a drop is a round trip to the I/O thread, and the link stays dead.
+      bool first;
+      {
+        std::lock_guard lock(mutex_);
+        first = killed_.insert(peer).second;
+      }
+      if (first)
+        inner_->drop(peer, str("injected fault: the link to ", inner_->peer_name(peer), " was killed at step ", f->from_step));
       return inner_->send(peer, type, step, tag, std::move(payload), shaped);  // fails: the link is dead
     }
     if (match(peer, type, step, {Fault::kDrop})) return Work::completed();  // lost on the way, silently
@@ -131,7 +139,7 @@ class FaultyTransport final : public Transport {
       delayed_.pop();
       lock.unlock();
       try {
-        inner_->send(d.peer, d.type, d.step, d.tag, std::move(d.payload), d.shaped).wait(inner_->peer_timeout_s());
+        inner_->send(d.peer, d.type, d.step, d.tag, std::move(d.payload), d.shaped).wait();
         d.state->complete();
       } catch (...) {
         d.state->complete(std::current_exception());
@@ -142,6 +150,7 @@ class FaultyTransport final : public Transport {
 
   std::unique_ptr<Transport> inner_;
   std::vector<Fault> faults_;
+  std::set<int> killed_;  // links this decorator killed; guarded by mutex_
   std::mutex mutex_;
   std::condition_variable cv_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;

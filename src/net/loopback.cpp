@@ -175,13 +175,7 @@ class LoopbackTransport final : public Transport {
   LinkCounters total_counters() const override {
     std::lock_guard lock(s_->mutex);
     LinkCounters t;
-    for (int peer : links_) {
-      const auto& c = s_->side(rank_, peer).counters;
-      t.bytes_sent += c.bytes_sent;
-      t.bytes_received += c.bytes_received;
-      t.messages_sent += c.messages_sent;
-      t.messages_received += c.messages_received;
-    }
+    for (int peer : links_) t += s_->side(rank_, peer).counters;
     return t;
   }
   std::string peer_name(int peer) const override { return LoopbackFabric::State::name(peer); }

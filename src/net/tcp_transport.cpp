@@ -496,7 +496,7 @@ class TcpTransport final : public Transport {
     }
     for (auto& g : goodbyes) {
       try {
-        g.wait(m.options.peer_timeout_s);
+        g.wait();
       } catch (const Error&) {
       }
     }
@@ -523,12 +523,7 @@ class TcpTransport final : public Transport {
   LinkCounters total_counters() const override {
     std::lock_guard lock(core_->mutex);
     LinkCounters total;
-    for (auto& [peer, link] : core_->links) {
-      total.bytes_sent += link->counters.bytes_sent;
-      total.bytes_received += link->counters.bytes_received;
-      total.messages_sent += link->counters.messages_sent;
-      total.messages_received += link->counters.messages_received;
-    }
+    for (auto& [peer, link] : core_->links) total += link->counters;
     return total;
   }
   std::string peer_name(int peer) const override { return core_->name_of(peer); }

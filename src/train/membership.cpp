@@ -125,7 +125,7 @@ void Membership::send_to_coordinator(std::uint64_t step, const std::vector<int>&
   }
   put(payload, reason.data(), std::min<std::size_t>(reason.size(), 512));
   try {
-    network_.send(0, net::MessageType::kMembership, reports_sent_++, 0, payload, false).wait(network_.peer_timeout_s());
+    network_.send(0, net::MessageType::kMembership, reports_sent_++, 0, payload, false).wait();
   } catch (const Error& e) {
     coordinator_lost_ = true;
     log::warn("cannot reach peer 0 to report a lost peer: ", e.what());
@@ -183,7 +183,7 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
   for (int peer = 1; peer < topology_.num_peers(); ++peer) {
     if ((is_lost(peer) && !joining(peer)) || !network_.alive(peer)) continue;
     try {
-      network_.send(peer, net::MessageType::kMembership, sequence, 0, payload, false).wait(network_.peer_timeout_s());
+      network_.send(peer, net::MessageType::kMembership, sequence, 0, payload, false).wait();
     } catch (const Error& e) {
       log::warn("could not tell peer ", peer, " about the new membership: ", e.what());
     }
@@ -231,7 +231,7 @@ void Membership::answer_rejoin(std::uint64_t step, int peer) {
     log::warn("peer ", peer, " asked to rejoin; refused: ", refusal);
   }
   try {
-    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, answer, false).wait(network_.peer_timeout_s());
+    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, answer, false).wait();
   } catch (const Error& e) {
     log::warn("could not answer peer ", peer, "'s request to rejoin: ", e.what());
   }
@@ -241,7 +241,7 @@ RejoinTicket Membership::rejoin() {
   PEERTRAIN_CHECK(rank_ != 0, "peer 0 cannot rejoin");
   std::vector<std::byte> request;
   put(request, &kRejoinVersion, sizeof kRejoinVersion);
-  network_.send(0, net::MessageType::kMembership, 0, kRejoinTag, request, false).wait(network_.peer_timeout_s());
+  network_.send(0, net::MessageType::kMembership, 0, kRejoinTag, request, false).wait();
   const net::Payload answer = network_.receive(0, net::MessageType::kMembership, 0, kRejoinTag);
   std::size_t at = 0;
   const auto status = take<std::uint32_t>(answer, at, "peer 0");
@@ -346,7 +346,7 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
         // The peer coming back starts from our parameters of this step.
         PEERTRAIN_CHECK(x.size() > 0, "poll() needs x at a step where this peer is a donor");
         try {
-          network_.send(join.peer, net::MessageType::kParameters, step, kRejoinTag, net::as_bytes(x), false).wait(network_.peer_timeout_s());
+          network_.send(join.peer, net::MessageType::kParameters, step, kRejoinTag, net::as_bytes(x), false).wait();
           log::info("sent peer ", join.peer, " our parameters of step ", step, " to rejoin with");
         } catch (const Error& e) {
           log::warn("could not send peer ", join.peer, " the parameters to rejoin with: ", e.what());

@@ -418,7 +418,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       std::memcpy(payload.data(), &report, sizeof report);
       std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
       try {
-        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait(network.peer_timeout_s());
+        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
         eval_sent += report_bytes;
         // Wait until peer 0 has evaluated x̄, so that its evaluation does not land in the
         // timing of our next exchange.
@@ -475,7 +475,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       }
     for (auto& r : released) {
       try {
-        r.wait(network.peer_timeout_s());
+        r.wait();
       } catch (const Error& e) {
         if (!tolerant) throw;
       }

@@ -110,8 +110,10 @@ TEST(Membership, ALostPeerIsReplacedByRecomputedWeightsAtOneAgreedStep) {
       for (std::size_t k = 0; k < row.peers.size(); ++k) w(p, row.peers[k]) = row.weights[k];
     }
     EXPECT_NEAR((w - w.transpose()).cwiseAbs().maxCoeff(), 0.0, 1e-7) << "step " << step;
-    for (int p = 0; p < n; ++p)
-      if (p != victim) EXPECT_NEAR(w.row(p).sum(), 1.0, 1e-6) << "peer " << p << " step " << step;
+    for (int p = 0; p < n; ++p) {
+      if (p == victim) continue;
+      EXPECT_NEAR(w.row(p).sum(), 1.0, 1e-6) << "peer " << p << " step " << step;
+    }
     EXPECT_NEAR(w.col(victim).cwiseAbs().sum(), 0.0, 1e-12) << "step " << step;
   }
   // Gossip conserves the survivors' average once they mix among themselves alone: their

@@ -6,7 +6,7 @@
 // soon as wait() has thrown.
 //
 // Buffers an operation borrows must stay valid until it is done. Destroying a Work that
-// was not waited for therefore waits for it (bounded by the state's own timeout, and
+// was not waited for therefore waits for it (bounded by the backend's timeout, and
 // withdrawn like a timed-out wait), so an exception that unwinds past a send can never
 // leave the backend reading freed memory.
 #pragma once
@@ -32,8 +32,10 @@ class Work {
   ~Work();
 
   // Blocks until the operation completed, or throws the Error that ended it. Past
-  // timeout_s it withdraws the operation and throws Error(kTimeout) naming it.
-  void wait(double timeout_s = kDefaultTimeoutS);
+  // timeout_s (without one: the backend's own, e.g. --peer-timeout for a send between
+  // peers) it withdraws the operation and throws Error(kTimeout) naming it.
+  void wait();
+  void wait(double timeout_s);
   // Finished (done or failed): wait() would return or throw at once.
   bool done() const;
   bool valid() const { return state_ != nullptr; }
@@ -48,8 +50,8 @@ class Work {
 // The shared state behind a Work, for the backends that complete operations (the
 // transports and the groups) and the thread that waits for them.
 struct Work::State {
-  explicit State(std::string description, double destroy_timeout_s = kDefaultTimeoutS)
-      : what(std::move(description)), destroy_timeout_s(destroy_timeout_s) {}
+  explicit State(std::string description, double timeout_s = kDefaultTimeoutS)
+      : what(std::move(description)), timeout_s(timeout_s) {}
 
   // Marks the operation finished (failure == nullptr: it succeeded) and wakes its waiter.
   // Later calls are ignored, so a race between a completion and an abort is harmless.
@@ -61,8 +63,9 @@ struct Work::State {
   std::exception_ptr error;
   // "parameters for step 12 to peer 3 (127.0.0.1:29503)": what a timeout names.
   const std::string what;
-  // How long a Work destroyed without wait() waits for it.
-  const double destroy_timeout_s;
+  // The backend's timeout: what wait() without an argument, and a Work destroyed without
+  // a wait, wait for at most.
+  const double timeout_s;
   // Called by a wait that ran out of time. It must leave the backend no longer touching
   // the operation's buffers when it returns: either it withdrew the operation before
   // anyone took it (true; the waiter then completes it with kTimeout), or it completed the

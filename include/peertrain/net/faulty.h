@@ -22,7 +22,7 @@ namespace peertrain::net {
 struct Fault {
   enum Action { kDrop, kDelay, kCorrupt, kKill } action = kDrop;
   int peer = -1;                          // the other end of the link; -1: any
-  std::optional<MessageType> type;        // empty: any type
+  std::optional<MessageType> type = std::nullopt;  // empty: any type
   std::uint64_t from_step = 0;            // the fault applies to messages of steps in [from, to]
   std::uint64_t to_step = std::numeric_limits<std::uint64_t>::max();
   double delay_s = 0;                     // kDelay

@@ -30,6 +30,13 @@ struct LinkCounters {
   std::uint64_t bytes_received = 0;
   std::uint64_t messages_sent = 0;
   std::uint64_t messages_received = 0;
+  LinkCounters& operator+=(const LinkCounters& o) {
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    messages_sent += o.messages_sent;
+    messages_received += o.messages_received;
+    return *this;
+  }
 };
 
 // The bytes a send carries. Either the send owns them (a Payload moved in: the caller may
