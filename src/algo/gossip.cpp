@@ -153,8 +153,14 @@ bool Gossip::sending() const {
 
 double Gossip::deadline_s() const {
   constexpr double kFloor = 10.0, kFactor = 30.0;
-  if (rounds_ < 10 || slow_round_expected_) return network_.peer_timeout_s();  // the user's bound
-  return std::min(network_.peer_timeout_s(), std::max(kFloor, kFactor * slowest_round_s_));
+  // At most half the user's bound: a neighbour that is itself waiting on a stalled peer
+  // (and so still sends heartbeats) must give up on that peer well before we give up on
+  // it, or the give-ups cascade down the chain of waiting peers (seen on a ring of 8 with
+  // --peer-timeout 5: every peer dropped its successor at the same 5 s). A peer that
+  // still sounds alive is waited for up to the whole bound (receive_or_give_up).
+  const double half = network_.peer_timeout_s() / 2;
+  if (rounds_ < 10 || slow_round_expected_) return half;
+  return std::min(half, std::max(kFloor, kFactor * slowest_round_s_));
 }
 
 // Waits for the neighbour's parameters of this step. Past the adaptive deadline it counts
@@ -232,6 +238,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
       const int peer = row.peers[j];
       if (is_lost(peer)) {
         row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
+        row.weights[j] = 0;
         home[j] = 1;
         continue;
       }
@@ -247,6 +254,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
         give_up_on(peer, e.what());
         row.self_weight += row.weights[j];
+        row.weights[j] = 0;
         home[j] = 1;
       }
     }
@@ -267,6 +275,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     for (auto& payload : received) network_.recycle(std::move(payload));
     received.clear();
   }
+  applied_ = std::move(row);
   note_round(waited);
   return waited;
 }

@@ -119,6 +119,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
       const int peer = row.peers[j];
       if (is_lost(peer)) {
         row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
+        row.weights[j] = 0;
         home[j] = 1;
         continue;
       }
@@ -144,6 +145,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
         give_up_on(peer, e.what());  // forgets what we held of it; no input below points there
         row.self_weight += row.weights[j];
+        row.weights[j] = 0;
         home[j] = 1;
         continue;
       }
@@ -160,6 +162,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
     mixed_terms_ += mixed[j];
     stale_terms_ += stale[j];
   }
+  applied_ = row;
   note_round(waited);
   // Snapshots whose sends are done are free again.
   while (!in_flight_.empty() && in_flight_.front().step < step_) {

@@ -130,7 +130,7 @@ class ProgressLine {
 void print_summary(const fs::path& out) {
   std::ifstream in(out / "summary.json");
   if (!in) {
-    std::printf("(peer 0 ran elsewhere: its summary is on its machine)\n");
+    std::printf("(the coordinator ran elsewhere: the summary is on its machine)\n");
     return;
   }
   std::stringstream text;
@@ -171,9 +171,20 @@ void print_summary(const fs::path& out) {
     while (std::getline(row, cell, ',')) cells.push_back(cell);
     if (cells.size() >= 12) last[std::stoi(cells[2])] = cells;
   }
+  // Who coordinated: peer 0, or the survivors that took over from a lost coordinator.
+  for (auto at = s.find("\"takeovers\": ["), p = s.find("{\"peer\":", at); at != std::string::npos &&
+                                                                           p != std::string::npos && p < s.find(']', at);
+       p = s.find("{\"peer\":", p + 1))
+    std::printf("  coordinator            peer %.0f took over from peer %.0f at step %.0f\n", field(s.substr(p), "peer"),
+                field(s.substr(p), "from"), field(s.substr(p), "step"));
+  long long final_step = 0;
+  for (const auto& [peer, c] : last) final_step = std::max(final_step, std::stoll(c[0]));
   std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s\n");
   for (const auto& [peer, c] : last)
-    std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s\n", peer, c[3].c_str(), c[4].c_str(),
+    if (std::stoll(c[0]) < final_step)
+      std::printf("  %4d  lost: its last report was at step %s\n", peer, c[0].c_str());
+    else
+      std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s\n", peer, c[3].c_str(), c[4].c_str(),
                 human_bytes(std::stod(c[7])).c_str(), c[10].c_str(), c[11].c_str());
   std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
 }
@@ -241,7 +252,7 @@ int run_launch(int argc, char** argv) {
     if (log_fd < 0) throw Error(ErrorKind::kIo, str(child.log.string(), ": cannot write: ", std::strerror(errno)));
     std::vector<std::string> args_text = common;
     args_text.insert(args_text.begin() + 1, {"--rank", std::to_string(rank)});
-    if (rank == 0) args_text.push_back("--progress");
+    args_text.push_back("--progress");  // printed by whichever peer coordinates
     const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw Error(ErrorKind::kIo, str("cannot start peer ", rank, ": ", std::strerror(errno)));
@@ -312,8 +323,8 @@ int run_launch(int argc, char** argv) {
           --running;
           if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) && failure.empty()) {
             const std::string what = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
-            if (survivable && c.rank != 0) {
-              // D-PSGD drops a lost peer and goes on; peer 0 coordinates and must stay.
+            if (survivable) {
+              // D-PSGD drops a lost peer and goes on; a lost coordinator is replaced.
               progress.end();
               std::fprintf(stderr, "%s; the others go on without it\n", what.c_str());
               // How to bring it back into this run (docs/faults.md, "Rejoining").
@@ -330,18 +341,18 @@ int run_launch(int argc, char** argv) {
     }
     if (g_interrupted && failure.empty()) failure = "interrupted";
     if (!failure.empty()) break;
-    // Peer 0 finished the run; a peer still there long after was dropped by the others
+    // A peer finished the run; a peer still there long after was dropped by the others
     // (stalled, cut off) and has no one left to train with.
-    const Child* coordinator = nullptr;
+    bool one_finished = false;
     for (const auto& c : children)
-      if (c.rank == 0) coordinator = &c;
-    if (coordinator && coordinator->exited && WIFEXITED(coordinator->status) && WEXITSTATUS(coordinator->status) == 0) {
+      one_finished = one_finished || (c.exited && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+    if (one_finished) {
       if (!coordinator_done) coordinator_done = Clock::now();
       if (Clock::now() - *coordinator_done > std::chrono::seconds(20)) {
         for (auto& c : children)
           if (!c.exited) {
-            std::fprintf(stderr, "peer %d is still running 20 s after peer 0 finished (stalled or cut off); stopping it\n",
-                         c.rank);
+            std::fprintf(stderr, "peer %d is still running 20 s after the others finished (stalled or cut off); "
+                                 "stopping it\n", c.rank);
             kill(c.pid, SIGKILL);
             waitpid(c.pid, &c.status, 0);
             c.exited = true;
@@ -350,6 +361,8 @@ int run_launch(int argc, char** argv) {
           }
       }
     }
+    if (running == 0 && failure.empty() && !fs::exists(out / "summary.json") && remote.empty())
+      failure = "every peer stopped and none wrote summary.json (see the peers' logs)";
   }
   progress.end();
 

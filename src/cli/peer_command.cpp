@@ -16,8 +16,8 @@ int run_peer(int argc, char** argv) {
   options.add_options()
       ("topology", "topology file (YAML)", cxxopts::value<std::string>())
       ("rank", "this peer's id (default: $SLURM_PROCID, $OMPI_COMM_WORLD_RANK or $PMI_RANK)", cxxopts::value<std::string>())
-      ("out", "directory for metrics.csv and summary.json (written by peer 0)", cxxopts::value<std::string>())
-      ("progress", "print machine-readable @progress lines (peer 0)")
+      ("out", "directory for metrics.csv and summary.json (written by the coordinator)", cxxopts::value<std::string>())
+      ("progress", "print machine-readable @progress lines (while this peer coordinates)")
       ("rejoin", "restart a peer the others dropped: it takes a neighbour's current parameters and trains on "
                  "(give the run's other flags unchanged; docs/faults.md)")
       ("log-level", "debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
@@ -64,8 +64,7 @@ int run_peer(int argc, char** argv) {
   config.rejoin = args.count("rejoin") > 0;
   if (config.rejoin) {
     std::string conflict;
-    if (rank == 0) conflict = "peer 0 coordinates the run and cannot rejoin it; restart the run with --resume instead";
-    else if (config.resume) conflict = "--rejoin and --resume exclude each other";
+    if (config.resume) conflict = "--rejoin and --resume exclude each other";
     else if (config.algorithm != train::Algorithm::kDpsgd)
       conflict = "--rejoin needs --algorithm dpsgd (the centralized baselines stop when a peer is lost)";
     if (!conflict.empty()) {

@@ -140,10 +140,12 @@ void add_training_options(cxxopts::Options& options) {
       ("checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))
       ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())
       ("resume", "restart every peer from the latest complete set of checkpoints")
+      ("mixing-trace", "dpsgd: every peer writes the mixing row it applied, whenever it changes, to "
+                       "OUT/mixing-peer-R.csv (step,self_weight,peer:weight ...)")
       ("text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))
       ("eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("256"))
-      ("secret-file", "a key file every peer shares (16+ bytes); without it nobody can join or inject frames "
-                      "(make one: head -c 32 /dev/urandom > run.key && chmod 600 run.key)",
+      ("secret-file", "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
+                      "join or inject frames (make one: peertrain keygen run.key)",
        cxxopts::value<std::string>());
   options.add_options("transformer (gpt, vit)")
       ("d-model", "width of the residual stream", cxxopts::value<std::string>()->default_value("128"))
@@ -216,6 +218,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   c.checkpoint_every = positive<long long>(args, "checkpoint-every", true);
   if (args.count("checkpoint-dir")) c.checkpoint_dir = args["checkpoint-dir"].as<std::string>();
   c.resume = args.count("resume") > 0;
+  c.mixing_trace = args.count("mixing-trace") > 0;
   try {
     c.lr_schedule = args.count("lr-schedule") ? train::parse_lr_schedule(args["lr-schedule"].as<std::string>())
                     : c.model == train::ModelKind::kMlp ? train::LrSchedule::kConstant
@@ -235,6 +238,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
 std::vector<std::string> forwarded_training_flags(const cxxopts::ParseResult& args) {
   std::vector<std::string> out;
   if (args.count("resume")) out.push_back("--resume");
+  if (args.count("mixing-trace")) out.push_back("--mixing-trace");
   if (args.count("tied-head")) out.push_back("--tied-head");
   for (const std::string& name : kTrainingFlags)
     if (args.count(name)) {

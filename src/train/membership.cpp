@@ -1,61 +1,21 @@
 #include "membership.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 
 namespace peertrain::train {
-namespace {
-
-// Payloads: a report is [step u64][count u32][ids u32...][reason]; an announcement is
-// [switch step u64][stop u32][count u32][ids u32...][joins u32][(peer u32, donor u32)...].
-// A rejoin request (tag kRejoinTag, step 0) is [version u32]; its answer is
-// [status u32][announcement u64][switch step u64][donor u32][reason if status != 0].
-constexpr std::uint32_t kRejoinTag = 1;
-constexpr std::uint32_t kRejoinVersion = 1;
-void put(std::vector<std::byte>& out, const void* data, std::size_t size) {
-  const auto* bytes = static_cast<const std::byte*>(data);
-  out.insert(out.end(), bytes, bytes + size);
-}
-
-template <typename T>
-T take(const net::Payload& in, std::size_t& at, const std::string& from) {
-  T value;
-  if (at + sizeof(T) > in.size()) throw Error(ErrorKind::kPeerLost, str("truncated membership message from ", from));
-  std::memcpy(&value, in.data() + at, sizeof(T));
-  at += sizeof(T);
-  return value;
-}
-
-std::vector<int> read_ids(const net::Payload& in, std::size_t& at, int peers, const std::string& from) {
-  const auto count = take<std::uint32_t>(in, at, from);
-  if (count > static_cast<std::uint32_t>(peers))
-    throw Error(ErrorKind::kPeerLost, str("membership message from ", from, " lists ", count, " peers"));
-  std::vector<int> ids;
-  for (std::uint32_t i = 0; i < count; ++i) {
-    const auto id = take<std::uint32_t>(in, at, from);
-    if (id >= static_cast<std::uint32_t>(peers))
-      throw Error(ErrorKind::kPeerLost, str("membership message from ", from, " names peer ", id));
-    ids.push_back(static_cast<int>(id));
-  }
-  return ids;
-}
-
-}  // namespace
 
 void check_fault_options(const TrainConfig& config, const topology::Topology& topology, int rank) {
+  (void)rank;
   if (config.max_staleness > 0 && topology.time_varying())
     throw Error(ErrorKind::kInvalidArgument,
                 str("--max-staleness ", config.max_staleness, ": ", topology.path, " changes every peer's neighbours "
                     "from step to step (", topology.name, "), so a neighbour's last parameters may be many steps old; "
                     "use --max-staleness 0 with it"));
   if (!config.rejoin) return;
-  if (rank == 0)
-    throw Error(ErrorKind::kInvalidArgument, "--rejoin: peer 0 coordinates the run and cannot rejoin it; restart the "
-                                             "run with --resume from the latest checkpoints instead");
   if (config.resume) throw Error(ErrorKind::kInvalidArgument, "--rejoin and --resume exclude each other");
   if (config.algorithm != Algorithm::kDpsgd)
     throw Error(ErrorKind::kInvalidArgument, str("--rejoin needs --algorithm dpsgd; ", to_string(config.algorithm),
@@ -63,86 +23,277 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
 }
 
 Membership::Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options)
-    : network_(network), topology_(topology), rank_(rank), options_(options),
-      reports_read_(static_cast<std::size_t>(topology.num_peers()), 0),
-      back_at_(static_cast<std::size_t>(topology.num_peers()), 0) {}
+    : network_(network), topology_(topology), rank_(rank), n_(topology.num_peers()), options_(options),
+      reports_sent_(static_cast<std::size_t>(n_), 0), reports_read_(static_cast<std::size_t>(n_), 0),
+      announcements_read_(static_cast<std::size_t>(n_), 0), back_at_(static_cast<std::size_t>(n_), 0) {
+  linked_.assign(static_cast<std::size_t>(n_), 0);
+  for (int p : network.links()) linked_[static_cast<std::size_t>(p)] = 1;
+}
 
-bool Membership::is_lost(int peer) const { return std::find(lost_.begin(), lost_.end(), peer) != lost_.end(); }
+bool Membership::is_lost(int peer) const { return std::binary_search(lost_.begin(), lost_.end(), peer); }
 
 bool Membership::joining(int peer) const {
   return std::any_of(joining_.begin(), joining_.end(), [&](const Rejoin& j) { return j.peer == peer; });
 }
 
-// More steps than any peer can run ahead of peer 0: gossip lets a peer run at most
+// More steps than any peer can run ahead of the coordinator: gossip lets a peer run at most
 // max_staleness + 1 steps ahead of each neighbour, and no peer is more than n hops away.
 std::uint64_t Membership::switch_lead() const {
-  return (static_cast<std::uint64_t>(topology_.num_peers()) + 2) * (static_cast<std::uint64_t>(options_.max_staleness) + 1);
+  return (static_cast<std::uint64_t>(n_) + 2) * (static_cast<std::uint64_t>(options_.max_staleness) + 1);
 }
 
-void Membership::add_failure(std::uint64_t step, int peer, const std::string& reason) {
-  if (peer == 0 || is_lost(peer)) return;
-  // A neighbour that noticed the old process die before the peer rejoined (a late report).
+// Counts a peer lost and drops our link to it (so a restarted process for it can rejoin:
+// net::Transport accepts a rejoining peer only on a link its side has dropped).
+void Membership::count_lost(std::uint64_t step, int peer, const std::string& reason) {
+  if (peer == rank_ || is_lost(peer)) return;
+  // A peer that noticed the old process die before it rejoined (a late report).
   if (step < back_at_[static_cast<std::size_t>(peer)]) return;
-  lost_.push_back(peer);
-  std::sort(lost_.begin(), lost_.end());
-  failures_.push_back({peer, step, reason});
+  lost_.insert(std::upper_bound(lost_.begin(), lost_.end(), peer), peer);
+  if (linked_[static_cast<std::size_t>(peer)])
+    network_.drop(peer, str("peer ", rank_, " counts ", name(peer), " as lost since step ", step));
   log::warn("peer ", peer, " is lost (noticed at step ", step, "): ", reason);
-  // Close our link too, so that a restarted process for it can rejoin (net::Transport
-  // accepts a rejoining peer only on a link its side has dropped).
-  if (rank_ == 0) network_.drop(peer, str("peer 0 counts ", network_.peer_name(peer), " as lost since step ", step));
+  Failure f{peer, step, reason.substr(0, kMaxReasonBytes)};
+  if (is_coordinator()) {
+    failures_.push_back(std::move(f));
+    changed_ = true;
+  } else {
+    local_.push_back(std::move(f));
+  }
 }
 
 void Membership::report_lost(std::uint64_t step, const std::vector<std::pair<int, std::string>>& lost) {
-  for (const auto& [peer, reason] : lost) {
-    if (peer == 0) {
-      coordinator_lost_ = true;
-      log::warn("lost peer 0, the coordinator: training goes on without evaluation or recomputed weights");
+  std::vector<int> fresh;
+  for (const auto& [peer, reason] : lost)
+    if (peer != rank_ && !is_lost(peer)) {
+      count_lost(step, peer, reason);
+      if (is_lost(peer)) fresh.push_back(peer);
     }
-  }
-  if (rank_ == 0) {
-    for (const auto& [peer, reason] : lost) add_failure(step, peer, reason);
+  if (is_lost(coordinator_)) return coordinator_gone(step);  // tells the next one everything
+  if (!fresh.empty()) send_report(step, fresh, lost.front().second);
+}
+
+// Our coordinator is lost: the lowest id we do not count lost takes over (maybe us).
+void Membership::coordinator_gone(std::uint64_t step) {
+  const int old = coordinator_;
+  int next = 0;
+  while (is_lost(next)) ++next;  // stops at rank_ at the latest: we never count ourselves lost
+  coordinator_ = next;
+  if (next == rank_) {
+    ++epoch_;
+    takeovers_.push_back({rank_, step, old});
+    for (Failure& f : local_) {
+      const bool known = std::any_of(failures_.begin(), failures_.end(), [&](const Failure& g) {
+        return g.peer == f.peer && g.step == f.step;
+      });
+      if (!known) failures_.push_back(std::move(f));
+    }
+    local_.clear();
+    changed_ = true;  // announced at the next poll()
+    log::warn("peer ", old, ", the coordinator, is lost; peer ", rank_, " (this peer) takes over at step ", step,
+              " (epoch ", epoch_, ")");
     return;
   }
-  std::vector<int> peers;
-  for (const auto& [peer, reason] : lost)
-    if (peer != 0) peers.push_back(peer);
-  if (!peers.empty()) send_to_coordinator(step, peers, lost.front().second);
-}
-
-void Membership::lost_outside_gossip(std::uint64_t step, int peer, const std::string& reason) {
-  add_failure(step, peer, reason);
-}
-
-void Membership::send_to_coordinator(std::uint64_t step, const std::vector<int>& peers, const std::string& reason) {
-  if (coordinator_lost_) return;
-  std::vector<std::byte> payload;
-  put(payload, &step, sizeof step);
-  const auto count = static_cast<std::uint32_t>(peers.size());
-  put(payload, &count, sizeof count);
-  for (int p : peers) {
-    const auto id = static_cast<std::uint32_t>(p);
-    put(payload, &id, sizeof id);
+  log::warn("peer ", old, ", the coordinator, is lost; turning to peer ", next);
+  const std::vector<Failure> mine = local_;  // send_report may lose the next one too
+  for (const Failure& f : mine) {
+    if (coordinator_ != next) return;  // coordinator_gone ran again inside and told its successor
+    send_report(f.step, {f.peer}, f.reason);
   }
-  put(payload, reason.data(), std::min<std::size_t>(reason.size(), 512));
+}
+
+void Membership::send_report(std::uint64_t step, const std::vector<int>& peers, const std::string& reason) {
+  if (is_coordinator()) return;
+  const int to = coordinator_;
   try {
-    network_.send(0, net::MessageType::kMembership, reports_sent_++, 0, payload, false).wait();
+    network_.send(to, net::MessageType::kMembership, reports_sent_[static_cast<std::size_t>(to)]++, kReportTag,
+                  encode_report({step, peers, reason}), false)
+        .wait();
   } catch (const Error& e) {
-    coordinator_lost_ = true;
-    log::warn("cannot reach peer 0 to report a lost peer: ", e.what());
+    report_lost(step, to, str("cannot report a lost peer to it: ", e.what()));
+  }
+}
+
+void Membership::add_pending(Pending p) {
+  auto at = std::upper_bound(pending_.begin(), pending_.end(), p.switch_step,
+                             [](std::uint64_t s, const Pending& q) { return s < q.switch_step; });
+  pending_.insert(at, std::move(p));
+}
+
+void Membership::record_rejoin(const Rejoin& r) {
+  const bool known = std::any_of(rejoins_.begin(), rejoins_.end(), [&](const Rejoin& q) {
+    return q.peer == r.peer && q.step == r.step;
+  });
+  if (!known) rejoins_.push_back(r);
+}
+
+// A takeover (a higher epoch) first, from whoever sent it: it supersedes anything the old
+// coordinator still has queued to us. Then our coordinator's announcements, in order.
+void Membership::read_announcements() {
+  auto take = [&](int from) -> std::optional<Announcement> {
+    auto& next = announcements_read_[static_cast<std::size_t>(from)];
+    std::optional<net::Payload> message;
+    try {
+      message = network_.try_receive(from, net::MessageType::kMembership, next, kAnnounceTag);
+    } catch (const Error&) {
+      return std::nullopt;  // a dead link: read_reports() counts it
+    }
+    if (!message) return std::nullopt;
+    ++next;
+    return decode_announcement(*message, n_, name(from));
+  };
+  std::optional<std::pair<int, Announcement>> claim;
+  for (int from = 0; from < n_; ++from) {
+    if (from == rank_ || from == coordinator_ || is_lost(from) || !linked_[static_cast<std::size_t>(from)]) continue;
+    while (auto a = take(from)) {
+      if (a->epoch <= epoch_) {
+        log::warn("ignoring an announcement from ", name(from), " for epoch ", a->epoch, ": peer ", coordinator_,
+                  " coordinates epoch ", epoch_);
+        continue;
+      }
+      if (!claim || a->epoch > claim->second.epoch || (a->epoch == claim->second.epoch && from < claim->first))
+        claim.emplace(from, std::move(*a));
+    }
+  }
+  if (claim) adopt(claim->first, std::move(claim->second));
+  while (!is_coordinator() && !is_lost(coordinator_)) {
+    const int from = coordinator_;
+    auto a = take(from);
+    if (!a) break;
+    if (a->epoch < epoch_) continue;
+    adopt(from, std::move(*a));
+  }
+}
+
+void Membership::adopt(int from, Announcement a) {
+  if (a.stop)
+    throw Error(ErrorKind::kPeerLost, str(name(from), " stopped the run: the graph split after losing peers (--on-split stop)"));
+  if (std::find(a.lost.begin(), a.lost.end(), rank_) != a.lost.end())
+    throw Error(ErrorKind::kPeerLost,
+                str(name(from), ", the coordinator, counts this peer lost: it was stalled or cut off for longer than "
+                                "--peer-timeout. Restart it with --rejoin to come back"));
+  const bool takeover = from != coordinator_ || a.epoch != epoch_;
+  if (takeover) {
+    log::warn(name(from), " coordinates the run from now on (epoch ", a.epoch, ")");
+    coordinator_ = from;
+    epoch_ = a.epoch;
+  }
+  failures_ = std::move(a.failures);
+  rejoins_ = std::move(a.rejoins);
+  takeovers_ = std::move(a.takeovers);
+  for (const Rejoin& r : rejoins_)
+    back_at_[static_cast<std::size_t>(r.peer)] = std::max(back_at_[static_cast<std::size_t>(r.peer)], r.step);
+  for (const Rejoin& j : a.joins)
+    back_at_[static_cast<std::size_t>(j.peer)] = std::max(back_at_[static_cast<std::size_t>(j.peer)], a.switch_step);
+  // Leave every peer it counts lost, so that no one mixes with a peer the others have left.
+  for (int p : a.lost)
+    if (!is_lost(p)) {
+      lost_.insert(std::upper_bound(lost_.begin(), lost_.end(), p), p);
+      if (linked_[static_cast<std::size_t>(p)]) network_.drop(p, str(name(from), " counts ", name(p), " as lost"));
+    }
+  std::erase_if(local_, [&](const Failure& f) { return std::find(a.lost.begin(), a.lost.end(), f.peer) != a.lost.end(); });
+  if (takeover)
+    for (const Failure& f : std::vector<Failure>(local_)) send_report(f.step, {f.peer}, f.reason);
+  add_pending({a.switch_step, std::move(a.lost), std::move(a.joins)});
+}
+
+// Reports come to whoever their sender counts as coordinator; a peer that gets one while
+// it does not coordinate yet counts those peers lost too, which is how a survivor that
+// is no neighbour of a lost coordinator learns that it is next.
+void Membership::read_reports(std::uint64_t step) {
+  std::vector<int> fresh;
+  for (int from = 0; from < n_; ++from) {
+    if (from == rank_ || is_lost(from) || !linked_[static_cast<std::size_t>(from)]) continue;
+    try {
+      auto& next = reports_read_[static_cast<std::size_t>(from)];
+      while (auto message = network_.try_receive(from, net::MessageType::kMembership, next, kReportTag)) {
+        ++next;
+        const LostReport r = decode_report(*message, n_, name(from));
+        for (int id : r.peers)
+          if (!is_lost(id) && id != rank_) {
+            count_lost(r.step, id, str("reported by peer ", from, ": ", r.reason));
+            if (is_lost(id)) fresh.push_back(id);
+          }
+      }
+    } catch (const Error& e) {
+      // The link broke (or carried garbage): that peer is gone too, neighbour or not.
+      count_lost(step, from, e.what());
+      if (is_lost(from)) fresh.push_back(from);
+    }
+  }
+  if (is_lost(coordinator_)) return coordinator_gone(step);
+  if (!fresh.empty() && !is_coordinator()) send_report(step, fresh, "its link broke or a peer reported it");
+}
+
+void Membership::answer_rejoins(std::uint64_t step) {
+  for (int peer : std::vector<int>(lost_)) {
+    if (joining(peer) || !linked_[static_cast<std::size_t>(peer)] || !network_.alive(peer)) continue;
+    try {
+      auto request = network_.try_receive(peer, net::MessageType::kMembership, 0, kRejoinTag);
+      if (!request) continue;
+      decode_rejoin_request(*request, name(peer));
+      if (is_coordinator()) {
+        answer_rejoin(step, peer);
+      } else {
+        RejoinAnswer redirect;
+        redirect.status = RejoinStatus::kAskCoordinator;
+        redirect.coordinator = coordinator_;
+        network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, encode_rejoin_answer(redirect), false).wait();
+      }
+    } catch (const Error& e) {
+      log::warn("peer ", peer, " could not rejoin: ", e.what());
+      network_.drop(peer, e.what());
+    }
+  }
+}
+
+// The coordinator, on a request from a restarted peer whose link is up again.
+void Membership::answer_rejoin(std::uint64_t step, int peer) {
+  const std::uint64_t switch_step = step + switch_lead();
+  RejoinAnswer answer;
+  int donor = -1;
+  for (int q : topology_.graph.neighbors(peer))
+    if (!is_lost(q) && (q == rank_ || (linked_[static_cast<std::size_t>(q)] && network_.alive(q))) && (donor < 0 || q < donor))
+      donor = q;
+  if (donor < 0) answer.reason = str("none of peer ", peer, "'s neighbours is left to take parameters from");
+  else if (options_.total_steps > 0 && switch_step + 1 >= static_cast<std::uint64_t>(options_.total_steps))
+    answer.reason = str("the run ends at step ", options_.total_steps, ", too soon after step ", switch_step,
+                        " for it to come back");
+  answer.status = answer.reason.empty() ? RejoinStatus::kAccepted : RejoinStatus::kRefused;
+  answer.announcement = announcements_sent_;  // the announcement that takes it back
+  answer.epoch = epoch_;
+  answer.switch_step = switch_step;
+  answer.donor = std::max(donor, 0);
+  answer.coordinator = rank_;
+  if (answer.status == RejoinStatus::kAccepted) {
+    const Rejoin join{peer, switch_step, donor};
+    joining_.push_back(join);
+    reports_read_[static_cast<std::size_t>(peer)] = 0;  // a new process counts from 0
+    announcements_read_[static_cast<std::size_t>(peer)] = 0;
+    back_at_[static_cast<std::size_t>(peer)] = switch_step;
+    log::info("peer ", peer, " asks to rejoin; it comes back at step ", switch_step, " with peer ", donor,
+              "'s parameters");
+    announce(step, {join});  // sent to the joining peer too, ahead of the answer
+  } else {
+    log::warn("peer ", peer, " asked to rejoin; refused: ", answer.reason);
+  }
+  try {
+    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, encode_rejoin_answer(answer), false).wait();
+  } catch (const Error& e) {
+    log::warn("could not answer peer ", peer, "'s request to rejoin: ", e.what());
   }
 }
 
 void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) {
-  const std::uint64_t switch_step = step + switch_lead();
-  // The set everyone switches to: lost, less the peers coming back.
-  std::vector<int> announced;
-  for (int p : lost_)
-    if (!joining(p)) announced.push_back(p);
+  Announcement a;
+  a.epoch = epoch_;
+  a.switch_step = step + switch_lead();
+  for (int p : lost_)  // the set everyone switches to: lost, less the peers coming back
+    if (!joining(p)) a.lost.push_back(p);
   // Does the survivors' graph still hang together?
   const topology::Graph& g = topology_.graph;
   std::vector<int> label(static_cast<std::size_t>(g.num_peers()), -1), stack;
   int pieces = 0;
-  auto gone = [&](int p) { return std::find(announced.begin(), announced.end(), p) != announced.end(); };
+  auto gone = [&](int p) { return std::find(a.lost.begin(), a.lost.end(), p) != a.lost.end(); };
   for (int start = 0; start < g.num_peers(); ++start) {
     if (gone(start) || label[start] >= 0) continue;
     label[start] = pieces;
@@ -159,190 +310,93 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
     ++pieces;
   }
   const bool split = pieces > 1 && !topology_.time_varying();
-  const bool stop = split && options_.policy == SplitPolicy::kStop;
+  a.stop = split && options_.policy == SplitPolicy::kStop;
   if (split)
     log::warn("the survivors' graph fell into ", pieces, " pieces; ",
-              stop ? "stopping everyone (--on-split stop)" : "each piece trains on alone (--on-split continue)");
-  std::vector<std::byte> payload;
-  put(payload, &switch_step, sizeof switch_step);
-  const std::uint32_t stop_flag = stop ? 1 : 0;
-  put(payload, &stop_flag, sizeof stop_flag);
-  const auto count = static_cast<std::uint32_t>(announced.size());
-  put(payload, &count, sizeof count);
-  for (int p : announced) {
-    const auto id = static_cast<std::uint32_t>(p);
-    put(payload, &id, sizeof id);
-  }
-  const auto join_count = static_cast<std::uint32_t>(joins.size());
-  put(payload, &join_count, sizeof join_count);
-  for (const Rejoin& j : joins) {
-    const auto ids = std::array<std::uint32_t, 2>{static_cast<std::uint32_t>(j.peer), static_cast<std::uint32_t>(j.donor)};
-    put(payload, ids.data(), sizeof ids);
-  }
-  const std::uint64_t sequence = announcements_++;
-  for (int peer = 1; peer < topology_.num_peers(); ++peer) {
-    if ((is_lost(peer) && !joining(peer)) || !network_.alive(peer)) continue;
+              a.stop ? "stopping everyone (--on-split stop)" : "each piece trains on alone (--on-split continue)");
+  a.joins = joins;
+  a.failures = failures_;
+  a.rejoins = rejoins_;
+  a.takeovers = takeovers_;
+  const net::Payload payload = encode_announcement(a);
+  const std::uint64_t sequence = announcements_sent_++;
+  for (int peer = 0; peer < n_; ++peer) {
+    if (peer == rank_ || (is_lost(peer) && !joining(peer)) || !linked_[static_cast<std::size_t>(peer)]) continue;
     try {
-      network_.send(peer, net::MessageType::kMembership, sequence, 0, payload, false).wait();
+      network_.send(peer, net::MessageType::kMembership, sequence, kAnnounceTag, payload, false).wait();
     } catch (const Error& e) {
       log::warn("could not tell peer ", peer, " about the new membership: ", e.what());
     }
   }
-  if (stop)
+  changed_ = false;
+  if (a.stop)
     throw Error(ErrorKind::kPeerLost, str("the graph split into ", pieces, " pieces after losing peers; stopped "
                                           "(--on-split stop)"));
-  std::vector<Rejoin> at_switch = joins;
-  for (Rejoin& j : at_switch) j.step = switch_step;
-  pending_.push_back({switch_step, announced, at_switch});
-  log::info("peers lost so far: ", announced.size(), joins.empty() ? "" : str(", ", joins.size(), " coming back"),
-            "; all survivors switch to recomputed weights at step ", switch_step);
-}
-
-// Peer 0, on a request from a restarted peer whose link is up again.
-void Membership::answer_rejoin(std::uint64_t step, int peer) {
-  const std::uint64_t switch_step = step + switch_lead();
-  std::string refusal;
-  int donor = -1;
-  for (int q : topology_.graph.neighbors(peer))
-    if (!is_lost(q) && (q == 0 || network_.alive(q)) && (donor < 0 || q < donor)) donor = q;
-  if (coordinator_lost_) refusal = "peer 0 lost touch with the run";
-  else if (donor < 0) refusal = str("none of peer ", peer, "'s neighbours is left to take parameters from");
-  else if (options_.total_steps > 0 && switch_step + 1 >= static_cast<std::uint64_t>(options_.total_steps))
-    refusal = str("the run ends at step ", options_.total_steps, ", too soon after step ", switch_step,
-                  " for it to come back");
-  std::vector<std::byte> answer;
-  const std::uint32_t status = refusal.empty() ? 0 : 1;
-  put(answer, &status, sizeof status);
-  const std::uint64_t sequence = announcements_;  // the announcement that takes it back
-  put(answer, &sequence, sizeof sequence);
-  put(answer, &switch_step, sizeof switch_step);
-  const auto donor_id = static_cast<std::uint32_t>(std::max(donor, 0));
-  put(answer, &donor_id, sizeof donor_id);
-  put(answer, refusal.data(), refusal.size());
-  if (refusal.empty()) {
-    const Rejoin join{peer, switch_step, donor};
-    joining_.push_back(join);
-    reports_read_[static_cast<std::size_t>(peer)] = 0;  // a new process counts from 0
-    back_at_[static_cast<std::size_t>(peer)] = switch_step;
-    log::info("peer ", peer, " asks to rejoin; it comes back at step ", switch_step, " with peer ", donor,
-              "'s parameters");
-    announce(step, {join});  // it is sent to the joining peer too, ahead of the answer
-  } else {
-    log::warn("peer ", peer, " asked to rejoin; refused: ", refusal);
-  }
-  try {
-    network_.send(peer, net::MessageType::kMembership, 0, kRejoinTag, answer, false).wait();
-  } catch (const Error& e) {
-    log::warn("could not answer peer ", peer, "'s request to rejoin: ", e.what());
-  }
+  log::info("peers lost so far: ", a.lost.size(), joins.empty() ? "" : str(", ", joins.size(), " coming back"),
+            "; all survivors switch to recomputed weights at step ", a.switch_step);
+  add_pending({a.switch_step, std::move(a.lost), joins});
 }
 
 RejoinTicket Membership::rejoin() {
-  PEERTRAIN_CHECK(rank_ != 0, "peer 0 cannot rejoin");
-  std::vector<std::byte> request;
-  put(request, &kRejoinVersion, sizeof kRejoinVersion);
-  network_.send(0, net::MessageType::kMembership, 0, kRejoinTag, request, false).wait();
-  const net::Payload answer = network_.receive(0, net::MessageType::kMembership, 0, kRejoinTag);
-  std::size_t at = 0;
-  const auto status = take<std::uint32_t>(answer, at, "peer 0");
-  const auto sequence = take<std::uint64_t>(answer, at, "peer 0");
-  const auto switch_step = take<std::uint64_t>(answer, at, "peer 0");
-  const auto donor = take<std::uint32_t>(answer, at, "peer 0");
-  if (status != 0)
-    throw Error(ErrorKind::kPeerLost, str("peer 0 refused to take peer ", rank_, " back: ",
-                                          std::string(reinterpret_cast<const char*>(answer.data()) + at, answer.size() - at)));
-  const auto neighbours = topology_.graph.neighbors(rank_);
-  if (std::find(neighbours.begin(), neighbours.end(), static_cast<int>(donor)) == neighbours.end())
-    throw Error(ErrorKind::kPeerLost, str("peer 0 named peer ", donor, ", not a neighbour of peer ", rank_, ", as donor"));
-  announcements_ = sequence;  // poll() reads the announcement that takes us back, and later ones
-  log::info("peer 0 takes us back at step ", switch_step, " with peer ", donor, "'s parameters");
-  return {switch_step, static_cast<int>(donor)};
+  // The peers we could not reach while connecting are gone; anyone else may answer.
+  for (int p = 0; p < n_; ++p)
+    if (p != rank_ && (!linked_[static_cast<std::size_t>(p)] || !network_.alive(p)) && !is_lost(p)) lost_.insert(std::upper_bound(lost_.begin(), lost_.end(), p), p);
+  int ask = 0;
+  while (ask < n_ && (ask == rank_ || is_lost(ask))) ++ask;
+  if (ask == n_) throw Error(ErrorKind::kPeerLost, str("peer ", rank_, " reached no other peer of the run to rejoin"));
+  for (int tries = 0; tries < n_; ++tries) {
+    network_.send(ask, net::MessageType::kMembership, 0, kRejoinTag, encode_rejoin_request(), false).wait();
+    const RejoinAnswer a =
+        decode_rejoin_answer(network_.receive(ask, net::MessageType::kMembership, 0, kRejoinTag), n_, name(ask));
+    if (a.status == RejoinStatus::kAskCoordinator) {
+      if (a.coordinator == ask || a.coordinator == rank_ || is_lost(a.coordinator))
+        throw Error(ErrorKind::kPeerLost, str(name(ask), " says peer ", a.coordinator,
+                                              " coordinates the run, which this peer cannot reach"));
+      log::info(name(ask), " says peer ", a.coordinator, " coordinates the run; asking it");
+      ask = a.coordinator;
+      continue;
+    }
+    if (a.status == RejoinStatus::kRefused)
+      throw Error(ErrorKind::kPeerLost, str(name(ask), " refused to take peer ", rank_, " back: ", a.reason));
+    const auto neighbours = topology_.graph.neighbors(rank_);
+    if (std::find(neighbours.begin(), neighbours.end(), a.donor) == neighbours.end())
+      throw Error(ErrorKind::kPeerLost, str(name(ask), " named peer ", a.donor, ", not a neighbour of peer ", rank_, ", as donor"));
+    coordinator_ = ask;
+    epoch_ = a.epoch;
+    announcements_read_[static_cast<std::size_t>(ask)] = a.announcement;  // the one that takes us back, and later ones
+    log::info(name(ask), " takes us back at step ", a.switch_step, " with peer ", a.donor, "'s parameters");
+    return {a.switch_step, a.donor};
+  }
+  throw Error(ErrorKind::kPeerLost, str("peer ", rank_, " was sent from peer to peer ", n_, " times asking to rejoin"));
 }
 
 void Membership::take_parameters(const RejoinTicket& ticket, std::span<float> x) {
   const net::Payload payload = network_.receive(ticket.donor, net::MessageType::kParameters, ticket.step, kRejoinTag);
   if (payload.size() != x.size_bytes())
-    throw Error(ErrorKind::kPeerLost, str(network_.peer_name(ticket.donor), " sent ", payload.size(),
+    throw Error(ErrorKind::kPeerLost, str(name(ticket.donor), " sent ", payload.size(),
                                           " bytes of parameters for the rejoin at step ", ticket.step, ", expected ",
                                           x.size_bytes()));
   std::memcpy(x.data(), payload.data(), payload.size());
 }
 
 std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step, std::span<const float> x) {
-  if (rank_ == 0) {
-    const std::size_t known = lost_.size();
-    for (int peer = 1; peer < topology_.num_peers(); ++peer) {
-      if (is_lost(peer)) continue;
-      try {
-        while (auto report = network_.try_receive(peer, net::MessageType::kMembership, reports_read_[peer], 0)) {
-          ++reports_read_[peer];
-          std::size_t at = 0;
-          const auto when = take<std::uint64_t>(*report, at, network_.peer_name(peer));
-          const auto ids = read_ids(*report, at, topology_.num_peers(), network_.peer_name(peer));
-          const std::string reason(reinterpret_cast<const char*>(report->data() + at), report->size() - at);
-          for (int id : ids) add_failure(when, id, str("reported by peer ", peer, ": ", reason));
-        }
-      } catch (const Error& e) {
-        // The link to a peer that is not our gossip neighbour broke: it is gone too.
-        add_failure(step, peer, e.what());
-      }
-    }
-    if (lost_.size() != known) announce(step);
-    // A restarted peer whose link is up again may ask to come back.
-    for (int peer = 1; peer < topology_.num_peers(); ++peer) {
-      if (!is_lost(peer) || joining(peer) || !network_.alive(peer)) continue;
-      try {
-        if (auto request = network_.try_receive(peer, net::MessageType::kMembership, 0, kRejoinTag)) {
-          std::size_t at = 0;
-          const auto version = take<std::uint32_t>(*request, at, network_.peer_name(peer));
-          if (version != kRejoinVersion)
-            throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " asked to rejoin with version ", version,
-                                                  ", we speak ", kRejoinVersion));
-          answer_rejoin(step, peer);
-        }
-      } catch (const Error& e) {
-        log::warn("peer ", peer, " could not rejoin: ", e.what());
-        network_.drop(peer, e.what());
-      }
-    }
-  } else if (!coordinator_lost_) {
-    try {
-      while (auto message = network_.try_receive(0, net::MessageType::kMembership, announcements_, 0)) {
-        ++announcements_;
-        std::size_t at = 0;
-        const auto switch_step = take<std::uint64_t>(*message, at, "peer 0");
-        const auto stop = take<std::uint32_t>(*message, at, "peer 0");
-        auto ids = read_ids(*message, at, topology_.num_peers(), "peer 0");
-        if (stop)
-          throw Error(ErrorKind::kPeerLost, "peer 0 stopped the run: the graph split after losing peers (--on-split stop)");
-        std::vector<Rejoin> joins;
-        const auto join_count = at < message->size() ? take<std::uint32_t>(*message, at, "peer 0") : 0;
-        if (join_count > static_cast<std::uint32_t>(topology_.num_peers()))
-          throw Error(ErrorKind::kPeerLost, str("membership message from peer 0 lists ", join_count, " rejoining peers"));
-        for (std::uint32_t i = 0; i < join_count; ++i) {
-          const auto peer = take<std::uint32_t>(*message, at, "peer 0");
-          const auto donor = take<std::uint32_t>(*message, at, "peer 0");
-          const auto n = static_cast<std::uint32_t>(topology_.num_peers());
-          if (peer >= n || donor >= n)
-            throw Error(ErrorKind::kPeerLost, str("membership message from peer 0 names peer ", std::max(peer, donor)));
-          joins.push_back({static_cast<int>(peer), switch_step, static_cast<int>(donor)});
-        }
-        lost_ = ids;
-        pending_.push_back({switch_step, std::move(ids), std::move(joins)});
-      }
-    } catch (const Error& e) {
-      if (e.kind() == ErrorKind::kPeerLost && std::string(e.what()).find("stopped the run") != std::string::npos) throw;
-      coordinator_lost_ = true;
-      log::warn("lost peer 0, the coordinator: ", e.what());
-    }
-  }
+  read_announcements();
+  read_reports(step);
+  if (n_ > 1 && static_cast<int>(lost_.size()) == n_ - 1)
+    throw Error(ErrorKind::kPeerLost,
+                str("peer ", rank_, " counts every other peer lost at step ", step, ": either they all failed or this "
+                    "peer was stalled or cut off for longer than --peer-timeout and they dropped it; it stops rather "
+                    "than train alone (restart it with --rejoin to come back)"));
+  answer_rejoins(step);
+  if (is_coordinator() && changed_) announce(step);
   std::optional<std::vector<int>> switch_to;
   while (!pending_.empty() && step >= pending_.front().switch_step) {
     Pending& next = pending_.front();
     if (step > next.switch_step)
       log::warn("switching to recomputed weights at step ", step, ", after the agreed step ", next.switch_step);
     for (const Rejoin& join : next.joins) {
-      if (join.donor == rank_ && join.peer != rank_) {
+      if (join.peer == rank_) continue;
+      if (join.donor == rank_) {
         // The peer coming back starts from our parameters of this step.
         PEERTRAIN_CHECK(x.size() > 0, "poll() needs x at a step where this peer is a donor");
         try {
@@ -352,14 +406,15 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
           log::warn("could not send peer ", join.peer, " the parameters to rejoin with: ", e.what());
         }
       }
-      if (rank_ == 0) {
-        lost_.erase(std::remove(lost_.begin(), lost_.end(), join.peer), lost_.end());
-        joining_.erase(std::remove_if(joining_.begin(), joining_.end(), [&](const Rejoin& j) { return j.peer == join.peer; }),
-                       joining_.end());
-        rejoins_.push_back(join);
-        network_.readmit(join.peer);
-        log::info("peer ", join.peer, " is back from step ", step);
-      }
+      lost_.erase(std::remove(lost_.begin(), lost_.end(), join.peer), lost_.end());
+      joining_.erase(std::remove_if(joining_.begin(), joining_.end(), [&](const Rejoin& j) { return j.peer == join.peer; }),
+                     joining_.end());
+      reports_read_[static_cast<std::size_t>(join.peer)] = 0;  // its new process numbers from 0
+      announcements_read_[static_cast<std::size_t>(join.peer)] = 0;
+      reports_sent_[static_cast<std::size_t>(join.peer)] = 0;
+      if (linked_[static_cast<std::size_t>(join.peer)]) network_.readmit(join.peer);
+      record_rejoin(join);
+      log::info("peer ", join.peer, " is back from step ", step);
     }
     switch_to = std::move(next.lost);
     pending_.erase(pending_.begin());

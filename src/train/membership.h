@@ -1,28 +1,47 @@
-// Who is still training, agreed across the peers after a failure.
+// Who is still training, agreed across the peers after a failure, and who coordinates.
 //
 // A neighbour that stops answering is dropped at once by each peer that notices (the
 // gossip moves its weight to the diagonal, which keeps W doubly stochastic among the
-// survivors with local knowledge only). The peers that noticed report it to peer 0, which
-// already collects the evaluation reports; peer 0 announces the new set of lost peers and
-// a step a few steps ahead (n + 2, more than any peer can run ahead of it, since gossip
-// couples neighbours step by step), at which every survivor switches to Metropolis–
-// Hastings weights recomputed on the survivors' graph. If the survivors' graph falls into
-// pieces, peer 0 says so and, by the --on-split policy, either lets each piece go on
-// alone (the default) or stops everyone.
+// survivors with local knowledge only). The peers that noticed report it to the
+// coordinator, which also collects the evaluation reports; the coordinator announces the
+// new set of lost peers and a step a few steps ahead (more than any peer can run ahead of
+// it, since gossip couples neighbours step by step), at which every survivor switches to
+// Metropolis–Hastings weights recomputed on the survivors' graph. If the survivors' graph
+// falls into pieces, the coordinator says so and, by the --on-split policy, either lets
+// each piece go on alone (the default) or stops everyone.
 //
-// Peer 0 is the coordinator: if it is lost, the others keep training with their local
-// drop (no recompute, no evaluation, no summary), and launch reports the run as failed.
+// No single point of failure. The coordinator is peer 0 at the start. A peer that counts
+// its coordinator lost (a broken link, a report or an evaluation it cannot deliver, a
+// silent gossip neighbour) drops its link to it and turns to the lowest id it does not
+// count lost; that peer, once it counts every lower id lost (by its own view or by the
+// reports sent to it), takes over: it opens a new epoch and announces, with the whole
+// record of the run (failures, rejoins, takeovers), so any survivor can take over again.
+// A peer adopts an announcement of a higher epoch (a takeover) before anything else it
+// reads, and drops its links to every peer the announcement counts lost, so no peer keeps
+// applying the switches of a coordinator the others have left. Every peer is linked to
+// every other under D-PSGD (trainer.cpp, links_for), so any survivor can coordinate.
+//
+// A peer that counts every other peer lost stops with an error: it cannot tell a run
+// where all the others died from one that dropped it (it was stalled or cut off past
+// --peer-timeout), and training alone is not this run. Likewise a peer named lost in an
+// announcement stops. Either may come back with --rejoin.
 //
 // Rejoining. A process restarted for a lost peer p (`peertrain peer --rank p --rejoin`,
-// same flags) dials its links; a neighbour that has dropped p accepts it (net::Transport).
-// p asks peer 0 to come back (rejoin()); peer 0 picks a switch step s ahead, as for a
-// loss, and a donor, p's lowest-numbered surviving neighbour, and announces "p back at
-// step s from donor d" to everyone, p included. At step s every peer switches to
-// Metropolis–Hastings weights on the graph with p in it again; the donor sends p its x at
-// the start of step s, which p takes (take_parameters()) before its first step s. p
-// restores its sampler to step s itself (its batches are a function of its seed and the
-// step), starts with zero momentum, and trains on to the end. Reports of p's old loss
-// that reach peer 0 late (noticed before s) are ignored.
+// same flags) dials its links; a peer that has dropped p accepts it (net::Transport).
+// p asks the lowest peer it reached to take it back (rejoin()); a peer that is not the
+// coordinator answers with the coordinator's id. The coordinator picks a switch step s
+// ahead, as for a loss, and a donor, p's lowest-numbered surviving neighbour, and
+// announces "p back at step s from donor d" to everyone, p included. At step s every peer
+// switches to Metropolis–Hastings weights on the graph with p in it again; the donor sends
+// p its x at the start of step s, which p takes (take_parameters()) before its first step
+// s. p restores its sampler to step s itself (its batches are a function of its seed and
+// the step), starts with zero momentum, and trains on to the end. Reports of p's old loss
+// that arrive late (noticed before s) are ignored. An old coordinator rejoins like any
+// peer; the role stays where it moved.
+//
+// Not survived (docs/faults.md): a coordinator that dies in the middle of sending an
+// announcement may leave some peers with a switch the others never hear of until the next
+// announcement; a link that breaks between two live peers makes each count the other lost.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "membership_codec.h"
 #include "peertrain/algo/gossip.h"
 #include "peertrain/net/transport.h"
 #include "peertrain/topology/topology.h"
@@ -39,24 +59,12 @@
 
 namespace peertrain::train {
 
-// Throws Error(kInvalidArgument) when --rejoin cannot work with this configuration (peer 0,
-// --resume, a centralized baseline), or --max-staleness with a topology that changes its
+// Throws Error(kInvalidArgument) when --rejoin cannot work with this configuration
+// (--resume, a centralized baseline), or --max-staleness with a topology that changes its
 // neighbours every step.
 void check_fault_options(const TrainConfig& config, const topology::Topology& topology, int rank);
 
 enum class SplitPolicy { kContinue, kStop };
-
-struct Failure {
-  int peer = 0;
-  std::uint64_t step = 0;  // the step at which a neighbour gave up on it
-  std::string reason;
-};
-
-struct Rejoin {
-  int peer = 0;
-  std::uint64_t step = 0;  // the first step it trained again
-  int donor = 0;           // the neighbour whose parameters it took
-};
 
 struct MembershipOptions {
   SplitPolicy policy = SplitPolicy::kContinue;
@@ -64,7 +72,7 @@ struct MembershipOptions {
   long long total_steps = 0;  // of the run: too late to rejoin past it
 };
 
-// What a rejoining peer learns from peer 0.
+// What a rejoining peer learns from the coordinator.
 struct RejoinTicket {
   std::uint64_t step = 0;  // the step it starts at
   int donor = 0;           // who sends it the parameters of that step
@@ -74,29 +82,37 @@ class Membership {
  public:
   Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options);
 
-  // Tells peer 0 (or, on peer 0, records) the neighbours lost at `step`.
+  // The peer that coordinates the run as this peer knows it, and whether that is us.
+  int coordinator() const { return coordinator_; }
+  bool is_coordinator() const { return coordinator_ == rank_; }
+
+  // Peers this one gave up on at `step` (the gossip's newly lost neighbours, a peer whose
+  // evaluation report never came, or the coordinator it cannot reach). Each is dropped
+  // and reported to the coordinator; a lost coordinator is replaced (see above).
   void report_lost(std::uint64_t step, const std::vector<std::pair<int, std::string>>& lost);
-  // Peer 0 gave up on a peer outside the gossip (a missing evaluation report).
-  void lost_outside_gossip(std::uint64_t step, int peer, const std::string& reason);
+  void report_lost(std::uint64_t step, int peer, const std::string& reason) { report_lost(step, {{peer, reason}}); }
+
   // Once per step, before the gossip starts: exchanges reports and announcements, and
   // returns the rows to use from this step on when this is an agreed switch step. x is
   // this peer's parameters at the start of the step: a donor sends them to a peer that
-  // rejoins at this step. Throws Error when peer 0 announced a stop (split graph under
-  // --on-split stop).
+  // rejoins at this step. Throws Error(kPeerLost) when the coordinator announced a stop
+  // (split graph under --on-split stop), named this peer lost, or when this peer counts
+  // every other peer lost.
   std::optional<std::vector<algo::MixingRow>> poll(std::uint64_t step, std::span<const float> x = {});
 
-  // On a restarted peer, once connected: asks peer 0 to be taken back and returns the
-  // step to start at and the donor. Throws Error naming the reason when peer 0 refuses
-  // (no neighbour left, the run about to end) or does not answer within --peer-timeout.
+  // On a restarted peer, once connected: asks to be taken back and returns the step to
+  // start at and the donor. Throws Error naming the reason when the coordinator refuses
+  // (no neighbour left, the run about to end) or nobody answers within --peer-timeout.
   RejoinTicket rejoin();
   // Waits for the donor's parameters of the ticket's step (at most --peer-timeout).
   void take_parameters(const RejoinTicket& ticket, std::span<float> x);
 
-  bool coordinator_lost() const { return coordinator_lost_; }
   bool is_lost(int peer) const;
-  const std::vector<Failure>& failures() const { return failures_; }  // peer 0's record
-  const std::vector<Rejoin>& rejoins() const { return rejoins_; }     // peer 0's record
-  const std::vector<int>& lost() const { return lost_; }  // as known now (peer 0) or announced
+  const std::vector<int>& lost() const { return lost_; }  // as this peer counts them now
+  // The run's record: the coordinator's own, or as its last announcement told it.
+  const std::vector<Failure>& failures() const { return failures_; }
+  const std::vector<Rejoin>& rejoins() const { return rejoins_; }
+  const std::vector<Takeover>& takeovers() const { return takeovers_; }
 
  private:
   struct Pending {
@@ -104,27 +120,40 @@ class Membership {
     std::vector<int> lost;
     std::vector<Rejoin> joins;  // peers back at switch_step
   };
-  void announce(std::uint64_t step, const std::vector<Rejoin>& joins = {});
+  void count_lost(std::uint64_t step, int peer, const std::string& reason);
+  void coordinator_gone(std::uint64_t step);
+  void send_report(std::uint64_t step, const std::vector<int>& peers, const std::string& reason);
+  void read_announcements();
+  void adopt(int from, Announcement a);
+  void read_reports(std::uint64_t step);
+  void answer_rejoins(std::uint64_t step);
   void answer_rejoin(std::uint64_t step, int peer);
+  void announce(std::uint64_t step, const std::vector<Rejoin>& joins = {});
+  void add_pending(Pending p);
+  void record_rejoin(const Rejoin& r);
   std::uint64_t switch_lead() const;
   bool joining(int peer) const;
-  void send_to_coordinator(std::uint64_t step, const std::vector<int>& peers, const std::string& reason);
-  void add_failure(std::uint64_t step, int peer, const std::string& reason);
+  std::string name(int peer) const { return network_.peer_name(peer); }
 
   net::Transport& network_;
   const topology::Topology& topology_;
   int rank_;
+  int n_;
   MembershipOptions options_;
-  std::vector<int> lost_;  // as announced (peer 0: as known; a joining peer stays in it until its step)
-  std::vector<Failure> failures_;
-  std::vector<Rejoin> rejoins_;            // peer 0: done
-  std::vector<Rejoin> joining_;            // peer 0: announced, switch step not reached
-  std::uint64_t reports_sent_ = 0;
-  std::vector<std::uint64_t> reports_read_;  // peer 0: next report sequence per peer
-  std::vector<std::uint64_t> back_at_;       // peer 0: the step each peer last rejoined at
-  std::uint64_t announcements_ = 0;          // sent (peer 0) or read (others)
-  std::vector<Pending> pending_;  // announced switches, oldest first
-  bool coordinator_lost_ = false;
+  std::vector<char> linked_;            // peers we have a link to (all of them under D-PSGD)
+  int coordinator_ = 0;
+  std::uint32_t epoch_ = 0;             // coordinators lost so far, as far as we know
+  std::vector<int> lost_;               // sorted; their links are dropped
+  std::vector<Failure> local_;          // what this peer noticed itself, for a new coordinator
+  std::vector<Failure> failures_;       // the run's record (see failures())
+  std::vector<Rejoin> rejoins_;
+  std::vector<Takeover> takeovers_;
+  std::vector<Rejoin> joining_;         // coordinator: announced, switch step not reached
+  bool changed_ = false;                // coordinator: the lost set changed since the last announcement
+  std::vector<std::uint64_t> reports_sent_, reports_read_, announcements_read_;
+  std::uint64_t announcements_sent_ = 0;
+  std::vector<std::uint64_t> back_at_;  // the step each peer last rejoined at
+  std::vector<Pending> pending_;        // announced switches, by switch step
 };
 
 }  // namespace peertrain::train

@@ -38,17 +38,19 @@ struct Report {
 };
 constexpr std::size_t kReportDoubles = sizeof(Report) / sizeof(double);
 
-// Links each peer keeps: the algorithm's, plus one to peer 0 for the evaluation reports.
+// Links each peer keeps: the algorithm's, plus the coordinator's for the evaluation
+// reports. Under D-PSGD any survivor may take over from a lost coordinator
+// (membership.h), so every peer is linked to every other; an idle link costs one
+// heartbeat a second.
 std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int rank) {
   const int n = t.num_peers();
   std::vector<int> links;
-  if (rank == 0) {
-    for (int p = 1; p < n; ++p) links.push_back(p);
+  if (rank == 0 || algorithm == Algorithm::kDpsgd) {
+    for (int p = 0; p < n; ++p)
+      if (p != rank) links.push_back(p);
     return links;
   }
   links.push_back(0);
-  if (algorithm == Algorithm::kDpsgd)
-    for (int p : t.graph.neighbors(rank)) links.push_back(p);
   if (algorithm == Algorithm::kAllreduce && n > 1) {
     links.push_back((rank + 1) % n);
     links.push_back((rank + n - 1) % n);
@@ -58,12 +60,14 @@ std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int
   return links;
 }
 
-// Peer 0's view of the whole run: it writes the files and the progress lines.
+// The coordinator's view of the whole run: it writes the files and the progress lines.
+// A peer that takes over coordinating keeps the rows written before (kept_through).
 class Recorder {
  public:
   Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps,
-           long long resumed_at)
-      : config_(config),
+           long long kept_through, int self)
+      : self_(static_cast<std::size_t>(self)),
+        config_(config),
         topology_(topology),
         spectral_gap_(spectral_gap),
         total_steps_(total_steps),
@@ -72,11 +76,11 @@ class Recorder {
     std::filesystem::create_directories(config.out_dir);
     const auto path = std::filesystem::path(config.out_dir) / "metrics.csv";
     std::string kept;
-    if (resumed_at > 0) {  // keep the rows up to the checkpoint, drop what came after it
+    if (kept_through > 0) {  // keep the rows up to the checkpoint (or the takeover), drop what came after it
       std::ifstream old(path);
       std::string line;
       while (std::getline(old, line))
-        if (line.rfind("step,", 0) != 0 && std::atoll(line.c_str()) <= resumed_at) kept += line + "\n";
+        if (line.rfind("step,", 0) != 0 && std::atoll(line.c_str()) <= kept_through) kept += line + "\n";
     }
     csv_.open(path);
     if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
@@ -106,7 +110,7 @@ class Recorder {
       }
       csv_.flush();
     }
-    progress(reports[0].step, reports[0].epoch, mean_loss(), reports[0].wall_s, true);
+    progress(reports[self_].step, reports[self_].epoch, mean_loss(), reports[self_].wall_s, true);
   }
 
   void progress(double step, double epoch, double loss, double wall_s, bool evaluated) {
@@ -126,8 +130,10 @@ class Recorder {
   }
 
   // failed_peers: lost and not back at the end; failures: every loss, in order;
-  // rejoined_peers: every comeback (membership.h).
-  void finish(const std::vector<Failure>& failures, const std::vector<Rejoin>& rejoins, const std::vector<int>& lost) {
+  // rejoined_peers: every comeback; takeovers: every change of coordinator (membership.h).
+  void finish(const Membership& membership, int coordinator) {
+    const std::vector<Failure>& failures = membership.failures();
+    const std::vector<Rejoin>& rejoins = membership.rejoins();
     if (config_.out_dir.empty() || last_.empty()) return;
     double local = 0, sent = 0, wall = 0, compute = 0, wait = 0;
     double alive = 0;
@@ -141,10 +147,15 @@ class Recorder {
       wait += r.comm_wait_s;
     }
     const double n = std::max(alive, 1.0);
-    std::vector<int> failed;
+    const std::vector<int>& failed = membership.lost();
     std::string details = "[";
-    for (int p : lost)
-      if (p != 0) failed.push_back(p);
+    std::string moved = "[";
+    for (const Takeover& t : membership.takeovers()) {
+      json::Object one;
+      one.add("peer", t.peer).add("step", static_cast<long long>(t.step)).add("from", t.from);
+      moved += (moved.size() > 1 ? ", " : "") + one.dump(0);
+    }
+    moved += "]";
     std::string back = "[";
     for (const Rejoin& r : rejoins) {
       json::Object one;
@@ -163,8 +174,8 @@ class Recorder {
         .add("algorithm", to_string(config_.algorithm))
         .add("model", to_string(config_.model))
         .add("peers", topology_.num_peers())
-        .add("steps", static_cast<long long>(last_[0].step))
-        .add("epochs", last_[0].epoch)
+        .add("steps", static_cast<long long>(last_[self_].step))
+        .add("epochs", last_[self_].epoch)
         .add("batch_per_peer", config_.batch)
         .add("test_accuracy", avg_accuracy_)
         .add("mean_local_accuracy", local / n)
@@ -175,7 +186,7 @@ class Recorder {
         .add("mean_comm_wait_s", wait / n)
         .add("bytes_sent_per_peer", sent / n)
         .add("survivors", static_cast<long long>(alive))
-        .add("items_per_s", wall > 0 ? last_[0].step * config_.batch * n / wall : 0.0)
+        .add("items_per_s", wall > 0 ? last_[self_].step * config_.batch * n / wall : 0.0)
         .add("spectral_gap", spectral_gap_);
     if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
     if (config_.model != ModelKind::kMlp)
@@ -183,7 +194,9 @@ class Recorder {
     o
         .add_raw("failed_peers", json::array(failed))
         .add_raw("failures", details)
-        .add_raw("rejoined_peers", back);
+        .add_raw("rejoined_peers", back)
+        .add("coordinator", coordinator)
+        .add_raw("takeovers", moved);
     std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
     out << o.dump() << "\n";
     if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
@@ -200,6 +213,7 @@ class Recorder {
     return count > 0 ? sum / count : 0;
   }
 
+  std::size_t self_;  // the coordinator's own row
   const TrainConfig& config_;
   const topology::Topology& topology_;
   double spectral_gap_;
@@ -334,11 +348,39 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   for (int p = 0; p < n; ++p) ring[p] = p;
   for (int p = 1; p < n; ++p) workers.push_back(p);
 
+  // The coordinator's files and progress lines: peer 0's from the start, or a survivor's
+  // from the step it takes over (membership.h).
   std::unique_ptr<Recorder> recorder;
-  if (rank == 0) {
-    const double gap = t.time_varying() ? 0.0 : topology::analyze_spectrum(t.mixing, t.graph).spectral_gap;
-    recorder = std::make_unique<Recorder>(config, t, gap, total_steps, static_cast<long long>(resume_step));
+  auto recorder_if_coordinator = [&](long long kept_through) -> Recorder* {
+    if (!membership.is_coordinator()) return nullptr;
+    if (!recorder) {
+      const double gap = t.time_varying() ? 0.0 : topology::analyze_spectrum(t.mixing, t.graph).spectral_gap;
+      recorder = std::make_unique<Recorder>(config, t, gap, total_steps, kept_through, rank);
+    }
+    return recorder.get();
+  };
+  // (A restarted peer 0 coming back with --rejoin is not the coordinator: it must not touch the files.)
+  if (rank == 0 && !config.rejoin) recorder_if_coordinator(static_cast<long long>(resume_step));
+  // --mixing-trace: the row this peer applied, each time it changes.
+  std::ofstream mixing_trace;
+  std::string last_trace_row;
+  if (config.mixing_trace && config.algorithm == Algorithm::kDpsgd && !config.out_dir.empty()) {
+    std::filesystem::create_directories(config.out_dir);
+    const auto path = std::filesystem::path(config.out_dir) / str("mixing-peer-", rank, ".csv");
+    mixing_trace.open(path, config.rejoin ? std::ios::app : std::ios::trunc);
+    if (!mixing_trace) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
+    if (!config.rejoin) mixing_trace << "step,self_weight,neighbours\n";
   }
+  auto trace_row = [&](long long step, const algo::MixingRow& row) {
+    if (!mixing_trace.is_open()) return;
+    std::string text = str(row.self_weight, ",");
+    for (std::size_t k = 0; k < row.peers.size(); ++k)
+      if (row.weights[k] != 0) text += str(text.back() == ',' ? "" : " ", row.peers[k], ":", row.weights[k]);
+    if (text == last_trace_row) return;
+    last_trace_row = text;
+    mixing_trace << step << "," << text << "\n";
+    mixing_trace.flush();
+  };
 
   double wall_s = 0, compute_s = 0, wait_s = 0, loss_sum = 0;
   long long loss_count = 0;
@@ -394,57 +436,57 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     state.params = x;
     state.momentum.assign(optimizer->state().begin(), optimizer->state().end());
     write_checkpoint(config.checkpoint_dir, state);
-    if (rank == 0) prune_checkpoints(config.checkpoint_dir, n, 2, match);
+    if (membership.is_coordinator()) prune_checkpoints(config.checkpoint_dir, n, 2, match);
   };
   auto last_progress = Clock::now();
   const float inverse_n = 1.0f / static_cast<float>(n);
 
-  // Evaluation: each peer tests its model and reports to peer 0, which tests x̄ and writes
-  // the metrics. Not part of the step timings.
-  auto evaluate_round = [&](long long step, double epoch) {
-    const long long done = step + 1;
-    const TaskEvaluation local = task->evaluate(x);
-    const auto counters = network.total_counters();
-    Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
-                  local.loss, local.bits_per_byte, static_cast<double>(sent_base + counters.bytes_sent - eval_sent),
-                  static_cast<double>(received_base + counters.bytes_received - eval_received),
-                  wall_s, compute_s, wait_s};
-    loss_sum = 0;
-    loss_count = 0;
-    const bool tolerant = config.algorithm == Algorithm::kDpsgd;  // the baselines stop on any loss
-    if (rank != 0) {
-      if (membership.coordinator_lost()) return;
-      std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size * sizeof(float));
-      std::memcpy(payload.data(), &report, sizeof report);
-      std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
+  // Evaluation: each peer tests its model and reports to the coordinator, which tests x̄
+  // and writes the metrics. Not part of the step timings.
+  const bool tolerant = config.algorithm == Algorithm::kDpsgd;  // the baselines stop on any loss
+  auto send_report = [&](int to, long long done, const Report& report) {
+    std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size * sizeof(float));
+    std::memcpy(payload.data(), &report, sizeof report);
+    std::memcpy(payload.data() + sizeof report, x.data(), size * sizeof(float));
+    network.send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, std::move(payload), false).wait();
+    eval_sent += report_bytes;
+    // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
+    // the timing of our next exchange.
+    network.receive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
+    eval_received += net::kHeaderBytes;
+  };
+  // A report that has not come within --peer-timeout is waited for longer (up to three
+  // times) while its sender still sounds alive: just after a takeover, a peer may first
+  // have waited that long on the old coordinator before turning to us.
+  auto receive_report = [&](int p, long long done) {
+    const double limit = network.peer_timeout_s();
+    const auto start = Clock::now();
+    while (true) {
       try {
-        network.send(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, payload, false).wait();
-        eval_sent += report_bytes;
-        // Wait until peer 0 has evaluated x̄, so that its evaluation does not land in the
-        // timing of our next exchange.
-        network.receive(0, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
-        eval_received += net::kHeaderBytes;
+        return network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, limit);
       } catch (const Error& e) {
-        if (!tolerant) throw;
-        membership.report_lost(static_cast<std::uint64_t>(step), {{0, e.what()}});
+        if (e.kind() != ErrorKind::kTimeout || !tolerant || network.silence_s(p) >= limit ||
+            seconds_since(start) >= 3 * limit)
+          throw;
       }
-      return;
     }
+  };
+  auto coordinate_round = [&](long long step, long long done, const Report& report) {
     std::vector<Report> reports(n);  // step 0 marks a lost peer
-    reports[0] = report;
+    reports[rank] = report;
     Eigen::VectorXd mean = Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>();
     std::vector<net::Payload> others(n);
     int reporting = 1;
-    for (int p = 1; p < n; ++p) {
-      if (membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
+    for (int p = 0; p < n; ++p) {
+      if (p == rank || membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
       try {
-        others[p] = network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
+        others[p] = receive_report(p, done);
         if (others[p].size() != kReportDoubles * sizeof(double) + size * sizeof(float))
           throw Error(ErrorKind::kPeerLost, str(network.peer_name(p), " sent a report of ", others[p].size(), " bytes"));
       } catch (const Error& e) {
         if (!tolerant || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
         others[p].clear();
-        membership.lost_outside_gossip(static_cast<std::uint64_t>(step), p, e.what());
+        membership.report_lost(static_cast<std::uint64_t>(step), p, e.what());
         continue;
       }
       std::memcpy(&reports[p], others[p].data(), sizeof(Report));
@@ -452,9 +494,13 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
                   .cast<double>();
       ++reporting;
     }
+    // Alone: we were cut off rather than everyone else failing (membership.h); write nothing.
+    if (n > 1 && static_cast<int>(membership.lost().size()) == n - 1)
+      throw Error(ErrorKind::kPeerLost, str("peer ", rank, " lost every other peer at step ", step,
+                                            "; stopping without writing metrics (restart it with --rejoin to come back)"));
     mean /= static_cast<double>(reporting);
     double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
-    for (int p = 1; p < n; ++p)
+    for (int p = 0; p < n; ++p)
       if (!others[p].empty())
         consensus +=
             (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
@@ -465,9 +511,9 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     std::vector<float> average_f(size);
     for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
     const TaskEvaluation avg = task->evaluate(average_f);
-    recorder->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
+    recorder_if_coordinator(step)->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
     std::vector<Work> released;
-    for (int p = 1; p < n; ++p)
+    for (int p = 0; p < n; ++p)
       if (!others[p].empty()) {
         eval_received += report_bytes;
         released.push_back(network.send(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1, {}, false));
@@ -480,6 +526,29 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
         if (!tolerant) throw;
       }
     }
+  };
+  auto evaluate_round = [&](long long step, double epoch) {
+    const long long done = step + 1;
+    const TaskEvaluation local = task->evaluate(x);
+    const auto counters = network.total_counters();
+    Report report{static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), local.accuracy,
+                  local.loss, local.bits_per_byte, static_cast<double>(sent_base + counters.bytes_sent - eval_sent),
+                  static_cast<double>(received_base + counters.bytes_received - eval_received),
+                  wall_s, compute_s, wait_s};
+    loss_sum = 0;
+    loss_count = 0;
+    // Until someone takes the report: a coordinator we cannot reach is counted lost, and
+    // the next one (maybe this peer) gets it.
+    while (!membership.is_coordinator()) {
+      const int to = membership.coordinator();
+      try {
+        return send_report(to, done, report);
+      } catch (const Error& e) {
+        if (!tolerant) throw;
+        membership.report_lost(static_cast<std::uint64_t>(step), to, e.what());
+      }
+    }
+    coordinate_round(step, done, report);
   };
 
   const float base_lr = config.optimizer == OptimizerKind::kAdam ? config.adam.lr : config.sgd.lr;
@@ -498,12 +567,14 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     switch (config.algorithm) {
       case Algorithm::kDpsgd: {
         if (auto rows = membership.poll(static_cast<std::uint64_t>(step), x)) gossip.set_rows(std::move(*rows));
+        recorder_if_coordinator(step);  // taken over: keep the rows written so far
         gossip.start(step, x);  // overlaps the gradient: both read x_k
         step_compute = compute();
         const auto begin = Clock::now();
         optimizer->compute_update(x, grads, update);
         step_compute += seconds_since(begin);
         step_wait = gossip.finish(x, update);  // x ← Σ_j W_ij x_j − u
+        trace_row(step, gossip.applied_row());
         if (!gossip.newly_lost().empty()) membership.report_lost(static_cast<std::uint64_t>(step), gossip.newly_lost());
         break;
       }
@@ -556,7 +627,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
 
     const long long done = step + 1;
     const double epoch = static_cast<double>(done) / static_cast<double>(steps_per_epoch);
-    if (rank == 0 && seconds_since(last_progress) > 0.5) {
+    if (membership.is_coordinator() && recorder && seconds_since(last_progress) > 0.5) {
       recorder->progress(static_cast<double>(done), epoch, loss_sum / static_cast<double>(loss_count), wall_s, false);
       last_progress = Clock::now();
     }
@@ -572,7 +643,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       gossip.expect_slow_round();
     }
   }
-  if (recorder) recorder->finish(membership.failures(), membership.rejoins(), membership.lost());
+  if (recorder && membership.is_coordinator()) recorder->finish(membership, rank);
   network.close();
   log::info("finished ", total_steps, " steps in ", wall_s, " s");
 }

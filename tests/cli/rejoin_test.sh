@@ -5,8 +5,10 @@
 # must take a neighbour's parameters, train on to the end, and everyone must exit 0;
 # summary.json records the rejoin; the rejoined peer's model is as good as the others'
 # and the consensus distance stays as small as before the failure.
-# Usage: rejoin_test.sh SOURCE_DIR [K]   (PEERTRAIN: the binary; K: --max-staleness, default
-# 0). About 20 s on 2 cores.
+# With VICTIM 0 the coordinator itself is killed: peer 1 takes over, and peer 0 comes back
+# as a peer like any other.
+# Usage: rejoin_test.sh SOURCE_DIR [K] [VICTIM]   (PEERTRAIN: the binary; K: --max-staleness,
+# default 0; VICTIM: the peer killed, default 3). About 20 s on 2 cores.
 set -u
 staleness=${2:-0}
 bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
@@ -31,7 +33,7 @@ base=$((21000 + ($$ * 16) % 9000))
 steps=16000
 flags=(--topology "$work/ring8.yaml" --hidden 32 --batch 16 --epochs 40 --max-steps $steps --eval-every 1000
        --connect-timeout 30 --peer-timeout 20 --max-staleness "$staleness" --out "$work/out")
-victim=3
+victim=${3:-3}
 
 for r in 0 1 2 3 4 5 6 7; do
   "$bin" peer --rank $r "${flags[@]}" >/dev/null 2>"$work/peer-$r.log" &
@@ -58,16 +60,19 @@ rejoined=$!
 pids+=($rejoined)
 echo "${pids[@]}" >"$work/pids"
 codes=()
-for r in 0 1 2 4 5 6 7; do
+want=()
+for r in 0 1 2 3 4 5 6 7; do
+  [[ $r == "$victim" ]] && continue
   wait "${pids[$r]}"
   codes+=("$r:$?")
+  want+=("$r:0")
 done
 wait $rejoined
 rejoin_code=$?
 kill "$watchdog" 2>/dev/null
 pids=()
 
-[[ "${codes[*]}" == "0:0 1:0 2:0 4:0 5:0 6:0 7:0" ]] && ok || fail "peer exit codes: ${codes[*]}"
+[[ "${codes[*]}" == "${want[*]}" ]] && ok || fail "peer exit codes: ${codes[*]}"
 [[ $rejoin_code -eq 0 ]] && ok || fail "the rejoined peer exited $rejoin_code: $(tail -3 "$work/peer-$victim-rejoined.log")"
 step=$(grep -o "rejoined at step [0-9]*" "$work/peer-$victim-rejoined.log" | grep -o "[0-9]*$")
 [[ -n $step ]] && ok || fail "the rejoined peer did not say at which step it came back: $(tail -3 "$work/peer-$victim-rejoined.log")"
@@ -78,6 +83,10 @@ grep -q "\"rejoined_peers\": \[{\"peer\": *$victim, \"step\": *${step:-x}," "$su
 grep -q '"failed_peers": \[\]' "$summary" && ok || fail "failed_peers: $(grep failed_peers "$summary")"
 grep -q "\"failures\": \[{\"peer\": *$victim," "$summary" && ok || fail "the loss is not in failures: $(grep failures "$summary")"
 grep -q '"survivors": 8' "$summary" && ok || fail "not all 8 peers reported at the end: $(grep survivors "$summary")"
+if [[ $victim == 0 ]]; then
+  grep -q '"takeovers": \[{"peer":1, "step":[0-9]*, "from":0}\]' "$summary" && ok ||
+    fail "summary.json does not say peer 1 took over from peer 0: $(grep takeovers "$summary")"
+fi
 # Trained on after coming back: its final model is as good as its neighbours', and the
 # replicas agree as closely as they did before the failure.
 awk -F, -v v=$victim -v end=$steps 'NR > 1 && $1 == end { if ($3 == v) mine = $5; else if (min == "" || $5 < min) min = $5 }
@@ -93,8 +102,7 @@ check_error() {  # WANT_EXIT PATTERN -- command...
   local out; out=$(timeout 60 "$@" 2>&1); local code=$?
   [[ $code -eq $want ]] && grep -qE -- "$pattern" <<<"$out" && ok || fail "'$*' → exit $code: $(head -2 <<<"$out")"
 }
-if [[ $staleness -eq 0 ]]; then
-  check_error 2 "^error: --rejoin: peer 0 coordinates" -- "$bin" peer --rank 0 --rejoin "${flags[@]}"
+if [[ $staleness -eq 0 && $victim != 0 ]]; then
   check_error 2 "^error: --rejoin: --rejoin and --resume" -- "$bin" peer --rank 2 --rejoin --resume --checkpoint-dir "$work/ck" "${flags[@]}"
   check_error 2 "^error: --rejoin: --rejoin needs --algorithm dpsgd" -- "$bin" peer --rank 2 --rejoin --algorithm allreduce "${flags[@]}"
   check_error 2 "^error: --max-staleness must be 0 or more" -- "$bin" peer --rank 2 "${flags[@]}" --max-staleness -1
@@ -105,5 +113,5 @@ if [[ $staleness -eq 0 ]]; then
     "$bin" peer --rank 1 --topology "$work/onepeer8.yaml" --max-staleness 2 --hidden 32
 fi
 
-echo "rejoin cli (--max-staleness $staleness): $pass passed, $failures failed"
+echo "rejoin cli (--max-staleness $staleness, peer $victim): $pass passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the topology-parser, frame-decoder and handshake fuzzers (libFuzzer + AddressSanitizer +
+# Builds the topology-parser, frame-decoder, handshake and membership-message fuzzers (libFuzzer + AddressSanitizer +
 # UndefinedBehaviorSanitizer) in the sanitized build folder that sanitize.asan_ubsan uses,
 # so the library is compiled once for both, and runs each for a bounded time, starting
 # from the shipped topology files. Any crash, leak or sanitizer report fails.
@@ -10,7 +10,7 @@ build=$2
 seconds=${3:-10}
 source "$root/tests/sanitize/configure_sanitized.sh"
 configure_sanitized "$root" "$build"
-cmake --build "$build" --target topology_fuzz frame_fuzz handshake_fuzz -j2 >"$build.fuzz-build.log" 2>&1 ||
+cmake --build "$build" --target topology_fuzz frame_fuzz handshake_fuzz membership_fuzz -j2 >"$build.fuzz-build.log" 2>&1 ||
   { tail -40 "$build.fuzz-build.log"; exit 1; }
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
@@ -27,3 +27,7 @@ hellos=$(mktemp -d)
 trap 'rm -rf "$corpus" "$frames" "$hellos"' EXIT
 "$build/tests/fuzz/handshake_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
   -max_len=256 -print_final_stats=1 "$hellos" 2>&1 | tail -8
+members=$(mktemp -d)
+trap 'rm -rf "$corpus" "$frames" "$hellos" "$members"' EXIT
+"$build/tests/fuzz/membership_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  -max_len=1024 -print_final_stats=1 "$members" 2>&1 | tail -8

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "../../src/net/handshake.h"
 #include "../topology/test_util.h"
 #include "test_cluster.h"
 
@@ -572,6 +573,132 @@ TEST(TcpTransport, IdleStrangersAreCappedAndThePeersStillConnect) {
   for (std::size_t at = log.find("refused strangers"); at != std::string::npos; at = log.find("refused strangers", at + 1))
     ++lines;
   EXPECT_LE(lines, 2u) << log;
+}
+
+}  // namespace
+}  // namespace peertrain::net
+
+namespace peertrain::net {
+namespace {
+
+void write_handshake_frame(boost::asio::ip::tcp::socket& socket, MessageType type, std::uint32_t sender,
+                           const Payload& payload) {
+  FrameHeader h;
+  h.type = type;
+  h.sender = sender;
+  h.length = payload.size();
+  h.checksum = frame_checksum(h, checksum_payload(payload));
+  const HeaderBytes out = encode_header(h);
+  boost::asio::write(socket, boost::asio::buffer(out));
+  boost::asio::write(socket, boost::asio::buffer(payload));
+}
+
+// A dialer that claims to be peer 0 and holds another key: its hello is answered, its
+// proof is not, and the accepting side names the refusal (who, from where, why).
+TEST(TcpTransport, ADialerWithTheWrongKeyIsRefusedAndNamedByTheAcceptor) {
+  const auto endpoints = testing::loopback_endpoints(2);
+  std::string acceptor_error;
+  std::thread acceptor([&] {
+    auto o = testing::options_for(1, endpoints, {0});
+    o.secret = secret_of("0123456789abcdef-shared");
+    o.connect_timeout_s = 3;
+    auto net = make_tcp_transport(o);
+    try {
+      net->connect();
+    } catch (const Error& e) {
+      acceptor_error = e.what();
+    }
+  });
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket socket(io);
+  for (int tries = 0; tries < 100; ++tries) {  // until the acceptor listens
+    boost::system::error_code ec;
+    socket.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[1].port)}, ec);
+    if (!ec) break;
+    socket.close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  handshake::Hello hello;
+  hello.peer = 0;
+  hello.target = 1;
+  hello.fingerprint = 0xfeed;
+  hello.run_id = 42;
+  hello.flags = handshake::kFlagAuthenticated;
+  hello.nonce = random_nonce();
+  write_handshake_frame(socket, MessageType::kHello, 0, handshake::encode_hello(hello));
+  HeaderBytes header;
+  boost::asio::read(socket, boost::asio::buffer(header));
+  const FrameHeader h = decode_header(header, {1, handshake::kMaxReplyBytes, "the acceptor"});
+  Payload reply(h.length);
+  boost::asio::read(socket, boost::asio::buffer(reply));
+  EXPECT_EQ(handshake::decode_reply(reply, "the acceptor").status, handshake::ReplyStatus::kAccepted);
+  write_handshake_frame(socket, MessageType::kHelloProof, 0, Payload(kProofBytes, std::byte{0x5a}));  // not our key's
+  acceptor.join();
+  EXPECT_NE(acceptor_error.find("refused peer 0 from 127.0.0.1"), std::string::npos) << acceptor_error;
+  EXPECT_NE(acceptor_error.find("authentication failed"), std::string::npos) << acceptor_error;
+}
+
+// A man in the middle flips one bit of a parameters frame on an established,
+// authenticated link: the receiver rejects the frame, names the sender and the frame, and
+// closes the link; nothing tampered is delivered.
+TEST(TcpTransport, ATamperedFrameOnAnAuthenticatedLinkIsRejectedAndNamed) {
+  auto endpoints = testing::loopback_endpoints(3);  // [2]: the middle, where peer 0 dials peer 1
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor middle(io, {boost::asio::ip::make_address("127.0.0.1"),
+                                             static_cast<unsigned short>(endpoints[2].port)});
+  std::thread proxy([&] {
+    boost::asio::ip::tcp::socket from0(io), to1(io);
+    middle.accept(from0);
+    to1.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[1].port)});
+    auto pump = [](boost::asio::ip::tcp::socket& in, boost::asio::ip::tcp::socket& out, long long flip_at) {
+      std::array<std::byte, 4096> buffer;
+      long long seen = 0;
+      boost::system::error_code ec;
+      while (true) {
+        const std::size_t got = in.read_some(boost::asio::buffer(buffer), ec);
+        if (ec) break;
+        if (flip_at >= seen && flip_at < seen + static_cast<long long>(got)) buffer[flip_at - seen] ^= std::byte{1};
+        seen += static_cast<long long>(got);
+        boost::asio::write(out, boost::asio::buffer(buffer.data(), got), ec);
+        if (ec) break;
+      }
+      boost::system::error_code ignored;
+      out.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
+    };
+    std::thread back([&] { pump(to1, from0, -1); });
+    pump(from0, to1, 3000);  // past the handshake, inside the first parameters frame
+    back.join();
+  });
+  std::string receiver_error;
+  testing::run_peers(2, [&](int rank) {
+    std::vector<Endpoint> mine = {endpoints[0], rank == 0 ? endpoints[2] : endpoints[1]};
+    auto o = testing::options_for(rank, mine, {1 - rank});
+    o.secret = secret_of("0123456789abcdef-shared");
+    o.peer_timeout_s = 5;
+    auto net = make_tcp_transport(o);
+    net->connect();
+    const std::vector<float> x(1000, 1.0f);
+    if (rank == 0) {
+      try {
+        net->send(1, MessageType::kParameters, 0, 0, as_bytes(x)).wait();
+        net->receive(1, MessageType::kParameters, 0, 0, 5);
+      } catch (const Error&) {
+      }
+    } else {
+      try {
+        net->receive(0, MessageType::kParameters, 0, 0);
+      } catch (const Error& e) {
+        receiver_error = e.what();
+      }
+    }
+    net->abort();
+  });
+  boost::system::error_code ignored;
+  middle.close(ignored);
+  proxy.join();
+  EXPECT_NE(receiver_error.find("bad frame from peer 0"), std::string::npos) << receiver_error;
+  EXPECT_NE(receiver_error.find("authentication failed on a parameters frame for step 0"), std::string::npos)
+      << receiver_error;
 }
 
 }  // namespace

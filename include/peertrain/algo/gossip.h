@@ -98,8 +98,10 @@ class Gossip {
   // the rest (per element, the rule for a lost neighbour). Returns the seconds spent
   // waiting (receives and sends, not the mix).
   double finish(std::span<float> x, std::span<const float> update = {});
-  // How long a neighbour may keep us waiting before it counts as lost: 30 times the
-  // slowest recent round (a decaying maximum), at least 10 s, at most --peer-timeout. A
+  // How long a silent neighbour may keep us waiting before it counts as lost: 30 times
+  // the slowest recent round (a decaying maximum), at least 10 s, at most half of
+  // --peer-timeout (half in the first rounds and after an evaluation); one that still
+  // sends heartbeats is waited for up to the whole --peer-timeout. A
   // fixed timeout must be guessed for the slowest network a run might see; this one
   // follows the rounds actually observed, so a stalled peer on a fast network is
   // dropped in seconds while a slow emulated link is given the time it needs.
@@ -111,12 +113,16 @@ class Gossip {
   // that closing the network afterwards cuts off nothing a neighbour still reads. Not
   // between start() and finish().
   void flush();
+  // The row the last finish() mixed with: this step's row with the weight of every lost
+  // neighbour moved to the diagonal (the mixing trace; tests assemble W from these).
+  const MixingRow& applied_row() const { return applied_; }
   // Neighbours lost during the last finish(), with the reason.
   const std::vector<std::pair<int, std::string>>& newly_lost() const { return newly_lost_; }
 
  private:
   bool is_lost(int peer) const;
   bool sending() const;
+  MixingRow applied_;
   // The parts for a vector of n floats (the default: one part of n); checks they cover it.
   const std::vector<Part>& parts_for(std::size_t n);
   // " (part p of P)" when there are several parts, for messages.

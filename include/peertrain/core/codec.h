@@ -5,6 +5,7 @@
 // the end.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -33,6 +34,12 @@ class Writer {
   Writer& bytes(std::span<const std::byte> b) { return raw(b.data(), b.size()); }
   // Text without a length: it runs to the end of the message (the reader's rest_as_text).
   Writer& text(const std::string& s) { return raw(s.data(), s.size()); }
+  // Text with a u32 length ahead of it, cut to `max` bytes (the reader's sized_text).
+  Writer& sized_text(const std::string& s, std::size_t max = 1024) {
+    const std::size_t n = std::min(s.size(), max);
+    u32(static_cast<std::uint32_t>(n));
+    return raw(s.data(), n);
+  }
   std::size_t size() const { return out_.size(); }
   std::vector<std::byte> take() { return std::move(out_); }
 
@@ -68,6 +75,21 @@ class Reader {
     std::string s(reinterpret_cast<const char*>(in_.data()) + at_, in_.size() - at_);
     at_ = in_.size();
     return s;
+  }
+  // Text written by Writer::sized_text; a length over `max` is an error, not an allocation.
+  std::string sized_text(std::size_t max = 1024) {
+    const std::uint32_t n = u32();
+    if (n > max) throw Error(ErrorKind::kParse, str(what_, ": a text of ", n, " bytes, at most ", max, " expected"));
+    const auto b = bytes(n);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  // A count of items of at least `item_bytes` each: one the remaining bytes cannot hold
+  // is an error before anything is allocated for it.
+  std::uint32_t count(std::size_t item_bytes, std::uint32_t max) {
+    const std::uint32_t n = u32();
+    if (n > max || static_cast<std::size_t>(n) * item_bytes > left())
+      throw Error(ErrorKind::kParse, str(what_, ": a count of ", n, " (at most ", max, ", with ", left(), " bytes left)"));
+    return n;
   }
   std::size_t left() const { return in_.size() - at_; }
   bool done() const { return at_ == in_.size(); }

@@ -61,9 +61,9 @@ struct TrainConfig {
   std::string data_dir = kFashionMnistDir;
   double peer_timeout_s = 60;
   double connect_timeout_s = 60;
-  std::string out_dir;     // where peer 0 writes metrics.csv and summary.json; empty: nowhere
+  std::string out_dir;     // where the coordinator writes metrics.csv and summary.json; empty: nowhere
   std::uint64_t run_id = 0;  // 0: derived from the configuration and the topology
-  bool progress = false;   // peer 0 prints "@progress {json}" lines for `launch`
+  bool progress = false;   // the coordinator prints "@progress {json}" lines for `launch`
   int threads = 1;         // Eigen threads per peer
   bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
   std::string secret_file;     // shared key: only peers holding it may join or send frames
@@ -72,6 +72,7 @@ struct TrainConfig {
   bool resume = false;             // start from the latest complete set in checkpoint_dir
   int max_staleness = 0;  // D-PSGD: mix neighbours' parameters up to this many steps old (0: synchronous)
   bool rejoin = false;    // this process restarts a peer the others dropped: it comes back into the run
+  bool mixing_trace = false;  // D-PSGD: write the applied mixing row whenever it changes (out_dir)
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.
