@@ -379,14 +379,18 @@ void Membership::take_parameters(const RejoinTicket& ticket, std::span<float> x)
   std::memcpy(x.data(), payload.data(), payload.size());
 }
 
-std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step, std::span<const float> x) {
-  read_announcements();
-  read_reports(step);
+void Membership::stop_if_cut_off(std::uint64_t step) const {
   if (n_ > 1 && static_cast<int>(lost_.size()) == n_ - 1)
     throw Error(ErrorKind::kPeerLost,
                 str("peer ", rank_, " counts every other peer lost at step ", step, ": either they all failed or this "
                     "peer was stalled or cut off for longer than --peer-timeout and they dropped it; it stops rather "
                     "than train alone (restart it with --rejoin to come back)"));
+}
+
+std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step, std::span<const float> x) {
+  read_announcements();
+  read_reports(step);
+  stop_if_cut_off(step);
   answer_rejoins(step);
   if (is_coordinator() && changed_) announce(step);
   std::optional<std::vector<int>> switch_to;

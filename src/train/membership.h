@@ -99,6 +99,9 @@ class Membership {
   // (split graph under --on-split stop), named this peer lost, or when this peer counts
   // every other peer lost.
   std::optional<std::vector<algo::MixingRow>> poll(std::uint64_t step, std::span<const float> x = {});
+  // Throws Error(kPeerLost) when this peer counts every other peer lost (see above); poll()
+  // calls it, and so does a coordinator before it writes an evaluation.
+  void stop_if_cut_off(std::uint64_t step) const;
 
   // On a restarted peer, once connected: asks to be taken back and returns the step to
   // start at and the donor. Throws Error naming the reason when the coordinator refuses

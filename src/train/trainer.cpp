@@ -495,9 +495,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
       ++reporting;
     }
     // Alone: we were cut off rather than everyone else failing (membership.h); write nothing.
-    if (n > 1 && static_cast<int>(membership.lost().size()) == n - 1)
-      throw Error(ErrorKind::kPeerLost, str("peer ", rank, " lost every other peer at step ", step,
-                                            "; stopping without writing metrics (restart it with --rejoin to come back)"));
+    membership.stop_if_cut_off(static_cast<std::uint64_t>(step));
     mean /= static_cast<double>(reporting);
     double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
     for (int p = 0; p < n; ++p)

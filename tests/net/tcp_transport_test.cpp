@@ -417,6 +417,20 @@ TEST(TcpTransport, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
 
 // --- a peer that misbehaves on purpose ------------------------------------------------
 
+// Writes a handshake frame (checksummed, never authenticated) as a peer would.
+void write_handshake_frame(boost::asio::ip::tcp::socket& socket, MessageType type, std::uint32_t sender,
+                           const Payload& payload) {
+  FrameHeader h;
+  h.type = type;
+  h.sender = sender;
+  h.length = payload.size();
+  h.checksum = frame_checksum(h, checksum_payload(payload));
+  const HeaderBytes out = encode_header(h);
+  boost::asio::write(socket, boost::asio::buffer(out));
+  boost::asio::write(socket, boost::asio::buffer(payload));
+}
+
+
 // Plays peer `self` on its port: accepts one connection, answers the hello (accepted, no
 // key) when `answer` is set, and then reads nothing more until `release` is set.
 class FakePeer {
@@ -430,17 +444,7 @@ class FakePeer {
       std::array<std::byte, 64> hello;
       boost::asio::read(socket, boost::asio::buffer(header));
       boost::asio::read(socket, boost::asio::buffer(hello));
-      if (answer) {
-        const std::array<std::byte, 4> accepted{};  // status 0
-        FrameHeader h;
-        h.type = MessageType::kHelloReply;
-        h.sender = self;
-        h.length = accepted.size();
-        h.checksum = frame_checksum(h, checksum_payload(accepted));
-        const HeaderBytes out = encode_header(h);
-        boost::asio::write(socket, boost::asio::buffer(out));
-        boost::asio::write(socket, boost::asio::buffer(accepted));
-      }
+      if (answer) write_handshake_frame(socket, MessageType::kHelloReply, self, Payload(4));  // status 0: accepted
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return released_; });  // a stopped process: reads nothing
     });
@@ -580,18 +584,6 @@ TEST(TcpTransport, IdleStrangersAreCappedAndThePeersStillConnect) {
 
 namespace peertrain::net {
 namespace {
-
-void write_handshake_frame(boost::asio::ip::tcp::socket& socket, MessageType type, std::uint32_t sender,
-                           const Payload& payload) {
-  FrameHeader h;
-  h.type = type;
-  h.sender = sender;
-  h.length = payload.size();
-  h.checksum = frame_checksum(h, checksum_payload(payload));
-  const HeaderBytes out = encode_header(h);
-  boost::asio::write(socket, boost::asio::buffer(out));
-  boost::asio::write(socket, boost::asio::buffer(payload));
-}
 
 // A dialer that claims to be peer 0 and holds another key: its hello is answered, its
 // proof is not, and the accepting side names the refusal (who, from where, why).
