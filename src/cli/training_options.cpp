@@ -135,7 +135,8 @@ void add_training_options(cxxopts::Options& options) {
       ("max-staleness", "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
                         "(0: synchronous, exact D-PSGD)",
        cxxopts::value<std::string>()->default_value("0"))
-      ("on-split", "D-PSGD when lost peers split the graph: continue (each piece alone) | stop",
+      ("on-split", "D-PSGD when lost peers split the graph or a partition may have: continue (each piece "
+                   "alone) | stop (everyone, unless one piece of more than half the peers is left)",
        cxxopts::value<std::string>()->default_value("continue"))
       ("checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))
       ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())

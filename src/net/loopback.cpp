@@ -124,7 +124,6 @@ class LoopbackTransport final : public Transport {
     std::lock_guard lock(s_->mutex);
     s_->kill(rank_, peer, why);
     s_->side(rank_, peer).dropped = true;
-    s_->mailboxes[static_cast<std::size_t>(rank_)].forget(peer);
   }
   void readmit(int peer) override {
     std::lock_guard lock(s_->mutex);

@@ -87,6 +87,11 @@ void TcpCore::dial(Link& l, Clock::time_point deadline) {
                                                              boost::system::error_code ec, tcp::resolver::results_type results) {
     if (ec) return retry_dial(l, deadline, str("cannot resolve: ", ec.message()));
     asio::async_connect(*socket, results, [this, &l, deadline, socket](boost::system::error_code ec2, const tcp::endpoint&) {
+      {
+        std::lock_guard lock(mutex);
+        if (ec2 != asio::error::connection_refused) l.refused_since.reset();
+        else if (!l.refused_since) l.refused_since = Clock::now();
+      }
       if (ec2) return retry_dial(l, deadline, ec2.message());
       send_hello(l, deadline, socket);
     });
@@ -96,7 +101,7 @@ void TcpCore::dial(Link& l, Clock::time_point deadline) {
 void TcpCore::retry_dial(Link& l, Clock::time_point deadline, const std::string& why) {
   {
     std::lock_guard lock(mutex);
-    if (closed) return;
+    if (closed || l.dead) return;  // dead before connecting: a rejoin counted it gone
     last_refusal = str("could not reach ", l.name, ": ", why);  // connect() names the latest problem
     if (Clock::now() >= deadline) {
       changed.notify_all();

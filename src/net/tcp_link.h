@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -67,6 +68,9 @@ struct Link {
   std::unique_ptr<asio::steady_timer> heartbeat;
   Clock::time_point last_write = Clock::now();  // I/O thread only
   Clock::time_point last_heard = Clock::now();  // guarded by TcpCore::mutex
+  // While dialing: since when every attempt was refused (nobody listens on its port), or
+  // unset. A rejoining peer counts a link refused for long enough as a process that is gone.
+  std::optional<Clock::time_point> refused_since;  // guarded by TcpCore::mutex
   // Bumped when a rejoined peer replaces the socket: completions of the old socket's
   // reads and writes that run later must not touch the new connection.
   std::uint64_t generation = 0;  // I/O thread only

@@ -375,9 +375,33 @@ class TcpTransport final : public Transport {
         if (!link->connected) return false;
       return true;
     };
-    m.changed.wait_until(lock, deadline, [&] { return !m.fatal.empty() || all_connected(); });
+    // A rejoining peer does not wait for a process that is gone: a link whose every dial
+    // has been refused for kGoneAfter (nobody listens on that port) is counted dead once
+    // another link is up, and the run's membership counts that peer lost. A peer that is
+    // unreachable (no answer at all) or answers "not yet" is waited for as before.
+    constexpr auto kGoneAfter = std::chrono::seconds(3);
+    auto gone = [&](const Link& l) {
+      return m.options.rejoin && !l.connected && l.refused_since && Clock::now() - *l.refused_since >= kGoneAfter;
+    };
+    auto settled = [&] {
+      bool any = false;
+      for (auto& [peer, link] : m.links) {
+        if (link->connected) any = true;
+        else if (!gone(*link)) return false;
+      }
+      return any;
+    };
+    while (m.fatal.empty() && !all_connected() && !settled() && Clock::now() < deadline)
+      m.changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+    if (m.fatal.empty() && !all_connected() && settled())
+      for (auto& [peer, link] : m.links)
+        if (gone(*link)) {
+          link->dead = link->dropped = true;  // dropped: a restarted process for it may rejoin us
+          link->death = str("nobody listens at ", link->name, " (its process is gone; found while rejoining)");
+          log::warn(link->name, " refuses every connection: its process is gone; rejoining without it");
+        }
     if (!m.fatal.empty()) throw Error(ErrorKind::kPeerLost, str("peer ", m.options.self, ": ", m.fatal));
-    if (!all_connected()) {
+    if (!all_connected() && !settled()) {
       std::string missing;
       for (auto& [peer, link] : m.links)
         if (!link->connected) missing += (missing.empty() ? "" : ", ") + link->name;
@@ -442,7 +466,6 @@ class TcpTransport final : public Transport {
           l.death = why;
         }
         l.dropped = true;
-        m.mailbox.forget(l.peer);  // nothing more is read from it
       }
       boost::system::error_code ignored;
       l.socket.close(ignored);

@@ -42,12 +42,33 @@ std::uint64_t Membership::switch_lead() const {
   return (static_cast<std::uint64_t>(n_) + 2) * (static_cast<std::uint64_t>(options_.max_staleness) + 1);
 }
 
+std::uint64_t Membership::switch_step_after(std::uint64_t step, bool apart) const {
+  std::uint64_t at = step + switch_lead();
+  const auto sync = static_cast<std::uint64_t>(options_.sync_every);
+  if (apart && sync > 0) at = (at + sync - 1) / sync * sync;  // step k·sync runs right after barrier k
+  return at;
+}
+
 // Counts a peer lost and drops our link to it (so a restarted process for it can rejoin:
 // net::Transport accepts a rejoining peer only on a link its side has dropped).
 void Membership::count_lost(std::uint64_t step, int peer, const std::string& reason) {
   if (peer == rank_ || is_lost(peer)) return;
   // A peer that noticed the old process die before it rejoined (a late report).
   if (step < back_at_[static_cast<std::size_t>(peer)]) return;
+  // A coordinator that stops the run (--on-split stop) sends its last announcement and
+  // goes at once: read what it left before dropping its link, or a peer that notices the
+  // broken link first would never hear the stop and would train on.
+  if (peer == coordinator_ && !is_coordinator() && !reading_last_words_) {
+    reading_last_words_ = true;
+    try {
+      read_announcements();
+    } catch (...) {
+      reading_last_words_ = false;
+      throw;
+    }
+    reading_last_words_ = false;
+    if (is_lost(peer)) return;  // a takeover the announcements carried counts it already
+  }
   lost_.insert(std::upper_bound(lost_.begin(), lost_.end(), peer), peer);
   if (linked_[static_cast<std::size_t>(peer)])
     network_.drop(peer, str("peer ", rank_, " counts ", name(peer), " as lost since step ", step));
@@ -75,8 +96,20 @@ void Membership::report_lost(std::uint64_t step, const std::vector<std::pair<int
 // Our coordinator is lost: the lowest id we do not count lost takes over (maybe us).
 void Membership::coordinator_gone(std::uint64_t step) {
   const int old = coordinator_;
+  // A candidate that has sent nothing, not even the heartbeat its transport sends every
+  // second, for half of --peer-timeout (the gossip's bound for a silent neighbour) is gone
+  // too: skipping it now spares a wait of --peer-timeout per silent candidate, which on
+  // a peer cut off from the network added up to minutes before it found itself alone.
+  const double silent_s = network_.peer_timeout_s() / 2;
   int next = 0;
-  while (is_lost(next)) ++next;  // stops at rank_ at the latest: we never count ourselves lost
+  for (;;) {
+    while (is_lost(next)) ++next;  // stops at rank_ at the latest: we never count ourselves lost
+    if (next == rank_ || !linked_[static_cast<std::size_t>(next)]) break;
+    const double silence = network_.silence_s(next);
+    if (silence < silent_s) break;
+    count_lost(step, next, str(name(next), " has sent nothing, not even a heartbeat, for ", static_cast<int>(silence),
+                               " s; peer ", rank_, " gives up on it"));
+  }
   coordinator_ = next;
   if (next == rank_) {
     ++epoch_;
@@ -166,7 +199,8 @@ void Membership::read_announcements() {
 
 void Membership::adopt(int from, Announcement a) {
   if (a.stop)
-    throw Error(ErrorKind::kPeerLost, str(name(from), " stopped the run: the graph split after losing peers (--on-split stop)"));
+    throw Error(ErrorKind::kPeerLost, str(name(from), " stopped the run: the graph split after losing peers, or too few are left "
+                                          "(--on-split stop)"));
   if (std::find(a.lost.begin(), a.lost.end(), rank_) != a.lost.end())
     throw Error(ErrorKind::kPeerLost,
                 str(name(from), ", the coordinator, counts this peer lost: it was stalled or cut off for longer than "
@@ -193,6 +227,7 @@ void Membership::adopt(int from, Announcement a) {
   std::erase_if(local_, [&](const Failure& f) { return std::find(a.lost.begin(), a.lost.end(), f.peer) != a.lost.end(); });
   if (takeover)
     for (const Failure& f : std::vector<Failure>(local_)) send_report(f.step, {f.peer}, f.reason);
+  apart_ = pieces_without(a.lost) > 1 && !topology_.time_varying();  // should we take over later
   add_pending({a.switch_step, std::move(a.lost), std::move(a.joins)});
 }
 
@@ -248,7 +283,7 @@ void Membership::answer_rejoins(std::uint64_t step) {
 
 // The coordinator, on a request from a restarted peer whose link is up again.
 void Membership::answer_rejoin(std::uint64_t step, int peer) {
-  const std::uint64_t switch_step = step + switch_lead();
+  const std::uint64_t switch_step = switch_step_after(step, apart_);
   RejoinAnswer answer;
   int donor = -1;
   for (int q : topology_.graph.neighbors(peer))
@@ -283,17 +318,12 @@ void Membership::answer_rejoin(std::uint64_t step, int peer) {
   }
 }
 
-void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) {
-  Announcement a;
-  a.epoch = epoch_;
-  a.switch_step = step + switch_lead();
-  for (int p : lost_)  // the set everyone switches to: lost, less the peers coming back
-    if (!joining(p)) a.lost.push_back(p);
-  // Does the survivors' graph still hang together?
+// How many pieces the graph falls into without the `lost` peers.
+int Membership::pieces_without(const std::vector<int>& lost) const {
   const topology::Graph& g = topology_.graph;
   std::vector<int> label(static_cast<std::size_t>(g.num_peers()), -1), stack;
   int pieces = 0;
-  auto gone = [&](int p) { return std::find(a.lost.begin(), a.lost.end(), p) != a.lost.end(); };
+  auto gone = [&](int p) { return std::find(lost.begin(), lost.end(), p) != lost.end(); };
   for (int start = 0; start < g.num_peers(); ++start) {
     if (gone(start) || label[start] >= 0) continue;
     label[start] = pieces;
@@ -309,11 +339,33 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
     }
     ++pieces;
   }
+  return pieces;
+}
+
+void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) {
+  Announcement a;
+  a.epoch = epoch_;
+  for (int p : lost_)  // the set everyone switches to: lost, less the peers coming back
+    if (!joining(p)) a.lost.push_back(p);
+  // Does the survivors' graph still hang together?
+  const int pieces = pieces_without(a.lost);
   const bool split = pieces > 1 && !topology_.time_varying();
-  a.stop = split && options_.policy == SplitPolicy::kStop;
+  // A joining peer was told its step already (answer_rejoin, this same step).
+  a.switch_step = switch_step_after(step, apart_ || (joins.empty() && split));
+  for (const Rejoin& j : joins) a.switch_step = std::max(a.switch_step, j.step);
+  apart_ = split;
+  // A network partition looks, from each side, like the other side died: each side sees
+  // one whole piece. Under --on-split stop only a side holding more than half of the peers
+  // may go on, so two sides never train apart (the primary-component rule).
+  const int survivors = n_ - static_cast<int>(a.lost.size());
+  const bool minority = 2 * survivors <= n_;
+  a.stop = options_.policy == SplitPolicy::kStop && (split || minority);
   if (split)
     log::warn("the survivors' graph fell into ", pieces, " pieces; ",
               a.stop ? "stopping everyone (--on-split stop)" : "each piece trains on alone (--on-split continue)");
+  else if (a.stop)
+    log::warn("only ", survivors, " of ", n_, " peers are left, not more than half: the others may be training "
+              "on the far side of a network partition; stopping everyone (--on-split stop)");
   a.joins = joins;
   a.failures = failures_;
   a.rejoins = rejoins_;
@@ -330,8 +382,10 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
   }
   changed_ = false;
   if (a.stop)
-    throw Error(ErrorKind::kPeerLost, str("the graph split into ", pieces, " pieces after losing peers; stopped "
-                                          "(--on-split stop)"));
+    throw Error(ErrorKind::kPeerLost,
+                split ? str("the graph split into ", pieces, " pieces after losing peers; stopped (--on-split stop)")
+                      : str("only ", survivors, " of ", n_, " peers are left (not more than half, so possibly one "
+                                                          "side of a partition); stopped (--on-split stop)"));
   log::info("peers lost so far: ", a.lost.size(), joins.empty() ? "" : str(", ", joins.size(), " coming back"),
             "; all survivors switch to recomputed weights at step ", a.switch_step);
   add_pending({a.switch_step, std::move(a.lost), joins});

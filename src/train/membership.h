@@ -70,6 +70,9 @@ struct MembershipOptions {
   SplitPolicy policy = SplitPolicy::kContinue;
   int max_staleness = 0;      // of the gossip: a peer may run that much further ahead
   long long total_steps = 0;  // of the run: too late to rejoin past it
+  // Steps between the barriers every peer meets at (the evaluations); 0: none. Pieces of a
+  // split graph run apart by up to this many steps, so a switch is then put just after one.
+  long long sync_every = 0;
 };
 
 // What a rejoining peer learns from the coordinator.
@@ -135,6 +138,11 @@ class Membership {
   void add_pending(Pending p);
   void record_rejoin(const Rejoin& r);
   std::uint64_t switch_lead() const;
+  // The step a switch announced at `step` takes effect: far enough ahead for every peer to
+  // have read it, and, while the survivors' graph is in pieces (`apart`), the first step
+  // after a barrier, because pieces run apart between barriers.
+  std::uint64_t switch_step_after(std::uint64_t step, bool apart) const;
+  int pieces_without(const std::vector<int>& lost) const;
   bool joining(int peer) const;
   std::string name(int peer) const { return network_.peer_name(peer); }
 
@@ -154,6 +162,8 @@ class Membership {
   std::vector<Rejoin> joining_;         // coordinator: announced, switch step not reached
   bool changed_ = false;                // coordinator: the lost set changed since the last announcement
   std::vector<std::uint64_t> reports_sent_, reports_read_, announcements_read_;
+  bool apart_ = false;  // the survivors' graph of the last announcement was in pieces
+  bool reading_last_words_ = false;  // count_lost() reading a lost coordinator's last announcements
   std::uint64_t announcements_sent_ = 0;
   std::vector<std::uint64_t> back_at_;  // the step each peer last rejoined at
   std::vector<Pending> pending_;        // announced switches, by switch step

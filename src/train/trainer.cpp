@@ -343,7 +343,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   gossip.set_parts(task->gossip_parts());  // the transformer: one message per unit, see gossip_parts()
   Membership membership(network, t, rank,
                         {config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue, config.max_staleness,
-                         total_steps});
+                         total_steps, eval_every});
   std::vector<int> ring(n), workers;
   for (int p = 0; p < n; ++p) ring[p] = p;
   for (int p = 1; p < n; ++p) workers.push_back(p);
@@ -451,25 +451,24 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     network.send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, std::move(payload), false).wait();
     eval_sent += report_bytes;
     // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
-    // the timing of our next exchange.
-    network.receive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
+    // the timing of our next exchange. It may itself wait up to three times --peer-timeout
+    // on a report (below), so we wait longer, while it sounds alive.
+    if (tolerant)
+      network.receive_while_alive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1,
+                                  4 * network.peer_timeout_s());
+    else
+      network.receive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
     eval_received += net::kHeaderBytes;
   };
-  // A report that has not come within --peer-timeout is waited for longer (up to three
-  // times) while its sender still sounds alive: just after a takeover, a peer may first
-  // have waited that long on the old coordinator before turning to us.
+  // A report is waited for while its sender sounds alive, up to three times --peer-timeout:
+  // just after a takeover, a peer may first have waited that long on the old coordinator
+  // before turning to us. A silent sender (stopped, cut off, on the far side of a
+  // partition) is given up after half of --peer-timeout, before the peers waiting on
+  // this coordinator's release give up on it.
   auto receive_report = [&](int p, long long done) {
-    const double limit = network.peer_timeout_s();
-    const auto start = Clock::now();
-    while (true) {
-      try {
-        return network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, limit);
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kTimeout || !tolerant || network.silence_s(p) >= limit ||
-            seconds_since(start) >= 3 * limit)
-          throw;
-      }
-    }
+    if (!tolerant) return network.receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
+    return network.receive_while_alive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0,
+                                       3 * network.peer_timeout_s());
   };
   auto coordinate_round = [&](long long step, long long done, const Report& report) {
     std::vector<Report> reports(n);  // step 0 marks a lost peer

@@ -377,6 +377,72 @@ TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
   }
 }
 
+// A peer that rejoins while another peer of the run is gone (nobody listens on its port)
+// goes on without it once every dial to it has been refused for a few seconds, instead of
+// waiting out --connect-timeout; the gone peer's link is dead and named. Without --rejoin
+// the same absence is waited for and named at the connect deadline.
+TEST(TcpTransport, ARejoiningPeerGoesOnWithoutAProcessThatIsGone) {
+  const auto endpoints = loopback_endpoints(3);  // nobody ever listens as peer 2
+  std::promise<void> old_may_die;
+  auto may_die = old_may_die.get_future();
+  run_peers(2, [&](int rank) {
+    if (rank == 0) {
+      auto net = make_tcp_transport(options_for(0, endpoints, {1}));
+      net->connect();
+      net->receive(1, MessageType::kParameters, 1, 0);
+      old_may_die.set_value();
+      EXPECT_THROW(net->receive(1, MessageType::kParameters, 2, 0), Error);
+      net->drop(1, "test: peer 1 is lost");
+      for (int i = 0; i < 300 && !net->alive(1); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const Payload fresh = net->receive(1, MessageType::kParameters, 3, 0);
+      EXPECT_EQ(fresh.size(), 8 * sizeof(float));
+      net->send(1, MessageType::kReport, 3, 0, {}).wait(20);
+      net->receive(1, MessageType::kReport, 4, 0);  // it got our reply before we close
+      net->close();
+      return;
+    }
+    {
+      auto old = make_tcp_transport(options_for(1, endpoints, {0}));
+      old->connect();
+      const auto x = iota(8, 0);
+      old->send(0, MessageType::kParameters, 1, 0, as_bytes(x)).wait(20);
+      may_die.wait();
+      old->abort();  // killed
+    }
+    auto o = options_for(1, endpoints, {0, 2});
+    o.rejoin = true;
+    auto again = make_tcp_transport(o);
+    const auto start = std::chrono::steady_clock::now();
+    again->connect();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << "waited for the gone peer";
+    EXPECT_TRUE(again->alive(0));
+    EXPECT_FALSE(again->alive(2));
+    try {
+      again->receive(2, MessageType::kParameters, 3, 0, 1);
+      ADD_FAILURE() << "received from a peer that never existed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kPeerLost);
+      EXPECT_NE(std::string(e.what()).find("nobody listens at peer 2"), std::string::npos) << e.what();
+    }
+    const auto x = iota(8, 10);
+    again->send(0, MessageType::kParameters, 3, 0, as_bytes(x)).wait(20);
+    again->receive(0, MessageType::kReport, 3, 0);
+    again->send(0, MessageType::kReport, 4, 0, {}).wait(20);
+    again->close();
+  });
+  // Not rejoining: peer 2's absence is an error at the deadline, naming it.
+  auto o = options_for(1, endpoints, {2});
+  o.connect_timeout_s = 4;
+  auto fresh = make_tcp_transport(o);
+  try {
+    fresh->connect();
+    ADD_FAILURE() << "connected to a peer that never existed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("could not connect to peer 2"), std::string::npos) << e.what();
+  }
+}
+
 // A peer restarted without --rejoin into a run under way is refused with the way out.
 TEST(TcpTransport, ARestartWithoutRejoinIsRefusedNamingTheFlag) {
   const auto endpoints = loopback_endpoints(2);

@@ -60,9 +60,10 @@ struct Fault {
 
 // Drives `steps` D-PSGD gossip steps (no gradient) of one peer, as the trainer does.
 void run_peer_steps(net::Transport& net, const Topology& t, int rank, std::uint64_t steps, Trace& trace,
-                    std::vector<float>& x, Fault fault = {}, net::LoopbackFabric* fabric = nullptr) {
+                    std::vector<float>& x, Fault fault = {}, net::LoopbackFabric* fabric = nullptr,
+                    SplitPolicy policy = SplitPolicy::kContinue) {
   algo::Gossip gossip(net, algo::mixing_rows(t, rank));
-  Membership membership(net, t, rank, {SplitPolicy::kContinue, 0, static_cast<long long>(steps)});
+  Membership membership(net, t, rank, {policy, 0, static_cast<long long>(steps)});
   try {
     for (std::uint64_t step = 0; step < steps; ++step) {
       if (step == fault.crash_at) return net.abort();
@@ -95,14 +96,15 @@ void run_peer_steps(net::Transport& net, const Topology& t, int rank, std::uint6
 // Runs every peer of `t` as a thread over the fabric, each with its fault, for `steps`
 // steps; returns their x (each starts as its rank in 16 floats).
 std::vector<std::vector<float>> run_all(const Topology& t, net::LoopbackFabric& fabric, Trace& trace,
-                                        std::uint64_t steps, const std::map<int, Fault>& faults) {
+                                        std::uint64_t steps, const std::map<int, Fault>& faults,
+                                        SplitPolicy policy = SplitPolicy::kContinue) {
   const int n = t.num_peers();
   std::vector<std::vector<float>> xs(static_cast<std::size_t>(n));
   testing::run_peers(n, [&](int rank) {
     auto& x = xs[static_cast<std::size_t>(rank)];
     x.assign(16, static_cast<float>(rank));
     auto net = fabric.transport(rank);
-    run_peer_steps(*net, t, rank, steps, trace, x, faults.count(rank) ? faults.at(rank) : Fault{}, &fabric);
+    run_peer_steps(*net, t, rank, steps, trace, x, faults.count(rank) ? faults.at(rank) : Fault{}, &fabric, policy);
   });
   return xs;
 }
@@ -251,6 +253,48 @@ TEST(Membership, AStalledCoordinatorIsReplacedAndStopsWhenItWakes) {
   }
   expect_w_symmetric_doubly_stochastic(trace, n, kSteps, {{0, kStall}});
   EXPECT_LT(spread(xs, {0}), 0.5f);
+}
+
+// --on-split: losing 1 and 4 of a ring of 6 leaves two pieces; losing 3, 4 and 5 leaves
+// one piece of half the peers, which is what one side of a partition into halves sees.
+// Under kStop every survivor stops, naming the flag; under kContinue they all go on.
+TEST(Membership, OnSplitStopStopsASplitGraphAndAMinorityAndContinueGoesOn) {
+  const Topology t = ring(6);
+  const int n = t.num_peers();
+  constexpr std::uint64_t kSteps = 40, kDeath = 8;
+  const std::vector<std::pair<std::string, std::set<int>>> cases = {{"two pieces", {1, 4}},
+                                                                    {"half the peers", {3, 4, 5}}};
+  for (const auto& [what, lost] : cases)
+    for (SplitPolicy policy : {SplitPolicy::kStop, SplitPolicy::kContinue}) {
+      SCOPED_TRACE(what + (policy == SplitPolicy::kStop ? ", stop" : ", continue"));
+      net::LoopbackFabric fabric({n, trainer_links(t), 5});
+      Trace trace;
+      std::map<int, Fault> faults;
+      for (int p : lost) faults[p] = Fault{kDeath};
+      run_all(t, fabric, trace, kSteps, faults, policy);
+      for (int p = 0; p < n; ++p) {
+        if (lost.count(p)) continue;
+        if (policy == SplitPolicy::kStop) {
+          ASSERT_TRUE(trace.error.count(p)) << "peer " << p << " trained on";
+          EXPECT_NE(trace.error[p].find("--on-split stop"), std::string::npos) << trace.error[p];
+        } else {
+          EXPECT_FALSE(trace.error.count(p)) << "peer " << p << ": " << trace.error[p];
+        }
+      }
+    }
+}
+
+// A majority that hangs together goes on under kStop: losing 2 of 6 on a ring leaves one
+// path of 4.
+TEST(Membership, OnSplitStopLetsAConnectedMajorityGoOn) {
+  const Topology t = ring(6);
+  const int n = t.num_peers();
+  net::LoopbackFabric fabric({n, trainer_links(t), 5});
+  Trace trace;
+  constexpr std::uint64_t kSteps = 40, kDeath = 8;
+  run_all(t, fabric, trace, kSteps, {{2, Fault{kDeath}}, {3, Fault{kDeath}}}, SplitPolicy::kStop);
+  for (int p : {0, 1, 4, 5}) EXPECT_FALSE(trace.error.count(p)) << "peer " << p << ": " << trace.error[p];
+  expect_w_symmetric_doubly_stochastic(trace, n, kSteps, {{2, kDeath}, {3, kDeath}});
 }
 
 }  // namespace

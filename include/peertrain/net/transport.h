@@ -79,14 +79,21 @@ class Transport {
   Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) {
     return receive(peer, type, step, tag, peer_timeout_s());
   }
+  // Waits for that message as long as `peer` sounds alive, at most cap_s: gives up (kTimeout)
+  // once it has been silent, not even heartbeating, for half of the peer timeout. For a
+  // wait on a peer that may itself be waiting on others (the coordinator of an
+  // evaluation), where a fixed time-out would give up on it first.
+  Payload receive_while_alive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double cap_s);
   // The message if it has arrived, without waiting; throws like receive() if the link is
   // lost. A peer that finished cleanly is not lost: it simply has nothing more to say.
   virtual std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) = 0;
 
   // Closes the link to a peer this one has given up on, so that peer learns it was
-  // dropped. A dropped peer may come back: a restarted process for it (--rejoin) is
-  // accepted once the link is dead, the link is fresh (messages left from the old one are
-  // discarded) and alive() says true again; rejoins() counts how often that happened.
+  // dropped. Nothing more is read from the link, but what had already arrived can still be
+  // taken (a coordinator's last announcement before it stopped the run). A dropped peer
+  // may come back: a restarted process for it (--rejoin) is accepted once the link is
+  // dead, the link is fresh (messages left from the old one are discarded) and alive()
+  // says true again; rejoins() counts how often that happened.
   virtual void drop(int peer, const std::string& why) = 0;
   // The caller counts a peer that rejoined in again: from now on another restart of it is
   // answered "not yet" until the caller drop()s it again.
