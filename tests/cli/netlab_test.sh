@@ -23,6 +23,10 @@ if ! why=$("$netlab" check); then
   echo "skipped: $why"
   exit 77
 fi
+# A lab left by a run of this test that was killed outright (SIGKILL: no trap runs).
+for old in $("$netlab" list); do
+  [[ $old =~ ^nl([0-9]+)$ ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && "$netlab" down "$old"
+done
 lab="nl$$"
 work=$(mktemp -d)
 cleanup() {
