@@ -11,7 +11,7 @@ packages=(
   gnuplot-nox python3 iperf3  # experiment plots and reports, the loopback baseline
 )
 if [[ ${1:-} == --test ]]; then
-  packages+=(clang libclang-rt-dev)  # libFuzzer and the sanitizers for the fuzz test
+  packages+=(clang libclang-rt-dev clang-format)  # libFuzzer and the sanitizers for the fuzz test; the format check
 fi
 
 missing=()

@@ -21,6 +21,8 @@
 #include "peertrain/net/tcp.h"
 #include "peertrain/topology/spectrum.h"
 #include "membership.h"
+#include "recorder.h"
+#include "step_algorithm.h"
 #include "peertrain/train/checkpoint.h"
 #include "peertrain/train/task.h"
 
@@ -30,13 +32,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// What every peer tells peer 0 at an evaluation, ahead of its parameters.
-struct Report {
-  double step = 0, epoch = 0, train_loss = 0, test_accuracy = 0, test_loss = 0, test_bits_per_byte = 0;
-  double bytes_sent = 0, bytes_received = 0, wall_s = 0, compute_s = 0, comm_wait_s = 0;
-};
-constexpr std::size_t kReportDoubles = sizeof(Report) / sizeof(double);
 
 // Links each peer keeps: the algorithm's, plus the coordinator's for the evaluation
 // reports. Under D-PSGD any survivor may take over from a lost coordinator
@@ -59,170 +54,6 @@ std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int
   links.erase(std::unique(links.begin(), links.end()), links.end());
   return links;
 }
-
-// The coordinator's view of the whole run: it writes the files and the progress lines.
-// A peer that takes over coordinating keeps the rows written before (kept_through).
-class Recorder {
- public:
-  Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps,
-           long long kept_through, int self)
-      : self_(static_cast<std::size_t>(self)),
-        config_(config),
-        topology_(topology),
-        spectral_gap_(spectral_gap),
-        total_steps_(total_steps),
-        language_model_(config.model == ModelKind::kGpt) {
-    if (config.out_dir.empty()) return;
-    std::filesystem::create_directories(config.out_dir);
-    const auto path = std::filesystem::path(config.out_dir) / "metrics.csv";
-    std::string kept;
-    if (kept_through > 0) {  // keep the rows up to the checkpoint (or the takeover), drop what came after it
-      std::ifstream old(path);
-      std::string line;
-      while (std::getline(old, line))
-        if (line.rfind("step,", 0) != 0 && std::atoll(line.c_str()) <= kept_through) kept += line + "\n";
-    }
-    csv_.open(path);
-    if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
-    csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
-            "wall_s,compute_s,comm_wait_s,test_bits_per_byte,avg_bits_per_byte\n"
-         << kept;
-  }
-
-  void record(const std::vector<Report>& reports, double avg_accuracy, double avg_bits_per_byte, double consensus) {
-    last_ = reports;
-    avg_accuracy_ = avg_accuracy;
-    avg_bits_per_byte_ = avg_bits_per_byte;
-    consensus_ = consensus;
-    if (csv_) {
-      char line[512];
-      for (std::size_t peer = 0; peer < reports.size(); ++peer) {
-        const Report& r = reports[peer];
-        if (r.step == 0) continue;  // lost: no row
-        // Bits per byte only for a language model; the classifiers leave the columns empty.
-        char bpb[64] = "";
-        if (language_model_) std::snprintf(bpb, sizeof bpb, "%.5f,%.5f", r.test_bits_per_byte, avg_bits_per_byte);
-        else std::snprintf(bpb, sizeof bpb, ",");
-        std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f,%s\n",
-                      static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
-                      consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s, bpb);
-        csv_ << line;
-      }
-      csv_.flush();
-    }
-    progress(reports[self_].step, reports[self_].epoch, mean_loss(), reports[self_].wall_s, true);
-  }
-
-  void progress(double step, double epoch, double loss, double wall_s, bool evaluated) {
-    if (!config_.progress) return;
-    json::Object o;
-    o.add("step", static_cast<long long>(step))
-        .add("total_steps", total_steps_)
-        .add("epoch", epoch)
-        .add("loss", loss)
-        .add("items_per_s", wall_s > 0 ? step * config_.batch * topology_.num_peers() / wall_s : 0.0)
-        .add("evaluated", evaluated)
-        .add("metric", language_model_ ? "bits_per_byte" : "accuracy");
-    if (!last_.empty()) o.add("avg_accuracy", avg_accuracy_).add("consensus_distance", consensus_);
-    if (!last_.empty() && language_model_) o.add("avg_bits_per_byte", avg_bits_per_byte_);
-    std::printf("@progress %s\n", o.dump(0).c_str());
-    std::fflush(stdout);
-  }
-
-  // failed_peers: lost and not back at the end; failures: every loss, in order;
-  // rejoined_peers: every comeback; takeovers: every change of coordinator (membership.h).
-  void finish(const Membership& membership, int coordinator) {
-    const std::vector<Failure>& failures = membership.failures();
-    const std::vector<Rejoin>& rejoins = membership.rejoins();
-    if (config_.out_dir.empty() || last_.empty()) return;
-    double local = 0, sent = 0, wall = 0, compute = 0, wait = 0;
-    double alive = 0;
-    for (const Report& r : last_) {
-      if (r.step == 0) continue;  // a lost peer's row
-      alive += 1;
-      local += r.test_accuracy;
-      sent += r.bytes_sent;
-      wall = std::max(wall, r.wall_s);
-      compute += r.compute_s;
-      wait += r.comm_wait_s;
-    }
-    const double n = std::max(alive, 1.0);
-    const std::vector<int>& failed = membership.lost();
-    std::string details = "[";
-    std::string moved = "[";
-    for (const Takeover& t : membership.takeovers()) {
-      json::Object one;
-      one.add("peer", t.peer).add("step", static_cast<long long>(t.step)).add("from", t.from);
-      moved += (moved.size() > 1 ? ", " : "") + one.dump(0);
-    }
-    moved += "]";
-    std::string back = "[";
-    for (const Rejoin& r : rejoins) {
-      json::Object one;
-      one.add("peer", r.peer).add("step", static_cast<long long>(r.step)).add("donor", r.donor);
-      back += (back.size() > 1 ? ", " : "") + one.dump(0);
-    }
-    back += "]";
-    for (const Failure& f : failures) {
-      json::Object one;
-      one.add("peer", f.peer).add("step", static_cast<long long>(f.step)).add("reason", f.reason);
-      details += (details.size() > 1 ? ", " : "") + one.dump(0);
-    }
-    details += "]";
-    json::Object o;
-    o.add("topology", topology_.name)
-        .add("algorithm", to_string(config_.algorithm))
-        .add("model", to_string(config_.model))
-        .add("peers", topology_.num_peers())
-        .add("steps", static_cast<long long>(last_[self_].step))
-        .add("epochs", last_[self_].epoch)
-        .add("batch_per_peer", config_.batch)
-        .add("test_accuracy", avg_accuracy_)
-        .add("mean_local_accuracy", local / n)
-        .add("consensus_distance", consensus_)
-        .add("final_train_loss", mean_loss())
-        .add("wall_s", wall)
-        .add("mean_compute_s", compute / n)
-        .add("mean_comm_wait_s", wait / n)
-        .add("bytes_sent_per_peer", sent / n)
-        .add("survivors", static_cast<long long>(alive))
-        .add("items_per_s", wall > 0 ? last_[self_].step * config_.batch * n / wall : 0.0)
-        .add("spectral_gap", spectral_gap_);
-    if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
-    if (config_.model != ModelKind::kMlp)
-      o.add("sp", config_.engine.sp).add("pp", config_.engine.pp).add("microbatches", config_.engine.microbatches);
-    o
-        .add_raw("failed_peers", json::array(failed))
-        .add_raw("failures", details)
-        .add_raw("rejoined_peers", back)
-        .add("coordinator", coordinator)
-        .add_raw("takeovers", moved);
-    std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
-    out << o.dump() << "\n";
-    if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
-  }
-
- private:
-  double mean_loss() const {
-    double sum = 0, count = 0;
-    for (const Report& r : last_)
-      if (r.step > 0) {
-        sum += r.train_loss;
-        count += 1;
-      }
-    return count > 0 ? sum / count : 0;
-  }
-
-  std::size_t self_;  // the coordinator's own row
-  const TrainConfig& config_;
-  const topology::Topology& topology_;
-  double spectral_gap_;
-  long long total_steps_;
-  std::ofstream csv_;
-  std::vector<Report> last_;
-  double avg_accuracy_ = 0, avg_bits_per_byte_ = 0, consensus_ = 0;
-  bool language_model_ = false;
-};
 
 }  // namespace
 
@@ -287,7 +118,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
 
   const std::unique_ptr<Task> task = make_task(config, n, rank);
   const std::size_t size = task->num_parameters();
-  std::vector<float> x(size), grads(size), update(size);
+  std::vector<float> x(size), grads(size);
   task->initialize(x, config.seed);  // identical on every peer
   const std::unique_ptr<Optimizer> optimizer = make_optimizer(config.optimizer, size, config.sgd, config.adam);
 
@@ -344,9 +175,6 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   Membership membership(network, t, rank,
                         {config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue, config.max_staleness,
                          total_steps, eval_every});
-  std::vector<int> ring(n), workers;
-  for (int p = 0; p < n; ++p) ring[p] = p;
-  for (int p = 1; p < n; ++p) workers.push_back(p);
 
   // The coordinator's files and progress lines: peer 0's from the start, or a survivor's
   // from the step it takes over (membership.h).
@@ -381,6 +209,9 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     mixing_trace << step << "," << text << "\n";
     mixing_trace.flush();
   };
+
+  const std::unique_ptr<StepAlgorithm> algorithm =
+      make_step_algorithm(config.algorithm, {network, rank, n, &gossip, &membership, trace_row}, size);
 
   double wall_s = 0, compute_s = 0, wait_s = 0, loss_sum = 0;
   long long loss_count = 0;
@@ -439,7 +270,6 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     if (membership.is_coordinator()) prune_checkpoints(config.checkpoint_dir, n, 2, match);
   };
   auto last_progress = Clock::now();
-  const float inverse_n = 1.0f / static_cast<float>(n);
 
   // Evaluation: each peer tests its model and reports to the coordinator, which tests x̄
   // and writes the metrics. Not part of the step timings.
@@ -473,9 +303,7 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
   auto coordinate_round = [&](long long step, long long done, const Report& report) {
     std::vector<Report> reports(n);  // step 0 marks a lost peer
     reports[rank] = report;
-    Eigen::VectorXd mean = Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>();
     std::vector<net::Payload> others(n);
-    int reporting = 1;
     for (int p = 0; p < n; ++p) {
       if (p == rank || membership.is_lost(p) || std::count(gossip.lost().begin(), gossip.lost().end(), p)) continue;
       try {
@@ -489,24 +317,14 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
         continue;
       }
       std::memcpy(&reports[p], others[p].data(), sizeof(Report));
-      mean += Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
-                  .cast<double>();
-      ++reporting;
     }
     // Alone: we were cut off rather than everyone else failing (membership.h); write nothing.
     membership.stop_if_cut_off(static_cast<std::uint64_t>(step));
-    mean /= static_cast<double>(reporting);
-    double consensus = (Eigen::Map<const Eigen::VectorXf>(x.data(), size).cast<double>() - mean).squaredNorm();
+    std::vector<std::span<const float>> xs{x};
     for (int p = 0; p < n; ++p)
-      if (!others[p].empty())
-        consensus +=
-            (Eigen::Map<const Eigen::VectorXf>(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size)
-                 .cast<double>() -
-             mean)
-                .squaredNorm();
-    consensus /= static_cast<double>(reporting);
-    std::vector<float> average_f(size);
-    for (std::size_t i = 0; i < size; ++i) average_f[i] = static_cast<float>(mean[static_cast<Eigen::Index>(i)]);
+      if (!others[p].empty()) xs.emplace_back(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size);
+    std::vector<float> average_f;
+    const double consensus = consensus_distance(xs, average_f);
     const TaskEvaluation avg = task->evaluate(average_f);
     recorder_if_coordinator(step)->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
     std::vector<Work> released;
@@ -553,66 +371,18 @@ void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) 
     optimizer->set_learning_rate(
         scheduled_learning_rate(config.lr_schedule, base_lr, step, total_steps, config.warmup_steps));
     const auto step_start = Clock::now();
-    double step_wait = 0;
     float loss = 0;
     auto compute = [&] {
       const auto begin = Clock::now();
       loss = task->compute_gradient(x, grads);
       return seconds_since(begin);
     };
-    double step_compute = 0;
-    switch (config.algorithm) {
-      case Algorithm::kDpsgd: {
-        if (auto rows = membership.poll(static_cast<std::uint64_t>(step), x)) gossip.set_rows(std::move(*rows));
-        recorder_if_coordinator(step);  // taken over: keep the rows written so far
-        gossip.start(step, x);  // overlaps the gradient: both read x_k
-        step_compute = compute();
-        const auto begin = Clock::now();
-        optimizer->compute_update(x, grads, update);
-        step_compute += seconds_since(begin);
-        step_wait = gossip.finish(x, update);  // x ← Σ_j W_ij x_j − u
-        trace_row(step, gossip.applied_row());
-        if (!gossip.newly_lost().empty()) membership.report_lost(static_cast<std::uint64_t>(step), gossip.newly_lost());
-        break;
-      }
-      case Algorithm::kAllreduce: {
-        step_compute = compute();
-        auto begin = Clock::now();
-        algo::ring_allreduce(network, ring, step, grads);
-        step_wait = seconds_since(begin);
-        begin = Clock::now();
-        for (float& g : grads) g *= inverse_n;
-        optimizer->step(x, grads);
-        step_compute += seconds_since(begin);
-        break;
-      }
-      case Algorithm::kPs: {
-        step_compute = compute();
-        auto begin = Clock::now();
-        if (rank == 0) {
-          algo::ps_gather(network, workers, step, grads);
-          step_wait = seconds_since(begin);
-          begin = Clock::now();
-          for (float& g : grads) g *= inverse_n;
-          optimizer->step(x, grads);
-          step_compute += seconds_since(begin);
-          begin = Clock::now();
-          algo::ps_broadcast(network, workers, step, x);
-          step_wait += seconds_since(begin);
-        } else {
-          algo::ps_push_pull(network, 0, step, grads, x);
-          step_wait = seconds_since(begin);
-        }
-        break;
-      }
-      case Algorithm::kLocal: {
-        step_compute = compute();
-        const auto begin = Clock::now();
-        optimizer->step(x, grads);
-        step_compute += seconds_since(begin);
-        break;
-      }
-    }
+    algorithm->start(step, x);
+    recorder_if_coordinator(step);  // taken over: keep the rows written so far
+    double step_compute = compute();
+    const StepTiming timing = algorithm->finish(step, x, grads, *optimizer);
+    step_compute += timing.compute_s;
+    const double step_wait = timing.wait_s;
     if (!std::isfinite(loss))
       throw Error(ErrorKind::kNotConverged, str("peer ", rank, ": the training loss became ", loss, " at step ", step,
                                                 "; lower --lr"));

@@ -1,0 +1,179 @@
+#include "recorder.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "membership.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/json.h"
+
+namespace peertrain::train {
+
+double consensus_distance(const std::vector<std::span<const float>>& xs, std::vector<float>& average) {
+  PEERTRAIN_CHECK(!xs.empty(), "consensus_distance of no vectors");
+  const auto size = static_cast<Eigen::Index>(xs[0].size());
+  auto vec = [&](std::span<const float> x) { return Eigen::Map<const Eigen::VectorXf>(x.data(), size); };
+  Eigen::VectorXd mean = vec(xs[0]).cast<double>();
+  for (std::size_t i = 1; i < xs.size(); ++i) mean += vec(xs[i]).cast<double>();
+  const auto m = static_cast<double>(xs.size());
+  mean /= m;
+  double distance = 0;
+  for (std::span<const float> x : xs) distance += (vec(x).cast<double>() - mean).squaredNorm();
+  average.resize(static_cast<std::size_t>(size));
+  for (Eigen::Index i = 0; i < size; ++i) average[static_cast<std::size_t>(i)] = static_cast<float>(mean[i]);
+  return distance / m;
+}
+
+Recorder::Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap,
+                   long long total_steps, long long kept_through, int self)
+    : self_(static_cast<std::size_t>(self)),
+      config_(config),
+      topology_(topology),
+      spectral_gap_(spectral_gap),
+      total_steps_(total_steps),
+      language_model_(config.model == ModelKind::kGpt) {
+  if (config.out_dir.empty()) return;
+  std::filesystem::create_directories(config.out_dir);
+  const auto path = std::filesystem::path(config.out_dir) / "metrics.csv";
+  std::string kept;
+  if (kept_through > 0) {  // keep the rows up to the checkpoint (or the takeover), drop what came after it
+    std::ifstream old(path);
+    std::string line;
+    while (std::getline(old, line))
+      if (line.rfind("step,", 0) != 0 && std::atoll(line.c_str()) <= kept_through) kept += line + "\n";
+  }
+  csv_.open(path);
+  if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
+  csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
+          "wall_s,compute_s,comm_wait_s,test_bits_per_byte,avg_bits_per_byte\n"
+       << kept;
+}
+
+void Recorder::record(const std::vector<Report>& reports, double avg_accuracy, double avg_bits_per_byte,
+                      double consensus) {
+  last_ = reports;
+  avg_accuracy_ = avg_accuracy;
+  avg_bits_per_byte_ = avg_bits_per_byte;
+  consensus_ = consensus;
+  if (csv_) {
+    char line[512];
+    for (std::size_t peer = 0; peer < reports.size(); ++peer) {
+      const Report& r = reports[peer];
+      if (r.step == 0) continue;  // lost: no row
+      // Bits per byte only for a language model; the classifiers leave the columns empty.
+      char bpb[64] = "";
+      if (language_model_)
+        std::snprintf(bpb, sizeof bpb, "%.5f,%.5f", r.test_bits_per_byte, avg_bits_per_byte);
+      else
+        std::snprintf(bpb, sizeof bpb, ",");
+      std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f,%s\n",
+                    static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
+                    consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s, bpb);
+      csv_ << line;
+    }
+    csv_.flush();
+  }
+  progress(reports[self_].step, reports[self_].epoch, mean_loss(), reports[self_].wall_s, true);
+}
+
+void Recorder::progress(double step, double epoch, double loss, double wall_s, bool evaluated) {
+  if (!config_.progress) return;
+  json::Object o;
+  o.add("step", static_cast<long long>(step))
+      .add("total_steps", total_steps_)
+      .add("epoch", epoch)
+      .add("loss", loss)
+      .add("items_per_s", wall_s > 0 ? step * config_.batch * topology_.num_peers() / wall_s : 0.0)
+      .add("evaluated", evaluated)
+      .add("metric", language_model_ ? "bits_per_byte" : "accuracy");
+  if (!last_.empty()) o.add("avg_accuracy", avg_accuracy_).add("consensus_distance", consensus_);
+  if (!last_.empty() && language_model_) o.add("avg_bits_per_byte", avg_bits_per_byte_);
+  std::printf("@progress %s\n", o.dump(0).c_str());
+  std::fflush(stdout);
+}
+
+void Recorder::finish(const Membership& membership, int coordinator) {
+  const std::vector<Failure>& failures = membership.failures();
+  const std::vector<Rejoin>& rejoins = membership.rejoins();
+  if (config_.out_dir.empty() || last_.empty()) return;
+  double local = 0, sent = 0, wall = 0, compute = 0, wait = 0;
+  double alive = 0;
+  for (const Report& r : last_) {
+    if (r.step == 0) continue;  // a lost peer's row
+    alive += 1;
+    local += r.test_accuracy;
+    sent += r.bytes_sent;
+    wall = std::max(wall, r.wall_s);
+    compute += r.compute_s;
+    wait += r.comm_wait_s;
+  }
+  const double n = std::max(alive, 1.0);
+  const std::vector<int>& failed = membership.lost();
+  std::string details = "[";
+  std::string moved = "[";
+  for (const Takeover& t : membership.takeovers()) {
+    json::Object one;
+    one.add("peer", t.peer).add("step", static_cast<long long>(t.step)).add("from", t.from);
+    moved += (moved.size() > 1 ? ", " : "") + one.dump(0);
+  }
+  moved += "]";
+  std::string back = "[";
+  for (const Rejoin& r : rejoins) {
+    json::Object one;
+    one.add("peer", r.peer).add("step", static_cast<long long>(r.step)).add("donor", r.donor);
+    back += (back.size() > 1 ? ", " : "") + one.dump(0);
+  }
+  back += "]";
+  for (const Failure& f : failures) {
+    json::Object one;
+    one.add("peer", f.peer).add("step", static_cast<long long>(f.step)).add("reason", f.reason);
+    details += (details.size() > 1 ? ", " : "") + one.dump(0);
+  }
+  details += "]";
+  json::Object o;
+  o.add("topology", topology_.name)
+      .add("algorithm", to_string(config_.algorithm))
+      .add("model", to_string(config_.model))
+      .add("peers", topology_.num_peers())
+      .add("steps", static_cast<long long>(last_[self_].step))
+      .add("epochs", last_[self_].epoch)
+      .add("batch_per_peer", config_.batch)
+      .add("test_accuracy", avg_accuracy_)
+      .add("mean_local_accuracy", local / n)
+      .add("consensus_distance", consensus_)
+      .add("final_train_loss", mean_loss())
+      .add("wall_s", wall)
+      .add("mean_compute_s", compute / n)
+      .add("mean_comm_wait_s", wait / n)
+      .add("bytes_sent_per_peer", sent / n)
+      .add("survivors", static_cast<long long>(alive))
+      .add("items_per_s", wall > 0 ? last_[self_].step * config_.batch * n / wall : 0.0)
+      .add("spectral_gap", spectral_gap_);
+  if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
+  if (config_.model != ModelKind::kMlp)
+    o.add("sp", config_.engine.sp).add("pp", config_.engine.pp).add("microbatches", config_.engine.microbatches);
+  o.add_raw("failed_peers", json::array(failed))
+      .add_raw("failures", details)
+      .add_raw("rejoined_peers", back)
+      .add("coordinator", coordinator)
+      .add_raw("takeovers", moved);
+  std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
+  out << o.dump() << "\n";
+  if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
+}
+
+double Recorder::mean_loss() const {
+  double sum = 0, count = 0;
+  for (const Report& r : last_)
+    if (r.step > 0) {
+      sum += r.train_loss;
+      count += 1;
+    }
+  return count > 0 ? sum / count : 0;
+}
+
+}  // namespace peertrain::train

@@ -1,0 +1,55 @@
+// The coordinator's view of the whole run: the evaluation reports every peer sends it, and
+// the files and progress lines it writes from them (metrics.csv, summary.json, @progress).
+#pragma once
+
+#include <cstddef>
+#include <fstream>
+#include <span>
+#include <vector>
+
+#include "peertrain/topology/topology.h"
+#include "peertrain/train/trainer.h"
+
+namespace peertrain::train {
+
+class Membership;
+
+// What every peer tells the coordinator at an evaluation, ahead of its parameters (sent as
+// raw doubles: both ends are this program).
+struct Report {
+  double step = 0, epoch = 0, train_loss = 0, test_accuracy = 0, test_loss = 0, test_bits_per_byte = 0;
+  double bytes_sent = 0, bytes_received = 0, wall_s = 0, compute_s = 0, comm_wait_s = 0;
+};
+constexpr std::size_t kReportDoubles = sizeof(Report) / sizeof(double);
+
+// The consensus distance (1/m) Σ_i ‖x_i − x̄‖² of m parameter vectors, and their average x̄
+// (summed in double, in the order given).
+double consensus_distance(const std::vector<std::span<const float>>& xs, std::vector<float>& average);
+
+// A peer that takes over coordinating keeps the rows written before (kept_through).
+class Recorder {
+ public:
+  Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap, long long total_steps,
+           long long kept_through, int self);
+  // One evaluation: every peer's report (step 0: a lost peer), and x̄'s numbers.
+  void record(const std::vector<Report>& reports, double avg_accuracy, double avg_bits_per_byte, double consensus);
+  void progress(double step, double epoch, double loss, double wall_s, bool evaluated);
+  // summary.json. failed_peers: lost and not back at the end; failures: every loss, in
+  // order; rejoined_peers: every comeback; takeovers: every change of coordinator.
+  void finish(const Membership& membership, int coordinator);
+
+ private:
+  double mean_loss() const;
+
+  std::size_t self_;  // the coordinator's own row
+  const TrainConfig& config_;
+  const topology::Topology& topology_;
+  double spectral_gap_;
+  long long total_steps_;
+  std::ofstream csv_;
+  std::vector<Report> last_;
+  double avg_accuracy_ = 0, avg_bits_per_byte_ = 0, consensus_ = 0;
+  bool language_model_ = false;
+};
+
+}  // namespace peertrain::train

@@ -1,0 +1,59 @@
+// One training step's communication and update, as each algorithm does it. The trainer's
+// loop is the same for all of them:
+//
+//   algorithm.start(step, x);                       // what overlaps the gradient
+//   loss = task.compute_gradient(x, grads);
+//   timing = algorithm.finish(step, x, grads, optimizer);
+//
+// Adding an algorithm means one class here and a line in make_step_algorithm().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "peertrain/algo/gossip.h"
+#include "peertrain/net/transport.h"
+#include "peertrain/train/optimizer.h"
+#include "peertrain/train/trainer.h"
+
+namespace peertrain::train {
+
+class Membership;
+
+// Where a step's time went, besides the gradient: the optimizer's arithmetic, and waiting
+// on other peers.
+struct StepTiming {
+  double compute_s = 0;
+  double wait_s = 0;
+};
+
+class StepAlgorithm {
+ public:
+  virtual ~StepAlgorithm() = default;
+  // Before the gradient is computed; x is x_k. Starts what may overlap the gradient.
+  virtual void start(long long step, std::span<float> x) {
+    (void)step;
+    (void)x;
+  }
+  // After it: exchanges with the other peers and applies the optimizer to x (grads may be
+  // overwritten on the way).
+  virtual StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) = 0;
+};
+
+// What the algorithms work with. D-PSGD uses the gossip and the membership (owned by the
+// trainer, which also flushes the gossip at the end and reads who is lost); `trace` is
+// called with the row of W each D-PSGD step applied (--mixing-trace).
+struct StepContext {
+  net::Transport& network;
+  int rank = 0;
+  int peers = 0;
+  algo::Gossip* gossip = nullptr;
+  Membership* membership = nullptr;
+  std::function<void(long long, const algo::MixingRow&)> trace;
+};
+
+std::unique_ptr<StepAlgorithm> make_step_algorithm(Algorithm algorithm, StepContext context, std::size_t parameters);
+
+}  // namespace peertrain::train
