@@ -1,0 +1,115 @@
+// The evaluation rounds of PeerRun: each peer tests its model and reports to the
+// coordinator, which tests x̄ and writes the metrics. Not part of the step timings.
+#include <algorithm>
+#include <cstring>
+
+#include "peer_run.h"
+#include "peertrain/core/error.h"
+
+namespace peertrain::train {
+
+void PeerRun::evaluate(long long step, double epoch) {
+  const long long done = step + 1;
+  const TaskEvaluation local = task_->evaluate(x_);
+  const auto counters = network_->total_counters();
+  Report report{static_cast<double>(done),
+                epoch,
+                loss_sum_ / static_cast<double>(loss_count_),
+                local.accuracy,
+                local.loss,
+                local.bits_per_byte,
+                static_cast<double>(sent_base_ + counters.bytes_sent - eval_sent_),
+                static_cast<double>(received_base_ + counters.bytes_received - eval_received_),
+                wall_s_,
+                compute_s_,
+                wait_s_};
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  // Until someone takes the report: a coordinator we cannot reach is counted lost, and
+  // the next one (maybe this peer) gets it.
+  while (!membership_->is_coordinator()) {
+    const int to = membership_->coordinator();
+    try {
+      return send_report(to, done, report);
+    } catch (const Error& e) {
+      if (!tolerant_) throw;
+      membership_->report_lost(static_cast<std::uint64_t>(step), to, e.what());
+    }
+  }
+  coordinate(step, done, report);
+}
+
+void PeerRun::send_report(int to, long long done, const Report& report) {
+  std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size_ * sizeof(float));
+  std::memcpy(payload.data(), &report, sizeof report);
+  std::memcpy(payload.data() + sizeof report, x_.data(), size_ * sizeof(float));
+  network_->send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, std::move(payload), false).wait();
+  eval_sent_ += report_bytes_;
+  // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
+  // the timing of our next exchange. It may itself wait up to three times --peer-timeout
+  // on a report (below), so we wait longer, while it sounds alive.
+  if (tolerant_)
+    network_->receive_while_alive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1,
+                                  4 * network_->peer_timeout_s());
+  else
+    network_->receive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
+  eval_received_ += net::kHeaderBytes;
+}
+
+// A report is waited for while its sender sounds alive, up to three times --peer-timeout:
+// just after a takeover, a peer may first have waited that long on the old coordinator
+// before turning to us. A silent sender (stopped, cut off, on the far side of a
+// partition) is given up after half of --peer-timeout, before the peers waiting on this
+// coordinator's release give up on it.
+net::Payload PeerRun::receive_report(int p, long long done) {
+  if (!tolerant_) return network_->receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
+  return network_->receive_while_alive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0,
+                                       3 * network_->peer_timeout_s());
+}
+
+void PeerRun::coordinate(long long step, long long done, const Report& report) {
+  std::vector<Report> reports(n_);  // step 0 marks a lost peer
+  reports[rank_] = report;
+  std::vector<net::Payload> others(n_);
+  const std::vector<int>& gossip_lost = gossip_->lost();
+  for (int p = 0; p < n_; ++p) {
+    if (p == rank_ || membership_->is_lost(p) || std::count(gossip_lost.begin(), gossip_lost.end(), p)) continue;
+    try {
+      others[p] = receive_report(p, done);
+      if (others[p].size() != kReportDoubles * sizeof(double) + size_ * sizeof(float))
+        throw Error(ErrorKind::kPeerLost,
+                    str(network_->peer_name(p), " sent a report of ", others[p].size(), " bytes"));
+    } catch (const Error& e) {
+      if (!tolerant_ || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
+      others[p].clear();
+      membership_->report_lost(static_cast<std::uint64_t>(step), p, e.what());
+      continue;
+    }
+    std::memcpy(&reports[p], others[p].data(), sizeof(Report));
+  }
+  // Alone: we were cut off rather than everyone else failing (membership.h); write nothing.
+  membership_->stop_if_cut_off(static_cast<std::uint64_t>(step));
+  std::vector<std::span<const float>> xs{x_};
+  for (int p = 0; p < n_; ++p)
+    if (!others[p].empty()) xs.emplace_back(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size_);
+  std::vector<float> average;
+  const double consensus = consensus_distance(xs, average);
+  const TaskEvaluation avg = task_->evaluate(average);
+  recorder_if_coordinator(step)->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
+  std::vector<Work> released;
+  for (int p = 0; p < n_; ++p)
+    if (!others[p].empty()) {
+      eval_received_ += report_bytes_;
+      released.push_back(network_->send(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1, {}, false));
+      eval_sent_ += net::kHeaderBytes;
+    }
+  for (auto& r : released) {
+    try {
+      r.wait();
+    } catch (const Error&) {
+      if (!tolerant_) throw;
+    }
+  }
+}
+
+}  // namespace peertrain::train
