@@ -23,6 +23,7 @@
 #include <span>
 #include <system_error>
 
+#include "peertrain/core/codec.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "peertrain/net/frame.h"
@@ -40,52 +41,6 @@ constexpr char kMagic[8] = {'P', 'T', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr std::size_t kChecksumBytes = sizeof(std::uint64_t);
 
 std::string errno_text() { return std::strerror(errno); }
-
-class Encoder {
- public:
-  explicit Encoder(std::size_t capacity) { bytes_.reserve(capacity); }
-  template <typename T>
-  void put(T value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    append(&value, sizeof value);
-  }
-  void put_floats(const std::vector<float>& values) { append(values.data(), values.size() * sizeof(float)); }
-  std::vector<std::byte>& bytes() { return bytes_; }
-
- private:
-  void append(const void* data, std::size_t size) {
-    const auto* p = static_cast<const std::byte*>(data);
-    bytes_.insert(bytes_.end(), p, p + size);
-  }
-  std::vector<std::byte> bytes_;
-};
-
-class Decoder {
- public:
-  explicit Decoder(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  template <typename T>
-  T get() {
-    T value;
-    PEERTRAIN_CHECK(at_ + sizeof value <= bytes_.size(), "decoding past ", bytes_.size(), " bytes at ", at_);
-    std::memcpy(&value, bytes_.data() + at_, sizeof value);
-    at_ += sizeof value;
-    return value;
-  }
-  std::vector<float> get_floats(std::size_t count) {
-    PEERTRAIN_CHECK(at_ + count * sizeof(float) <= bytes_.size(), "decoding ", count, " floats past ", bytes_.size(),
-                    " bytes at ", at_);
-    std::vector<float> values(count);
-    if (count == 0) return values;  // memcpy must not see the empty vector's null data()
-    std::memcpy(values.data(), bytes_.data() + at_, count * sizeof(float));
-    at_ += count * sizeof(float);
-    return values;
-  }
-  std::size_t position() const { return at_; }
-
- private:
-  std::span<const std::byte> bytes_;
-  std::size_t at_ = 0;
-};
 
 // Closes a file descriptor on every path out.
 class Fd {
@@ -262,31 +217,31 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
     throw Error(ErrorKind::kInvalidArgument, str(path, ": negative sampler epoch ", s.sampler.epoch, ", batches drawn ",
                                                  s.sampler.batches_drawn, " or loss count ", s.loss_count));
 
-  Encoder out(kCheckpointHeaderBytes + 2 * s.params.size() * sizeof(float) + kChecksumBytes);
-  for (char c : kMagic) out.put(c);
-  out.put(kCheckpointVersion);
-  out.put(static_cast<std::uint32_t>(kCheckpointHeaderBytes));
-  out.put(s.peer);
-  out.put(s.peers);
-  out.put(s.fingerprint);
-  out.put(s.run_id);
-  out.put(s.step);
-  out.put(static_cast<std::int64_t>(s.sampler.epoch));
-  out.put(static_cast<std::uint64_t>(s.sampler.position));
-  out.put(static_cast<std::int64_t>(s.sampler.batches_drawn));
-  out.put(s.loss_sum);
-  out.put(static_cast<std::int64_t>(s.loss_count));
-  out.put(s.wall_s);
-  out.put(s.compute_s);
-  out.put(s.comm_wait_s);
-  out.put(s.bytes_sent);
-  out.put(s.bytes_received);
-  out.put(static_cast<std::uint64_t>(s.params.size()));
-  PEERTRAIN_CHECK(out.bytes().size() == kCheckpointHeaderBytes, "checkpoint header of ", out.bytes().size(),
-                  " bytes, the format says ", kCheckpointHeaderBytes);
-  out.put_floats(s.params);
-  out.put_floats(s.momentum);
-  out.put(net::checksum_payload(out.bytes()));
+  codec::Writer out(kCheckpointHeaderBytes + 2 * s.params.size() * sizeof(float) + kChecksumBytes);
+  out.bytes(std::as_bytes(std::span(kMagic)))
+      .u32(kCheckpointVersion)
+      .u32(static_cast<std::uint32_t>(kCheckpointHeaderBytes))
+      .u32(s.peer)
+      .u32(s.peers)
+      .u64(s.fingerprint)
+      .u64(s.run_id)
+      .u64(s.step)
+      .i64(s.sampler.epoch)
+      .u64(static_cast<std::uint64_t>(s.sampler.position))
+      .i64(s.sampler.batches_drawn)
+      .f64(s.loss_sum)
+      .i64(s.loss_count)
+      .f64(s.wall_s)
+      .f64(s.compute_s)
+      .f64(s.comm_wait_s)
+      .u64(s.bytes_sent)
+      .u64(s.bytes_received)
+      .u64(static_cast<std::uint64_t>(s.params.size()));
+  PEERTRAIN_CHECK(out.size() == kCheckpointHeaderBytes, "checkpoint header of ", out.size(), " bytes, the format says ",
+                  kCheckpointHeaderBytes);
+  out.floats(s.params).floats(s.momentum);
+  out.u64(net::checksum_payload(out.view()));
+  const std::vector<std::byte> bytes = out.take();
 
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -297,7 +252,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
   try {
     Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) throw Error(ErrorKind::kIo, str(temp, ": cannot create: ", errno_text()));
-    write_all(fd.get(), out.bytes(), temp);
+    write_all(fd.get(), bytes, temp);
     if (::fsync(fd.get()) != 0) throw Error(ErrorKind::kIo, str(temp, ": fsync failed: ", errno_text()));
     if (!fd.close()) throw Error(ErrorKind::kIo, str(temp, ": close failed: ", errno_text()));
     if (::rename(temp.c_str(), path.c_str()) != 0)
@@ -328,32 +283,32 @@ CheckpointState read_checkpoint(const std::string& path) {
   if (got < kCheckpointHeaderBytes)
     bad_file(path, str("truncated: ", got, " bytes, shorter than the ", kCheckpointHeaderBytes, "-byte header"));
 
-  Decoder in(header);
-  in.get<std::uint64_t>();  // the magic, checked above
-  const auto version = in.get<std::uint32_t>();
+  codec::Reader in(header, path);
+  in.u64();  // the magic, checked above
+  const auto version = in.u32();
   if (version != kCheckpointVersion)
     bad_file(path, str("format version ", version, "; this build reads version ", kCheckpointVersion));
-  const auto header_bytes = in.get<std::uint32_t>();
+  const auto header_bytes = in.u32();
   if (header_bytes != kCheckpointHeaderBytes)
     bad_file(path, str("header of ", header_bytes, " bytes; version ", version, " has ", kCheckpointHeaderBytes));
   CheckpointState s;
-  s.peer = in.get<std::uint32_t>();
-  s.peers = in.get<std::uint32_t>();
-  s.fingerprint = in.get<std::uint64_t>();
-  s.run_id = in.get<std::uint64_t>();
-  s.step = in.get<std::uint64_t>();
-  const auto epoch = in.get<std::int64_t>();
-  const auto position = in.get<std::uint64_t>();
-  s.sampler.batches_drawn = in.get<std::int64_t>();
-  s.loss_sum = in.get<double>();
-  s.loss_count = in.get<std::int64_t>();
-  s.wall_s = in.get<double>();
-  s.compute_s = in.get<double>();
-  s.comm_wait_s = in.get<double>();
-  s.bytes_sent = in.get<std::uint64_t>();
-  s.bytes_received = in.get<std::uint64_t>();
-  const auto parameters = in.get<std::uint64_t>();
-  PEERTRAIN_CHECK(in.position() == kCheckpointHeaderBytes, "decoded ", in.position(), " header bytes of ",
+  s.peer = in.u32();
+  s.peers = in.u32();
+  s.fingerprint = in.u64();
+  s.run_id = in.u64();
+  s.step = in.u64();
+  const auto epoch = in.i64();
+  const auto position = in.u64();
+  s.sampler.batches_drawn = in.i64();
+  s.loss_sum = in.f64();
+  s.loss_count = in.i64();
+  s.wall_s = in.f64();
+  s.compute_s = in.f64();
+  s.comm_wait_s = in.f64();
+  s.bytes_sent = in.u64();
+  s.bytes_received = in.u64();
+  const auto parameters = in.u64();
+  PEERTRAIN_CHECK(in.offset() == kCheckpointHeaderBytes, "decoded ", in.offset(), " header bytes of ",
                   kCheckpointHeaderBytes);
 
   // The sizes the header claims, against the file's length, before allocating anything.
@@ -388,9 +343,9 @@ CheckpointState read_checkpoint(const std::string& path) {
   s.sampler.epoch = static_cast<int>(epoch);
   s.sampler.position = static_cast<std::size_t>(position);
 
-  Decoder payload(std::span<const std::byte>(bytes).subspan(kCheckpointHeaderBytes));
-  s.params = payload.get_floats(parameters);
-  s.momentum = payload.get_floats(parameters);
+  codec::Reader payload(std::span<const std::byte>(bytes).subspan(kCheckpointHeaderBytes), path);
+  s.params = payload.floats(parameters);
+  s.momentum = payload.floats(parameters);
   return s;
 }
 

@@ -1,7 +1,6 @@
 // The evaluation rounds of PeerRun: each peer tests its model and reports to the
 // coordinator, which tests x̄ and writes the metrics. Not part of the step timings.
 #include <algorithm>
-#include <cstring>
 
 #include "peer_run.h"
 #include "peertrain/core/error.h"
@@ -40,10 +39,8 @@ void PeerRun::evaluate(long long step, double epoch) {
 }
 
 void PeerRun::send_report(int to, long long done, const Report& report) {
-  std::vector<std::byte> payload(kReportDoubles * sizeof(double) + size_ * sizeof(float));
-  std::memcpy(payload.data(), &report, sizeof report);
-  std::memcpy(payload.data() + sizeof report, x_.data(), size_ * sizeof(float));
-  network_->send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, std::move(payload), false).wait();
+  network_->send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, encode_report(report, x_), false)
+      .wait();
   eval_sent_ += report_bytes_;
   // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
   // the timing of our next exchange. It may itself wait up to three times --peer-timeout
@@ -71,27 +68,27 @@ void PeerRun::coordinate(long long step, long long done, const Report& report) {
   std::vector<Report> reports(n_);  // step 0 marks a lost peer
   reports[rank_] = report;
   std::vector<net::Payload> others(n_);
+  std::vector<std::span<const float>> xs{x_};  // this peer's, then the others' in order
   const std::vector<int>& gossip_lost = gossip_->lost();
   for (int p = 0; p < n_; ++p) {
     if (p == rank_ || membership_->is_lost(p) || std::count(gossip_lost.begin(), gossip_lost.end(), p)) continue;
+    std::span<const float> theirs;
     try {
       others[p] = receive_report(p, done);
-      if (others[p].size() != kReportDoubles * sizeof(double) + size_ * sizeof(float))
-        throw Error(ErrorKind::kPeerLost,
-                    str(network_->peer_name(p), " sent a report of ", others[p].size(), " bytes"));
+      reports[p] = decode_report(others[p], size_, network_->peer_name(p), theirs);
     } catch (const Error& e) {
-      if (!tolerant_ || (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout)) throw;
+      // A peer that is gone, silent, or sends a malformed report is counted lost.
+      const bool peer_fault =
+          e.kind() == ErrorKind::kPeerLost || e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kParse;
+      if (!tolerant_ || !peer_fault) throw;
       others[p].clear();
       membership_->report_lost(static_cast<std::uint64_t>(step), p, e.what());
       continue;
     }
-    std::memcpy(&reports[p], others[p].data(), sizeof(Report));
+    xs.push_back(theirs);
   }
   // Alone: we were cut off rather than everyone else failing (membership.h); write nothing.
   membership_->stop_if_cut_off(static_cast<std::uint64_t>(step));
-  std::vector<std::span<const float>> xs{x_};
-  for (int p = 0; p < n_; ++p)
-    if (!others[p].empty()) xs.emplace_back(reinterpret_cast<const float*>(others[p].data() + sizeof(Report)), size_);
   std::vector<float> average;
   const double consensus = consensus_distance(xs, average);
   const TaskEvaluation avg = task_->evaluate(average);

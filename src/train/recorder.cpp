@@ -8,10 +8,36 @@
 #include <string>
 
 #include "membership.h"
+#include "peertrain/core/codec.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 
 namespace peertrain::train {
+
+std::vector<std::byte> encode_report(const Report& r, std::span<const float> x) {
+  codec::Writer w;
+  for (double v : {r.step, r.epoch, r.train_loss, r.test_accuracy, r.test_loss, r.test_bits_per_byte, r.bytes_sent,
+                   r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s})
+    w.f64(v);
+  w.bytes(std::as_bytes(x));
+  return w.take();
+}
+
+Report decode_report(std::span<const std::byte> bytes, std::size_t parameters, const std::string& from,
+                     std::span<const float>& x) {
+  const std::size_t want = kReportDoubles * sizeof(double) + parameters * sizeof(float);
+  if (bytes.size() != want)
+    throw Error(ErrorKind::kParse, str("report from ", from, ": ", bytes.size(), " bytes, expected ", want, " (",
+                                       kReportDoubles, " numbers and ", parameters, " parameters)"));
+  codec::Reader in(bytes, str("report from ", from));
+  Report r;
+  for (double* v : {&r.step, &r.epoch, &r.train_loss, &r.test_accuracy, &r.test_loss, &r.test_bits_per_byte,
+                    &r.bytes_sent, &r.bytes_received, &r.wall_s, &r.compute_s, &r.comm_wait_s})
+    *v = in.f64();
+  const auto floats = in.bytes(parameters * sizeof(float));
+  x = {reinterpret_cast<const float*>(floats.data()), parameters};
+  return r;
+}
 
 double consensus_distance(const std::vector<std::span<const float>>& xs, std::vector<float>& average) {
   PEERTRAIN_CHECK(!xs.empty(), "consensus_distance of no vectors");

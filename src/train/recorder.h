@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <fstream>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "peertrain/topology/topology.h"
@@ -21,6 +22,14 @@ struct Report {
   double bytes_sent = 0, bytes_received = 0, wall_s = 0, compute_s = 0, comm_wait_s = 0;
 };
 constexpr std::size_t kReportDoubles = sizeof(Report) / sizeof(double);
+
+// The evaluation report on the wire: the Report's fields as little-endian doubles, then
+// the peer's parameters as floats.
+std::vector<std::byte> encode_report(const Report& report, std::span<const float> x);
+// Reads one carrying `parameters` floats; `x` is set to a view of them inside `bytes`. A
+// message of another size throws Error(kParse) naming `from` ("report from peer 3 …").
+Report decode_report(std::span<const std::byte> bytes, std::size_t parameters, const std::string& from,
+                     std::span<const float>& x);
 
 // The consensus distance (1/m) Σ_i ‖x_i − x̄‖² of m parameter vectors, and their average x̄
 // (summed in double, in the order given).

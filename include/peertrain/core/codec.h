@@ -23,9 +23,12 @@ static_assert(std::endian::native == std::endian::little, "peertrain's wire form
 
 class Writer {
  public:
+  explicit Writer(std::size_t reserve = 0) { out_.reserve(reserve); }
   Writer& u32(std::uint32_t v) { return raw(&v, sizeof v); }
   Writer& u64(std::uint64_t v) { return raw(&v, sizeof v); }
+  Writer& i64(std::int64_t v) { return raw(&v, sizeof v); }
   Writer& f64(double v) { return raw(&v, sizeof v); }
+  Writer& floats(std::span<const float> v) { return raw(v.data(), v.size_bytes()); }
   template <typename T, std::size_t N>
   Writer& bytes(const std::array<T, N>& a) {
     static_assert(sizeof(T) == 1);
@@ -41,6 +44,7 @@ class Writer {
     return raw(s.data(), n);
   }
   std::size_t size() const { return out_.size(); }
+  std::span<const std::byte> view() const { return out_; }
   std::vector<std::byte> take() { return std::move(out_); }
 
  private:
@@ -57,7 +61,16 @@ class Reader {
   Reader(std::span<const std::byte> in, std::string what) : in_(in), what_(std::move(what)) {}
   std::uint32_t u32() { return read<std::uint32_t>(); }
   std::uint64_t u64() { return read<std::uint64_t>(); }
+  std::int64_t i64() { return read<std::int64_t>(); }
   double f64() { return read<double>(); }
+  std::vector<float> floats(std::size_t n) {
+    if (n > left() / sizeof(float))
+      throw Error(ErrorKind::kParse, str("truncated ", what_, ": ", n, " floats at offset ", at_, " of ", in_.size()));
+    std::vector<float> v(n);
+    if (n > 0) std::memcpy(v.data(), in_.data() + at_, n * sizeof(float));  // not on an empty vector's null data()
+    at_ += n * sizeof(float);
+    return v;
+  }
   template <typename T, std::size_t N>
   void bytes(std::array<T, N>& a) {
     static_assert(sizeof(T) == 1);
@@ -92,6 +105,7 @@ class Reader {
     return n;
   }
   std::size_t left() const { return in_.size() - at_; }
+  std::size_t offset() const { return at_; }
   bool done() const { return at_ == in_.size(); }
   const std::string& what() const { return what_; }
 
