@@ -10,6 +10,7 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/model/device_model.h"
+#include "peertrain/model/gradient_engine.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
 #include "tasks.h"
@@ -57,13 +58,15 @@ class TransformerTask final : public Task {
     if (config.device == model::Device::kCuda) {
       // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
       const int devices = std::max(1, model::cuda_device_count());
-      device_ = model::make_device_model(model_.config(),
-                                         {.device = config.engine.sp > 1 ? 0 : rank % devices,
-                                          .gemm = config.gemm,
-                                          .sp = config.engine.sp,
-                                          .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag});
+      engine_ = model::make_device_engine(model::make_device_model(
+          model_.config(), {.device = config.engine.sp > 1 ? 0 : rank % devices,
+                            .gemm = config.gemm,
+                            .sp = config.engine.sp,
+                            .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag}));
     } else if (config.engine.sp * config.engine.pp > 1) {
-      engine_ = std::make_unique<parallel::PipelineEngine>(model_, config.engine);
+      engine_ = parallel::make_pipeline_gradient_engine(model_, config.engine);
+    } else {
+      engine_ = model::make_unsplit_engine(model_);
     }
     engine_config_ = config.engine;
   }
@@ -77,7 +80,7 @@ class TransformerTask final : public Task {
     if (engine_config_.pp > 1)
       s += str(" (", engine_config_.schedule == parallel::Schedule::kGpipe ? "gpipe" : "1f1b", ", ",
                engine_config_.microbatches, " micro-batches)");
-    s += device_ ? ", on " + device_->describe() : ", on the CPU";
+    s += ", on " + engine_->describe();
     return s;
   }
   std::size_t num_parameters() const override { return model_.num_parameters(); }
@@ -108,28 +111,22 @@ class TransformerTask final : public Task {
   }
 
   float compute_gradient(std::span<const float> params, std::span<float> grads) override {
-    const int tokens = model_.config().tokens();
-    parallel::GlobalBatch global;
-    global.batch = batch_;
     model::TokenBatch whole;
     whole.batch = batch_;
-    whole.tokens = tokens;
+    whole.tokens = model_.config().tokens();
     whole.positions = positions_;
     if (language_model()) {
       text_sampler_->next(bytes_.data(), targets_.data());
-      global.bytes = whole.bytes = bytes_;
-      global.targets = whole.targets = targets_;
-      whole.loss_divisor = static_cast<double>(batch_) * tokens;
+      whole.bytes = bytes_;
+      whole.targets = targets_;
+      whole.loss_divisor = static_cast<double>(batch_) * whole.tokens;
     } else {
       image_sampler_->next(pixels_.data(), labels_.data());
-      global.pixels = whole.pixels = pixels_;
-      global.labels = whole.targets = labels_;
+      whole.pixels = pixels_;
+      whole.targets = labels_;
       whole.loss_divisor = batch_;
     }
-    if (engine_) return engine_->step(params, global, grads);
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    if (device_) return device_->forward_backward(params, whole, grads);
-    return model_.forward_backward(params, whole, grads);
+    return engine_->forward_backward(params, whole, grads);
   }
 
   TaskEvaluation evaluate(std::span<const float> params) override {
@@ -149,7 +146,7 @@ class TransformerTask final : public Task {
         b.batch = std::min(kChunk, validation_.count - start);
         b.bytes = std::span<const std::int32_t>(validation_.bytes).subspan(start * seq, b.batch * seq);
         b.targets = std::span<const std::int32_t>(validation_.targets).subspan(start * seq, b.batch * seq);
-        add(device_ ? device_->evaluate(params, b, /*params_changed=*/start == 0) : model_.evaluate(params, b));
+        add(engine_->evaluate(params, b, /*params_changed=*/start == 0));
       }
     } else {
       const std::size_t pixels = static_cast<std::size_t>(test_.features);
@@ -157,7 +154,7 @@ class TransformerTask final : public Task {
         b.batch = std::min(4 * kChunk, test_.size() - start);
         b.pixels = std::span<const float>(test_.inputs).subspan(start * pixels, b.batch * pixels);
         b.targets = std::span<const std::int32_t>(test_.labels).subspan(start, b.batch);
-        add(model_.evaluate(params, b));
+        add(engine_->evaluate(params, b, /*params_changed=*/start == 0));
       }
     }
     const double count = static_cast<double>(std::max<long long>(total.count, 1));
@@ -182,8 +179,7 @@ class TransformerTask final : public Task {
   int batch_;
   std::vector<int> positions_;
   parallel::EngineConfig engine_config_;
-  std::unique_ptr<parallel::PipelineEngine> engine_;
-  std::unique_ptr<model::DeviceModel> device_;  // --device cuda
+  std::unique_ptr<model::GradientEngine> engine_;  // unsplit, pipelined, or on a GPU (--device cuda)
   // gpt
   TextCorpus corpus_;
   std::optional<TextSampler> text_sampler_;

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "peertrain/model/gradient_engine.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
@@ -112,5 +113,10 @@ class PipelineEngine {
   StepStats stats_;
   std::vector<std::unique_ptr<Worker>> workers_;  // pp · sp, index p · sp + s; kept between steps
 };
+
+// The engine behind the common gradient interface (model/gradient_engine.h): a TokenBatch
+// in, the step's gradient out; evaluation runs on the unsplit model, which the engine's
+// tests hold equal to it.
+std::unique_ptr<model::GradientEngine> make_pipeline_gradient_engine(model::Transformer& model, EngineConfig config);
 
 }  // namespace peertrain::parallel
