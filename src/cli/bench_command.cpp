@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
@@ -28,10 +29,6 @@ namespace peertrain::cli {
 namespace {
 
 constexpr int kGemmSize = 512;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

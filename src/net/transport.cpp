@@ -1,26 +1,25 @@
 #include "peertrain/net/transport.h"
 
 #include <algorithm>
-#include <chrono>
 
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::net {
 
 Payload Transport::receive_while_alive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
                                        double cap_s) {
-  using Clock = std::chrono::steady_clock;
   const double silent_s = peer_timeout_s() / 2;
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   for (;;) {
-    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    const double waited = seconds_since(start);
     try {
       // Slices of a second: the silence is checked between them.
       return receive(peer, type, step, tag, std::clamp(cap_s - waited, 0.001, 1.0));
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kTimeout) throw;
       const double silence = silence_s(peer);
-      const double total = std::chrono::duration<double>(Clock::now() - start).count();
+      const double total = seconds_since(start);
       if (silence >= silent_s)
         throw Error(ErrorKind::kTimeout, str(peer_name(peer), " has sent nothing, not even a heartbeat, for ",
                                              static_cast<int>(silence), " s while peer ", self(), " waited for ",

@@ -9,6 +9,7 @@
 #include <optional>
 #include <queue>
 
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "lanczos.h"
@@ -20,10 +21,6 @@ using Vector = Eigen::VectorXd;
 using ConstMap = Eigen::Map<const Vector>;
 using Map = Eigen::Map<Vector>;
 using Cholesky = Eigen::SimplicialLLT<SparseMatrix, Eigen::Lower, Eigen::AMDOrdering<int>>;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // W − (1 − μ)·11ᵀ/n: the all-ones eigenvector's eigenvalue 1 moves to μ, the mean of the
 // other eigenvalues, which lies between λ_min and λ₂ and so is never an extreme that

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "peertrain/net/tcp.h"
@@ -15,10 +16,6 @@
 
 namespace peertrain::train {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Links each peer keeps: the algorithm's, plus the coordinator's for the evaluation
 // reports. Under D-PSGD any survivor may take over from a lost coordinator

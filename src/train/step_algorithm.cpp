@@ -4,13 +4,13 @@
 
 #include "membership.h"
 #include "peertrain/algo/collectives.h"
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+using Clock = SteadyClock;
 
 // The centralized update: grads holds the sum over `peers`; x ← optimizer step on the mean.
 // Returns the seconds it took.
