@@ -3,16 +3,16 @@
 // moves device memory — NcclGroup on GPUs, a ThreadGroup over the emulator's memory in
 // the emulated build. Attention runs around the group's ring and every rank ends the
 // step with the all-reduced gradient; rank 0's is the answer.
-#include <exception>
-#include <mutex>
 #include <numeric>
 #include <thread>
 #include <vector>
 
 #include "device_transformer.h"
 #include "kernels/device.h"
+#include "peertrain/comm/failure_latch.h"
 #include "peertrain/config.h"
 #include "peertrain/core/error.h"
+#include "peertrain/model/batch_slice.h"
 #include "peertrain/parallel/ring_attention.h"
 #if PEERTRAIN_DEVICE_EMULATED
 #include "peertrain/comm/thread_group.h"
@@ -55,6 +55,7 @@ class SequenceParallel final : public model::DeviceModel {
     whole.sp = 1;
     evaluator_ = make_device_transformer(config, whole);  // whole sequences, for evaluate()
     scratch_.resize(static_cast<std::size_t>(options.sp));
+    slices_.resize(static_cast<std::size_t>(options.sp));
   }
 
   std::string describe() const override {
@@ -68,40 +69,27 @@ class SequenceParallel final : public model::DeviceModel {
                          std::span<float> grads) override {
     const int ranks = options_.sp;
     std::vector<float> losses(static_cast<std::size_t>(ranks), 0.0f);
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
+    comm::FailureLatch failure;
+    for (int r = 0; r < ranks; ++r) failure.watch(group_->member(r));
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
       threads.emplace_back([&, r] {
         try {
           const std::vector<int> positions = parallel::sequence_positions(
               batch.tokens, ranks, r, options_.zigzag ? parallel::SequenceSplit::kZigzag : parallel::SequenceSplit::kContiguous);
-          const std::size_t held = positions.size();
-          std::vector<std::int32_t> bytes, targets;
-          for (int b = 0; b < batch.batch; ++b)
-            for (int t : positions) {
-              const std::size_t at = static_cast<std::size_t>(b) * batch.tokens + t;
-              bytes.push_back(batch.bytes[at]);
-              targets.push_back(batch.targets[at]);
-            }
-          std::vector<int> global_positions(held);
-          for (std::size_t t = 0; t < held; ++t) global_positions[t] = batch.positions[positions[t]];
-          const model::TokenBatch mine{.batch = batch.batch, .tokens = static_cast<int>(held),
-                                       .positions = global_positions, .bytes = bytes, .pixels = {},
-                                       .targets = targets, .loss_divisor = batch.loss_divisor};
+          model::BatchSlice& mine = slices_[static_cast<std::size_t>(r)];
+          model::slice_batch(config_, batch, 0, batch.batch, positions, mine);
           std::vector<float>& scratch = scratch_[static_cast<std::size_t>(r)];
           if (r != 0) scratch.assign(grads.size(), 0.0f);
           // Every rank ends with the same all-reduced gradient: rank 0 adds it into grads.
-          losses[static_cast<std::size_t>(r)] =
-              ranks_[static_cast<std::size_t>(r)]->forward_backward(params, mine, r == 0 ? grads : std::span<float>(scratch));
+          losses[static_cast<std::size_t>(r)] = ranks_[static_cast<std::size_t>(r)]->forward_backward(
+              params, mine.batch, r == 0 ? grads : std::span<float>(scratch));
         } catch (...) {
-          std::lock_guard lock(failure_mutex);
-          if (!failure) failure = std::current_exception();
-          group_->member(r).abort(str("sequence rank ", r, " failed"));
+          failure.record(std::current_exception(), str("sequence rank ", r));
         }
       });
     for (std::thread& t : threads) t.join();
-    if (failure) std::rethrow_exception(failure);
+    failure.rethrow();
     return std::accumulate(losses.begin(), losses.end(), 0.0f);
   }
 
@@ -117,6 +105,7 @@ class SequenceParallel final : public model::DeviceModel {
   std::vector<std::unique_ptr<model::DeviceModel>> ranks_;
   std::unique_ptr<model::DeviceModel> evaluator_;
   std::vector<std::vector<float>> scratch_;
+  std::vector<model::BatchSlice> slices_;  // each rank's tokens of the step's batch
 };
 #endif
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "peertrain/core/aligned.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::model {
@@ -163,7 +164,7 @@ void LocalAttention::forward(const AttentionShape& shape, std::span<const int> p
   check_shape(shape, positions);
   const int T = shape.tokens, d = shape.head_dim;
   const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(T) * d;
-  std::vector<float> max(kTile), sum(kTile), acc(static_cast<std::size_t>(kTile) * d);
+  AlignedVector<float> max(kTile), sum(kTile), acc(static_cast<std::size_t>(kTile) * d);
   const int* pos = positions.data();
   for (int bh = 0; bh < shape.batch * shape.heads; ++bh) {
     const float *Q = q + bh * block, *K = k + bh * block, *V = v + bh * block;
@@ -190,7 +191,7 @@ void LocalAttention::backward(const AttentionShape& shape, std::span<const int> 
   std::fill(dq, dq + shape.elements(), 0.0f);
   std::fill(dk, dk + shape.elements(), 0.0f);
   std::fill(dv, dv + shape.elements(), 0.0f);
-  std::vector<float> delta(kTile);
+  AlignedVector<float> delta(kTile);
   const int* pos = positions.data();
   for (int bh = 0; bh < shape.batch * shape.heads; ++bh) {
     const std::ptrdiff_t at = bh * block;

@@ -1,20 +1,6 @@
 // The transformer assembled from the kernels of layers.h, unit by unit.
 //
-// Parameter layout, in buffer order (every matrix column-major, a Linear's weight d_out ×
-// d_in; d = d_model, F = mlp_ratio·d, P = patch²):
-//   unit 0, embedding   gpt: wte (d × vocab), wpe (d × seq)
-//                       vit: patch.weight (d × P), patch.bias (d), wpe (d × tokens)
-//   unit 1 + l, block l h{l}.ln1.weight (d), h{l}.ln1.bias (d),
-//                       h{l}.attn.qkv.weight (3d × d), h{l}.attn.qkv.bias (3d),
-//                       h{l}.attn.proj.weight (d × d), h{l}.attn.proj.bias (d),
-//                       h{l}.ln2.weight (d), h{l}.ln2.bias (d),
-//                       h{l}.mlp.fc.weight (F × d), h{l}.mlp.fc.bias (F),
-//                       h{l}.mlp.proj.weight (d × F), h{l}.mlp.proj.bias (d)
-//   unit L + 1, head    ln_f.weight (d), ln_f.bias (d), then
-//                       gpt untied: lm_head.weight (vocab × d), no bias; gpt tied: nothing
-//                       (the logits are wteᵀ·x); vit: head.weight (classes × d), head.bias.
-// The qkv rows are [q; k; v], head h at rows h·head_dim of each, as in GPT-2's c_attn. wte
-// and wpe column-major are row-major vocab × d, PyTorch's nn.Embedding layout.
+// The parameter layout is model/transformer_layout.h's.
 //
 // What a unit keeps for its backward (UnitActivations::buffer, N = batch·tokens columns):
 //   embedding  gpt: nothing (the TokenBatch holds the bytes); vit: the gathered patches
@@ -40,58 +26,14 @@
 #include <cstring>
 
 #include "layers.h"
+#include "peertrain/model/block_composition.h"
+#include "peertrain/model/transformer_layout.h"
 #include "peertrain/comm/group.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 
 namespace peertrain::model {
 namespace {
-
-enum class Init { kNormal, kResidual, kEmbedding, kOne, kZero };
-
-struct Tensor {
-  std::string name;
-  int rows = 0;
-  int cols = 0;
-  std::size_t offset = 0;
-  Init init = Init::kZero;
-};
-
-struct BlockOffsets {
-  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b;
-};
-
-// Offsets (in floats) of what a block unit saves, for N columns.
-struct BlockSaved {
-  std::size_t x_in, ln1, mean1, rstd1, q, k, v, att, lse, x_mid, ln2, mean2, rstd2, h, g, total;
-};
-
-BlockSaved block_saved(int d, int f, int heads, std::size_t n) {
-  BlockSaved s{};
-  std::size_t at = 0;
-  auto take = [&](std::size_t size) {
-    const std::size_t here = at;
-    at += size;
-    return here;
-  };
-  s.x_in = take(d * n);
-  s.ln1 = take(d * n);
-  s.mean1 = take(n);
-  s.rstd1 = take(n);
-  s.q = take(d * n);
-  s.k = take(d * n);
-  s.v = take(d * n);
-  s.att = take(d * n);
-  s.lse = take(heads * n);
-  s.x_mid = take(d * n);
-  s.ln2 = take(d * n);
-  s.mean2 = take(n);
-  s.rstd2 = take(n);
-  s.h = take(f * n);
-  s.g = take(f * n);
-  s.total = at;
-  return s;
-}
 
 // Offsets of what the head saves: columns is N for gpt's logits and batch for vit's.
 struct HeadSaved {
@@ -131,9 +73,9 @@ namespace {
 // sequence ranks) may call one Transformer concurrently, each with its own UnitActivations.
 struct ThreadWorkspace {
   layers::Gemm gemm;
-  std::vector<float> slots[5];
+  AlignedVector<float> slots[5];
   std::vector<UnitActivations> saved;
-  std::vector<float> act_a, act_b;
+  AlignedVector<float> act_a, act_b;
 };
 
 ThreadWorkspace& thread_workspace() {
@@ -141,77 +83,83 @@ ThreadWorkspace& thread_workspace() {
   return workspace;
 }
 
+// The CPU backend of block_composition.h: the kernels of layers.h on the calling thread's
+// workspace, attention through the unit's AttentionCore.
+struct CpuBlockOps {
+  ThreadWorkspace& w;
+  AttentionCore& attention;
+  AttentionShape shape;
+  std::span<const int> positions;
+
+  float* scratch(int slot, std::size_t floats) {
+    AlignedVector<float>& v = w.slots[slot];
+    if (v.size() < floats) v.resize(floats);
+    return v.data();
+  }
+  void copy(float* dst, const float* src, std::size_t floats) { std::memcpy(dst, src, sizeof(float) * floats); }
+  template <class... A>
+  void layernorm_forward(A... a) {
+    layers::layernorm_forward(a...);
+  }
+  template <class... A>
+  void layernorm_backward(A... a) {
+    layers::layernorm_backward(a...);
+  }
+  template <class... A>
+  void linear_forward(A... a) {
+    layers::linear_forward(w.gemm, a...);
+  }
+  template <class... A>
+  void linear_residual_forward(A... a) {
+    layers::linear_residual_forward(w.gemm, a...);
+  }
+  template <class... A>
+  void linear_backward(A... a) {
+    layers::linear_backward(w.gemm, a...);
+  }
+  template <class... A>
+  void split_heads(A... a) {
+    layers::split_heads(a...);
+  }
+  template <class... A>
+  void merge_heads(A... a) {
+    layers::merge_heads(a...);
+  }
+  template <class... A>
+  void gelu_forward(A... a) {
+    layers::gelu_forward(a...);
+  }
+  template <class... A>
+  void gelu_backward(A... a) {
+    layers::gelu_backward(a...);
+  }
+  void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse) {
+    attention.forward(shape, positions, q, k, v, out, lse);
+  }
+  void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                          const float* dout, float* dq, float* dk, float* dv) {
+    attention.backward(shape, positions, q, k, v, out, lse, dout, dq, dk, dv);
+  }
+};
+
 }  // namespace
 
-struct Transformer::Impl {
-  std::vector<Tensor> tensors;
-  std::vector<ParameterRange> units;
-  std::size_t wte = 0, wpe = 0, patch_w = 0, patch_b = 0;
-  std::vector<BlockOffsets> blocks;
-  std::size_t lnf_w = 0, lnf_b = 0, head_w = 0, head_b = 0;
-  std::size_t total = 0;
-
+// The layout, and what the units share at run time.
+struct Transformer::Impl : TransformerLayout {
   LocalAttention local_attention;  // stateless; its scratch is per thread
 
   layers::Gemm& gemm() { return thread_workspace().gemm; }
   float* workspace(int slot, std::size_t size) {
-    std::vector<float>& w = thread_workspace().slots[slot];
+    AlignedVector<float>& w = thread_workspace().slots[slot];
     if (w.size() < size) w.resize(size);
     return w.data();
-  }
-
-  std::size_t add(std::string name, int rows, int cols, Init init) {
-    tensors.push_back({std::move(name), rows, cols, total, init});
-    total += static_cast<std::size_t>(rows) * cols;
-    return tensors.back().offset;
   }
 };
 
 Transformer::Transformer(TransformerConfig config) : config_(config), impl_(std::make_unique<Impl>()) {
   validate(config_);
   if (config_.kind == TransformerKind::kVit) config_.seq = config_.tokens();
-  Impl& m = *impl_;
-  const int d = config_.d_model, f = config_.mlp_ratio * d;
-  std::size_t start = 0;
-  auto close_unit = [&] {
-    m.units.push_back({start, m.total - start});
-    start = m.total;
-  };
-  if (config_.kind == TransformerKind::kGpt) {
-    m.wte = m.add("wte", d, config_.vocab, Init::kEmbedding);
-  } else {
-    m.patch_w = m.add("patch.weight", d, config_.patch * config_.patch, Init::kNormal);
-    m.patch_b = m.add("patch.bias", d, 1, Init::kZero);
-  }
-  m.wpe = m.add("wpe", d, config_.seq, Init::kEmbedding);
-  close_unit();
-  for (int l = 0; l < config_.layers; ++l) {
-    const std::string p = str("h", l, ".");
-    BlockOffsets b{};
-    b.ln1_w = m.add(p + "ln1.weight", d, 1, Init::kOne);
-    b.ln1_b = m.add(p + "ln1.bias", d, 1, Init::kZero);
-    b.qkv_w = m.add(p + "attn.qkv.weight", 3 * d, d, Init::kNormal);
-    b.qkv_b = m.add(p + "attn.qkv.bias", 3 * d, 1, Init::kZero);
-    b.proj_w = m.add(p + "attn.proj.weight", d, d, Init::kResidual);
-    b.proj_b = m.add(p + "attn.proj.bias", d, 1, Init::kZero);
-    b.ln2_w = m.add(p + "ln2.weight", d, 1, Init::kOne);
-    b.ln2_b = m.add(p + "ln2.bias", d, 1, Init::kZero);
-    b.fc_w = m.add(p + "mlp.fc.weight", f, d, Init::kNormal);
-    b.fc_b = m.add(p + "mlp.fc.bias", f, 1, Init::kZero);
-    b.fc2_w = m.add(p + "mlp.proj.weight", d, f, Init::kResidual);
-    b.fc2_b = m.add(p + "mlp.proj.bias", d, 1, Init::kZero);
-    m.blocks.push_back(b);
-    close_unit();
-  }
-  m.lnf_w = m.add("ln_f.weight", d, 1, Init::kOne);
-  m.lnf_b = m.add("ln_f.bias", d, 1, Init::kZero);
-  if (config_.kind == TransformerKind::kVit) {
-    m.head_w = m.add("head.weight", config_.classes, d, Init::kNormal);
-    m.head_b = m.add("head.bias", config_.classes, 1, Init::kZero);
-  } else if (!config_.tied_head) {
-    m.head_w = m.add("lm_head.weight", config_.vocab, d, Init::kNormal);
-  }
-  close_unit();
+  static_cast<TransformerLayout&>(*impl_) = transformer_layout(config_);
 }
 
 Transformer::~Transformer() = default;
@@ -219,6 +167,7 @@ Transformer::Transformer(Transformer&&) noexcept = default;
 Transformer& Transformer::operator=(Transformer&&) noexcept = default;
 
 std::size_t Transformer::num_parameters() const { return impl_->total; }
+const TransformerLayout& Transformer::layout() const { return *impl_; }
 
 ParameterRange Transformer::unit_parameters(int unit) const {
   if (unit < 0 || unit >= num_units())
@@ -234,7 +183,7 @@ std::string Transformer::unit_name(int unit) const {
 }
 
 void Transformer::register_parameters(ParameterStore& store) const {
-  for (const Tensor& t : impl_->tensors) {
+  for (const TensorSpec& t : impl_->tensors) {
     const std::size_t index = store.add(t.name, t.rows, t.cols);
     PEERTRAIN_CHECK(store.slice(index).offset - store.slice(0).offset == t.offset, "tensor ", t.name,
                     " is at offset ", store.slice(index).offset, " in the store, ", t.offset, " in the model");
@@ -252,24 +201,31 @@ void Transformer::initialize(std::span<float> params, std::uint64_t seed) const 
   // loss 3.0 against 2.6 after 200 steps). A tied head reads wte as its weight, so there
   // the scale is 1/√d_model, which keeps the first logits at unit variance.
   const double embedding_std = config_.tied_head ? 1.0 / std::sqrt(static_cast<double>(config_.d_model)) : 1.0;
-  for (const Tensor& t : impl_->tensors) {
+  for (const TensorSpec& t : impl_->tensors) {
     float* p = params.data() + t.offset;
     const std::size_t size = static_cast<std::size_t>(t.rows) * t.cols;
     for (std::size_t i = 0; i < size; ++i) {
       switch (t.init) {
-        case Init::kNormal: p[i] = static_cast<float>(0.02 * rng.normal()); break;
-        case Init::kResidual: p[i] = static_cast<float>(residual_std * rng.normal()); break;
-        case Init::kEmbedding: p[i] = static_cast<float>(embedding_std * rng.normal()); break;
-        case Init::kOne: p[i] = 1.0f; break;
-        case Init::kZero: p[i] = 0.0f; break;
+        case TensorInit::kNormal:
+          p[i] = static_cast<float>(0.02 * rng.normal());
+          break;
+        case TensorInit::kResidual:
+          p[i] = static_cast<float>(residual_std * rng.normal());
+          break;
+        case TensorInit::kEmbedding:
+          p[i] = static_cast<float>(embedding_std * rng.normal());
+          break;
+        case TensorInit::kOne:
+          p[i] = 1.0f;
+          break;
+        case TensorInit::kZero:
+          p[i] = 0.0f;
+          break;
       }
     }
   }
 }
 
-namespace {
-
-// Bad input at the model's boundary: names the field, the index and the expected range.
 void check_batch(const TransformerConfig& c, const TokenBatch& batch) {
   auto fail = [](const std::string& what) { throw Error(ErrorKind::kInvalidArgument, "transformer batch: " + what); };
   if (batch.batch <= 0 || batch.tokens <= 0)
@@ -297,6 +253,8 @@ void check_batch(const TransformerConfig& c, const TokenBatch& batch) {
     check_ids("targets (labels)", batch.targets, static_cast<std::size_t>(batch.batch), c.classes);
   }
 }
+
+namespace {
 
 int group_size(const UnitContext& context) {
   return context.sequence_group == nullptr ? 1 : context.sequence_group->size();
@@ -347,67 +305,23 @@ struct TransformerKernels {
             .causal = c.kind == TransformerKind::kGpt};
   }
 
-  static void block_forward(const TransformerConfig& c, Impl& m, const BlockOffsets& o, const float* p,
-                            const TokenBatch& batch, const float* in, float* out, UnitActivations& saved,
-                            AttentionCore& attention) {
-    const int d = c.d_model, f = c.mlp_ratio * d, n = batch.batch * batch.tokens;
-    const int hd = d / c.heads;
-    const std::size_t dn = static_cast<std::size_t>(d) * n;
-    const BlockSaved at = block_saved(d, f, c.heads, n);
-    saved.buffer.resize(at.total);
-    float* s = saved.buffer.data();
-    if (in != s + at.x_in) std::memcpy(s + at.x_in, in, sizeof(float) * dn);
-    layers::layernorm_forward(d, n, s + at.x_in, p + o.ln1_w, p + o.ln1_b, s + at.ln1, s + at.mean1, s + at.rstd1);
-    float* qkv = m.workspace(0, 3 * dn);
-    layers::linear_forward(m.gemm(), d, 3 * d, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
-    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, 0, qkv, s + at.q);
-    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, d, qkv, s + at.k);
-    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, 2 * d, qkv, s + at.v);
-    attention.forward(shape(c, batch), batch.positions, s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse);
-    float* merged = m.workspace(1, dn);
-    layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, s + at.att, merged);
-    layers::linear_residual_forward(m.gemm(), d, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
-    layers::layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
-    layers::linear_forward(m.gemm(), d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
-    layers::gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
-    layers::linear_residual_forward(m.gemm(), f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
+  static void block_forward(const TransformerConfig& c, const BlockOffsets& o, const float* p, const TokenBatch& batch,
+                            const float* in, float* out, UnitActivations& saved, AttentionCore& attention) {
+    const BlockShape bs = model::block_shape(c, batch);
+    saved.buffer.resize(bs.saved().total);
+    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
+    model::block_forward(ops, bs, o, p, in, saved.buffer.data(), out);
   }
 
-  // dout and din may be the same buffer: dout is last read before din is first written.
-  static void block_backward(const TransformerConfig& c, Impl& m, const BlockOffsets& o, const float* p,
-                             const TokenBatch& batch, const float* dout, float* din, const UnitActivations& saved,
-                             float* g, AttentionCore& attention) {
-    const int d = c.d_model, f = c.mlp_ratio * d, n = batch.batch * batch.tokens;
-    const int hd = d / c.heads;
-    const std::size_t dn = static_cast<std::size_t>(d) * n;
-    const BlockSaved at = block_saved(d, f, c.heads, n);
-    PEERTRAIN_CHECK(saved.buffer.size() == at.total, "block backward: saved activations hold ", saved.buffer.size(),
-                    " floats, this micro-batch needs ", at.total);
-    const float* s = saved.buffer.data();
-    // MLP branch.
-    float* d_hidden = m.workspace(0, std::max<std::size_t>(f, 3 * d) * n);
-    layers::linear_backward(m.gemm(), f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, g + o.fc2_b, d_hidden);
-    layers::gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, d_hidden, d_hidden);
-    float* d_ln = m.workspace(1, dn);
-    layers::linear_backward(m.gemm(), d, f, n, p + o.fc_w, s + at.ln2, d_hidden, g + o.fc_w, g + o.fc_b, d_ln);
-    float* d_mid = m.workspace(2, dn);
-    layers::layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid,
-                               g + o.ln2_w, g + o.ln2_b);
-    // Attention branch.
-    float* merged = m.workspace(3, dn);
-    layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, s + at.att, merged);
-    layers::linear_backward(m.gemm(), d, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, g + o.proj_b, d_ln);
-    float* d_att = merged;  // merged is no longer needed
-    layers::split_heads(batch.batch, batch.tokens, c.heads, hd, d, 0, d_ln, d_att);
-    float* d_heads = m.workspace(4, 3 * dn);
-    attention.backward(shape(c, batch), batch.positions, s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att,
-                       d_heads, d_heads + dn, d_heads + 2 * dn);
-    float* d_qkv = d_hidden;
-    for (int part = 0; part < 3; ++part)
-      layers::merge_heads(batch.batch, batch.tokens, c.heads, hd, 3 * d, part * d, d_heads + part * dn, d_qkv);
-    layers::linear_backward(m.gemm(), d, 3 * d, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
-    layers::layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din,
-                               g + o.ln1_w, g + o.ln1_b);
+  // dout and din may be the same buffer.
+  static void block_backward(const TransformerConfig& c, const BlockOffsets& o, const float* p, const TokenBatch& batch,
+                             const float* dout, float* din, const UnitActivations& saved, float* g,
+                             AttentionCore& attention) {
+    const BlockShape bs = model::block_shape(c, batch);
+    PEERTRAIN_CHECK(saved.buffer.size() == bs.saved().total, "block backward: saved activations hold ",
+                    saved.buffer.size(), " floats, this micro-batch needs ", bs.saved().total);
+    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
+    model::block_backward(ops, bs, o, p, saved.buffer.data(), dout, din, g);
   }
 
   // Floats that `unit` keeps for its backward; the blocks and the head keep their input first.
@@ -525,8 +439,8 @@ float Transformer::forward(int unit, std::span<const float> params, const TokenB
   }
   if (unit == num_units() - 1)
     return TransformerKernels<Impl>::head_forward(config_, m, params.data(), batch, in, saved, context, nullptr);
-  TransformerKernels<Impl>::block_forward(config_, m, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch, in,
-                                    out, saved, attention);
+  TransformerKernels<Impl>::block_forward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch,
+                                          in, out, saved, attention);
   return 0;
 }
 
@@ -542,8 +456,8 @@ void Transformer::backward(int unit, std::span<const float> params, const TokenB
   else if (unit == num_units() - 1)
     TransformerKernels<Impl>::head_backward(config_, m, params.data(), batch, din, saved, grads.data(), context);
   else
-    TransformerKernels<Impl>::block_backward(config_, m, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch,
-                                       dout, din, saved, grads.data(), attention);
+    TransformerKernels<Impl>::block_backward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
+                                             batch, dout, din, saved, grads.data(), attention);
 }
 
 float Transformer::forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads,

@@ -27,8 +27,10 @@
 #include <string>
 #include <thread>
 
+#include "peertrain/comm/failure_latch.h"
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/core/error.h"
+#include "peertrain/model/batch_slice.h"
 #include "peertrain/parallel/partitioner.h"
 
 namespace peertrain::parallel {
@@ -54,48 +56,13 @@ std::size_t pass_index(const PipelineOp& op, int microbatches) {
   return static_cast<std::size_t>(op.kind == PassKind::kBackward) * microbatches + op.microbatch;
 }
 
-// The first failure of a step; recording it aborts every group, so that workers blocked
-// on the failed one are released at once rather than at their timeouts.
-class FailureLatch {
- public:
-  void watch(comm::Group& group) { groups_.push_back(&group); }
-
-  void record(std::exception_ptr error, const std::string& where) {
-    std::string message;
-    ErrorKind kind = ErrorKind::kInternal;
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& e) {
-      kind = e.kind();
-      message = e.what();
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-      message = "an unknown exception";
-    }
-    {
-      std::lock_guard lock(mutex_);
-      if (first_) return;  // later failures are the echo of the first one's abort
-      first_ = std::make_exception_ptr(Error(kind, str(where, ": ", message)));
-    }
-    for (comm::Group* group : groups_) group->abort(str(where, " failed: ", message));
-  }
-
-  void rethrow() const {
-    if (first_) std::rethrow_exception(first_);
-  }
-
- private:
-  std::mutex mutex_;
-  std::exception_ptr first_;
-  std::vector<comm::Group*> groups_;
-};
-
 // The step's micro-batches as one sequence rank holds them.
 struct RankBatches {
-  std::vector<int> positions;
-  std::vector<std::vector<std::int32_t>> bytes, targets;  // gathered tokens when sp > 1
-  std::vector<model::TokenBatch> batches;
+  std::vector<int> positions;  // the rank's tokens (all of them when sp == 1)
+  std::vector<model::BatchSlice> slices;
+  const model::TokenBatch& operator[](int microbatch) const {
+    return slices[static_cast<std::size_t>(microbatch)].batch;
+  }
 };
 
 // What the workers of one step share.
@@ -114,7 +81,7 @@ struct StepShared {
   // next to a step.
   std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;     // [pp], sp ranks each
   std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;  // [sp], pp ranks each
-  FailureLatch failure;
+  comm::FailureLatch failure;
   std::latch start;  // so that every worker's clock starts together
 };
 
@@ -130,45 +97,23 @@ std::vector<int> rank_positions(int tokens, int sp, int rank, SequenceSplit spli
 void build_microbatches(const model::Transformer& model, const GlobalBatch& global, int microbatches,
                         RankBatches& rank) {
   const auto& c = model.config();
+  const bool gpt = c.kind == model::TransformerKind::kGpt;
+  std::vector<int> every(static_cast<std::size_t>(c.tokens()));
+  std::iota(every.begin(), every.end(), 0);
+  const model::TokenBatch whole{.batch = global.batch,
+                                .tokens = c.tokens(),
+                                .positions = every,
+                                .bytes = global.bytes,
+                                .pixels = global.pixels,
+                                .targets = gpt ? global.targets : global.labels,
+                                .loss_divisor = gpt ? static_cast<double>(global.batch) * c.seq : global.batch};
+  const bool all_tokens = rank.positions.size() == every.size();
   const int per = global.batch / microbatches;
-  const int held = static_cast<int>(rank.positions.size());
-  const bool whole = held == c.tokens();
-  rank.batches.assign(microbatches, {});
-  rank.bytes.resize(microbatches);
-  rank.targets.resize(microbatches);
-  for (int i = 0; i < microbatches; ++i) {
-    model::TokenBatch& tb = rank.batches[i];
-    tb.batch = per;
-    tb.tokens = held;
-    tb.positions = rank.positions;
-    if (c.kind == model::TransformerKind::kGpt) {
-      const std::size_t seq = c.seq, first = static_cast<std::size_t>(i) * per * seq;
-      tb.loss_divisor = static_cast<double>(global.batch) * c.seq;
-      if (whole) {
-        tb.bytes = global.bytes.subspan(first, per * seq);
-        tb.targets = global.targets.subspan(first, per * seq);
-        continue;
-      }
-      auto& bytes = rank.bytes[i];
-      auto& targets = rank.targets[i];
-      bytes.resize(static_cast<std::size_t>(per) * held);
-      targets.resize(bytes.size());
-      for (int b = 0; b < per; ++b)
-        for (int t = 0; t < held; ++t) {
-          const std::size_t from = first + b * seq + rank.positions[t], to = static_cast<std::size_t>(b) * held + t;
-          bytes[to] = global.bytes[from];
-          targets[to] = global.targets[from];
-        }
-      tb.bytes = bytes;
-      tb.targets = targets;
-    } else {
-      // vit: every rank holds whole images and embeds only the patches at its positions.
-      const std::size_t pixels = static_cast<std::size_t>(c.image) * c.image;
-      tb.loss_divisor = global.batch;
-      tb.pixels = global.pixels.subspan(static_cast<std::size_t>(i) * per * pixels, per * pixels);
-      tb.targets = global.labels.subspan(static_cast<std::size_t>(i) * per, per);
-    }
-  }
+  rank.slices.resize(static_cast<std::size_t>(microbatches));
+  for (int i = 0; i < microbatches; ++i)
+    model::slice_batch(c, whole, i * per, per,
+                       all_tokens ? std::span<const int>() : std::span<const int>(rank.positions),
+                       rank.slices[static_cast<std::size_t>(i)]);
 }
 
 // The parameter ranges a stage's backward adds into: its units', and the embedding's when
@@ -208,13 +153,13 @@ struct PipelineEngine::Worker {
 
   // The flat layout, so units write where they always do; only `ranges` are used, which
   // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
-  std::vector<float> grads;
+  AlignedVector<float> grads;
   std::vector<model::ParameterRange> ranges;
-  std::vector<float> received, scratch[2];
+  AlignedVector<float> received, scratch[2];
 
   // Buffers handed to isend, kept until the partner has taken them.
   struct Parcel {
-    std::vector<float> data;
+    AlignedVector<float> data;
     Work request;
   };
   std::vector<Parcel> outbox;
@@ -273,7 +218,7 @@ struct PipelineEngine::Worker {
         parcel.data.resize(floats);
         return parcel;
       }
-    outbox.push_back({std::vector<float>(floats), Work()});
+    outbox.push_back({AlignedVector<float>(floats), Work()});
     return outbox.back();
   }
 };
@@ -291,7 +236,7 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     grads.resize(model->num_parameters());
     for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
     const std::size_t floats =
-        static_cast<std::size_t>(model->config().d_model) * data.batches[0].batch * data.positions.size();
+        static_cast<std::size_t>(model->config().d_model) * data[0].batch * data.positions.size();
     received.resize(floats);
     scratch[0].resize(floats);
     scratch[1].resize(floats);
@@ -340,7 +285,7 @@ void PipelineEngine::Worker::forward(StepShared& step, int i) {
       const bool head = unit + 1 == step.units;
       const float* in = unit == 0 ? nullptr : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
       float* out = head ? nullptr : j + 1 == stage_units() ? parcel->data.data() : scratch[j % 2].data();
-      const float unit_loss = model->forward(unit, step.params, data.batches[i], in, out, slots[slot][j], context);
+      const float unit_loss = model->forward(unit, step.params, data[i], in, out, slots[slot][j], context);
       if (head) loss += unit_loss;
     }
   });
@@ -369,7 +314,7 @@ void PipelineEngine::Worker::backward(StepShared& step, int i) {
                           : j + 1 == stage_units()   ? received.data()
                                                      : scratch[(j + 1) % 2].data();
       float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
-      model->backward(unit, step.params, data.batches[i], dout, din, slots[slot][j], grads, context);
+      model->backward(unit, step.params, data[i], dout, din, slots[slot][j], grads, context);
     }
   });
   if (parcel) parcel->request = pipe->isend(stage - 1, backward_tag(i), parcel->data);
@@ -491,7 +436,7 @@ void PipelineEngine::plan(std::span<const float> params, const GlobalBatch& batc
   RankBatches sample;
   sample.positions = workers_[0]->data.positions;
   build_microbatches(model_, batch, config_.microbatches, sample);
-  unit_costs_ = profile_units(model_, params, sample.batches[0], config_.profile_repetitions);
+  unit_costs_ = profile_units(model_, params, sample[0], config_.profile_repetitions);
   first_units_ = partition(unit_costs_, config_.pp);
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "peertrain/comm/group.h"
+#include "peertrain/core/aligned.h"
 
 namespace peertrain::parallel::detail {
 
@@ -46,7 +47,7 @@ class Tracked {
 
  private:
   MemoryMeter& meter_;
-  std::vector<T> data_;
+  AlignedVector<T> data_;  // Eigen reads it: core/aligned.h
 };
 
 // Memory allocated elsewhere on a call's behalf (the block kernels' score tiles, at the

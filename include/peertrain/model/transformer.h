@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "peertrain/core/aligned.h"
 #include "peertrain/core/parameter_store.h"
 #include "peertrain/model/attention.h"
 
@@ -36,6 +37,8 @@ class Group;
 }
 
 namespace peertrain::model {
+
+struct TransformerLayout;  // model/transformer_layout.h
 
 enum class TransformerKind { kGpt, kVit };
 
@@ -70,11 +73,15 @@ struct TokenBatch {
   double loss_divisor = 1;  // the number of targets of the whole step, over every rank and micro-batch
 };
 
+// Bad input at the model's boundary (the CPU and the device models both call it): throws
+// kInvalidArgument naming the field, the index and the expected range.
+void check_batch(const TransformerConfig& config, const TokenBatch& batch);
+
 // What one unit keeps from forward for its backward, for one micro-batch. Reused between
 // micro-batches without reallocation once large enough.
 struct UnitActivations {
-  std::vector<float> buffer;
-  std::vector<float> scratch;  // not needed after forward; excluded from activation_bytes()
+  AlignedVector<float> buffer;   // at Eigen's alignment: see core/aligned.h
+  AlignedVector<float> scratch;  // not needed after forward; excluded from activation_bytes()
   std::size_t activation_bytes() const { return buffer.size() * sizeof(float); }
 };
 
@@ -109,6 +116,8 @@ class Transformer {
   int num_units() const { return config_.layers + 2; }
   ParameterRange unit_parameters(int unit) const;
   std::string unit_name(int unit) const;  // "embedding", "block 3", "head"
+  // Where each tensor lives in the flat buffer (model/transformer_layout.h).
+  const TransformerLayout& layout() const;
 
   // Names and shapes in buffer order, e.g. "wte" (d × vocab), "wpe" (d × seq),
   // "h0.ln1.weight" (d × 1), "h0.attn.qkv.weight" (3d × d), … — documented in the .cpp and

@@ -1,0 +1,109 @@
+// One pre-norm transformer block, x + Attn(LN1(x)) then x + MLP(LN2(x)), forward and
+// backward, written once over a backend of operations. The CPU model (Eigen, layers.h) and
+// the device model (CUDA kernels, or their CPU emulator) each supply a backend, so the
+// order of the thirteen operations, what is saved and the scratch they share exist in one
+// place and the two models are serial twins by construction.
+//
+// A backend `Ops` provides, every matrix column-major with one column per held token
+// (n = batch·tokens):
+//   float* scratch(int slot, std::size_t floats)   slots 0..4, reused between calls
+//   void copy(float* dst, const float* src, std::size_t floats)
+//   void layernorm_forward(d, n, x, gamma, beta, y, mean, rstd)
+//   void layernorm_backward(d, n, x, mean, rstd, gamma, dy, dresidual_or_null, dx, dgamma, dbeta)
+//   void linear_forward(in, out, n, w, b, x, y)                  y = W·x + b
+//   void linear_residual_forward(in, out, n, w, b, x, r, y)      y = r + W·x + b
+//   void linear_backward(in, out, n, w, x, dy, dw, db, dx)       dW += dy·xᵀ, db += Σ dy, dx = Wᵀ·dy
+//   void split_heads(batch, tokens, heads, head_dim, rows, row_offset, x, heads_out)
+//   void merge_heads(batch, tokens, heads, head_dim, rows, row_offset, heads_in, x)
+//   void gelu_forward(count, h, g), gelu_backward(count, h, dg, dh)
+//   void attention_forward(q, k, v, out, lse)                    for the batch it was made for
+//   void attention_backward(q, k, v, out, lse, dout, dq, dk, dv)  overwrites dq, dk, dv
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "peertrain/model/transformer_layout.h"
+
+namespace peertrain::model {
+
+struct BlockShape {
+  int batch = 0;   // sequences (or images)
+  int tokens = 0;  // held tokens of each
+  int heads = 0;
+  int d_model = 0;
+  int hidden = 0;  // the MLP's width, mlp_ratio·d_model
+  std::size_t columns() const { return static_cast<std::size_t>(batch) * tokens; }
+  BlockSaved saved() const { return block_saved(d_model, hidden, heads, columns()); }
+};
+
+inline BlockShape block_shape(const TransformerConfig& config, const TokenBatch& batch) {
+  return {.batch = batch.batch,
+          .tokens = batch.tokens,
+          .heads = config.heads,
+          .d_model = config.d_model,
+          .hidden = config.mlp_ratio * config.d_model};
+}
+
+// in: d × n (may be saved + x_in, which saves the copy). saved: saved().total floats.
+template <class Ops>
+void block_forward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* in,
+                   float* saved, float* out) {
+  const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
+  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const BlockSaved at = shape.saved();
+  float* s = saved;
+  if (in != s + at.x_in) ops.copy(s + at.x_in, in, dn);
+  ops.layernorm_forward(d, n, s + at.x_in, p + o.ln1_w, p + o.ln1_b, s + at.ln1, s + at.mean1, s + at.rstd1);
+  float* qkv = ops.scratch(0, 3 * dn);
+  ops.linear_forward(d, 3 * d, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
+  ops.split_heads(B, T, H, hd, 3 * d, 0, qkv, s + at.q);
+  ops.split_heads(B, T, H, hd, 3 * d, d, qkv, s + at.k);
+  ops.split_heads(B, T, H, hd, 3 * d, 2 * d, qkv, s + at.v);
+  ops.attention_forward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse);
+  float* merged = ops.scratch(1, dn);
+  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
+  ops.linear_residual_forward(d, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
+  ops.layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
+  ops.linear_forward(d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
+  ops.gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
+  ops.linear_residual_forward(f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
+}
+
+// ADDS the block's parameter gradients into g and writes din. dout and din may be the same
+// buffer: dout is last read before din is first written.
+template <class Ops>
+void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
+                    const float* dout, float* din, float* g) {
+  const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
+  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const BlockSaved at = shape.saved();
+  const float* s = saved;
+  // MLP branch.
+  float* d_hidden = ops.scratch(0, static_cast<std::size_t>(std::max(f, 3 * d)) * n);
+  ops.linear_backward(f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, g + o.fc2_b, d_hidden);
+  ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, d_hidden, d_hidden);
+  float* d_ln = ops.scratch(1, dn);
+  ops.linear_backward(d, f, n, p + o.fc_w, s + at.ln2, d_hidden, g + o.fc_w, g + o.fc_b, d_ln);
+  float* d_mid = ops.scratch(2, dn);
+  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid, g + o.ln2_w,
+                         g + o.ln2_b);
+  // Attention branch.
+  float* merged = ops.scratch(3, dn);
+  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
+  ops.linear_backward(d, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, g + o.proj_b, d_ln);
+  float* d_att = merged;  // merged is no longer needed
+  ops.split_heads(B, T, H, hd, d, 0, d_ln, d_att);
+  float* d_heads = ops.scratch(4, 3 * dn);
+  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + dn,
+                         d_heads + 2 * dn);
+  float* d_qkv = d_hidden;
+  for (int part = 0; part < 3; ++part) ops.merge_heads(B, T, H, hd, 3 * d, part * d, d_heads + part * dn, d_qkv);
+  ops.linear_backward(d, 3 * d, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
+  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din, g + o.ln1_w,
+                         g + o.ln1_b);
+}
+
+}  // namespace peertrain::model
