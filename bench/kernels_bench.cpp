@@ -16,8 +16,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/ops.h"
+#include "peertrain/kernels/device.h"
+#include "peertrain/kernels/ops.h"
 
 namespace {
 

@@ -5,9 +5,12 @@ add_library(peertrain_nccl STATIC
   ${PROJECT_SOURCE_DIR}/src/comm/nccl_group.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/nccl_member.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/nccl_progress.cpp)
+add_library(peertrain::nccl ALIAS peertrain_nccl)
+set_target_properties(peertrain_nccl PROPERTIES EXPORT_NAME nccl)
 # nccl.h is private: include/peertrain/comm/nccl_group.h keeps CUDA and NCCL types out.
 target_include_directories(peertrain_nccl PRIVATE ${NCCL_INCLUDE_DIR})
-target_link_libraries(peertrain_nccl PUBLIC peertrain_lib PRIVATE CUDA::cudart ${NCCL_LIBRARY})
+target_link_libraries(peertrain_nccl PUBLIC peertrain::comm PRIVATE CUDA::cudart ${NCCL_LIBRARY})
+install(TARGETS peertrain_nccl EXPORT peertrainTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
 if(PEERTRAIN_TESTS)
   include(GoogleTest)

@@ -9,7 +9,7 @@
 #include "peertrain/config.h"
 #include "peertrain/core/error.h"
 #if PEERTRAIN_HAVE_CUDA
-#include "../device/device_transformer.h"
+#include "peertrain/device/device_transformer.h"
 #include "peertrain/model/device_model.h"
 #endif
 

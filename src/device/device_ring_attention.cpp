@@ -1,4 +1,4 @@
-#include "device_ring_attention.h"
+#include "peertrain/device/device_ring_attention.h"
 
 #include <cstring>
 #include <span>

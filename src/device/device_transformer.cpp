@@ -1,13 +1,13 @@
-#include "device_transformer.h"
+#include "peertrain/device/device_transformer.h"
 
-#include "device_ring_attention.h"
+#include "peertrain/device/device_ring_attention.h"
 
 #include <array>
 #include <cstring>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/ops.h"
+#include "peertrain/kernels/device.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/comm/group.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/block_composition.h"

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "device_transformer.h"
-#include "kernels/device.h"
+#include "peertrain/device/device_transformer.h"
+#include "peertrain/kernels/device.h"
 #include "peertrain/comm/failure_latch.h"
 #include "peertrain/config.h"
 #include "peertrain/core/error.h"

@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "../../src/device/device_ring_attention.h"
-#include "kernels/device.h"
+#include "peertrain/device/device_ring_attention.h"
+#include "peertrain/kernels/device.h"
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/model/attention.h"
 #include "peertrain/parallel/ring_attention.h"

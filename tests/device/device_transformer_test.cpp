@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "../../src/device/device_transformer.h"
-#include "kernels/device.h"
+#include "peertrain/device/device_transformer.h"
+#include "peertrain/kernels/device.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/transformer.h"
 

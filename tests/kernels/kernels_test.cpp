@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "../../src/model/layers.h"
-#include "kernels/device.h"
-#include "kernels/ops.h"
+#include "peertrain/kernels/device.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/attention.h"
 #include "peertrain/train/optimizer.h"

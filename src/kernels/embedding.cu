@@ -1,8 +1,8 @@
 // The byte embedding: a gather forward, a scatter-add backward. Columns that share a byte
 // or a position add into the same gradient column, hence the atomics (their order varies,
 // so the gradient does in its last bits; the tolerance in NOTES.md allows for it).
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 namespace {
@@ -35,8 +35,8 @@ __global__ void embedding_backward_kernel(int d, int tokens, std::size_t count, 
 
 }  // namespace
 
-void token_embedding_forward(Stream stream, int d, int batch, int tokens, const std::int32_t* ids,
-                             const int* positions, const float* wte, const float* wpe, float* out) {
+void token_embedding_forward(Stream stream, int d, int batch, int tokens, const std::int32_t* ids, const int* positions,
+                             const float* wte, const float* wpe, float* out) {
   const std::size_t count = static_cast<std::size_t>(d) * batch * tokens;
   if (count == 0) return;
   PT_LAUNCH(embedding_forward_kernel, detail::grid_for(count, kThreads), kThreads, 0, stream, d, tokens, count, ids,

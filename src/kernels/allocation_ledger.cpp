@@ -1,10 +1,10 @@
-#include "kernels/allocation_ledger.h"
+#include "allocation_ledger.h"
 
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
 
-#include "kernels/device.h"
+#include "peertrain/kernels/device.h"
 
 namespace peertrain::kernels {
 namespace {

@@ -12,8 +12,8 @@
 // ranks, receives first on odd ones), which is what NCCL's in-order matching needs.
 #pragma once
 
-#include "kernels/device.h"
-#include "kernels/ops.h"
+#include "peertrain/kernels/device.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/comm/group.h"
 
 namespace peertrain::device {
@@ -24,8 +24,8 @@ class DeviceRingAttention {
 
   // dims.tq = dims.tk = this rank's tokens. positions: device, this rank's global
   // positions (ascending). Writes out and lse (whole-sequence attention of the local queries).
-  void forward(const kernels::AttentionDims& dims, const int* positions, const float* q, const float* k,
-               const float* v, float* out, float* lse);
+  void forward(const kernels::AttentionDims& dims, const int* positions, const float* q, const float* k, const float* v,
+               float* out, float* lse);
   // Overwrites dq, dk, dv of the local tokens.
   void backward(const kernels::AttentionDims& dims, const int* positions, const float* q, const float* k,
                 const float* v, const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv);

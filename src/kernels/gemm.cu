@@ -3,8 +3,8 @@
 // layout serves every precision and the CPU twin is the same call in model::Gemm.
 #include <cublas_v2.h>
 
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
@@ -17,9 +17,12 @@ void check(cublasStatus_t status, const char* call) {
 
 cublasComputeType_t compute_type(GemmPrecision precision) {
   switch (precision) {
-    case GemmPrecision::kTf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case GemmPrecision::kBf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
-    case GemmPrecision::kFp32: break;
+    case GemmPrecision::kTf32:
+      return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case GemmPrecision::kBf16:
+      return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case GemmPrecision::kFp32:
+      break;
   }
   return CUBLAS_COMPUTE_32F;
 }
@@ -45,11 +48,11 @@ void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
     if (!accumulate) zero(c, sizeof(float) * static_cast<std::size_t>(m) * n, stream_);
     return;
   }
-  check(cublasGemmEx(static_cast<cublasHandle_t>(handle_), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, trans_a ? k : m, b,
-                     CUDA_R_32F, trans_b ? n : k, &beta, c, CUDA_R_32F, m, compute_type(precision_),
-                     CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
+  check(
+      cublasGemmEx(static_cast<cublasHandle_t>(handle_), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, trans_a ? k : m, b, CUDA_R_32F,
+                   trans_b ? n : k, &beta, c, CUDA_R_32F, m, compute_type(precision_), CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
 }
 
 }  // namespace peertrain::kernels

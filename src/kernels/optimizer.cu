@@ -2,8 +2,8 @@
 // that a device run follows the CPU trajectory to rounding.
 #include <cmath>
 
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 namespace {

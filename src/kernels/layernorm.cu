@@ -2,8 +2,8 @@
 // variance are warp reductions with no shared memory. The parameter gradients reduce
 // across columns instead, one thread per feature over a chunk of columns, added
 // atomically chunk by chunk.
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 namespace {
@@ -38,8 +38,7 @@ __global__ void layernorm_forward_kernel(int d, int n, const float* x, const flo
 }
 
 __global__ void layernorm_backward_input_kernel(int d, int n, const float* x, const float* mean, const float* rstd,
-                                                const float* gamma, const float* dy, const float* residual,
-                                                float* dx) {
+                                                const float* gamma, const float* dy, const float* residual, float* dx) {
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarp;
   const int j = static_cast<int>(blockIdx.x * (blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp);
   if (j >= n) return;
@@ -96,8 +95,7 @@ void layernorm_backward(Stream stream, int d, int n, const float* x, const float
                         float* dbeta) {
   if (n == 0) return;
   const dim3 params_grid((d + kThreads - 1) / kThreads, (n + kColumnsPerChunk - 1) / kColumnsPerChunk);
-  PT_LAUNCH(layernorm_backward_params_kernel, params_grid, kThreads, 0, stream, d, n, x, mean, rstd, dy, dgamma,
-            dbeta);
+  PT_LAUNCH(layernorm_backward_params_kernel, params_grid, kThreads, 0, stream, d, n, x, mean, rstd, dy, dgamma, dbeta);
   detail::check_launch("layernorm_backward (parameters)");
   PT_LAUNCH(layernorm_backward_input_kernel, column_blocks(n), kThreads, 0, stream, d, n, x, mean, rstd, gamma, dy,
             residual, dx);

@@ -11,8 +11,8 @@
 // head_dim is a template parameter so the per-thread vectors stay in registers.
 #include <climits>
 
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
@@ -37,10 +37,9 @@ __device__ __forceinline__ void load_key_tile(int k0, int tk, const float* k_row
 }
 
 template <int D>
-__global__ void __launch_bounds__(kTile) attention_forward_kernel(int tq, int tk, bool causal, float scale,
-                                                                  const float* q, const int* q_positions,
-                                                                  const float* k, const float* v,
-                                                                  const int* k_positions, float* out, float* lse) {
+__global__ void __launch_bounds__(kTile)
+    attention_forward_kernel(int tq, int tk, bool causal, float scale, const float* q, const int* q_positions,
+                             const float* k, const float* v, const int* k_positions, float* out, float* lse) {
   __shared__ float k_tile[kTile * D];
   __shared__ float v_tile[kTile * D];
   __shared__ int k_pos[kTile];
@@ -131,12 +130,10 @@ __global__ void attention_delta_kernel(std::size_t count, int head_dim, const fl
 }
 
 template <int D>
-__global__ void __launch_bounds__(kTile) attention_backward_dq_kernel(int tq, int tk, bool causal, float scale,
-                                                                      const float* q, const int* q_positions,
-                                                                      const float* k, const float* v,
-                                                                      const int* k_positions, const float* lse,
-                                                                      const float* delta, const float* dout,
-                                                                      float* dq) {
+__global__ void __launch_bounds__(kTile)
+    attention_backward_dq_kernel(int tq, int tk, bool causal, float scale, const float* q, const int* q_positions,
+                                 const float* k, const float* v, const int* k_positions, const float* lse,
+                                 const float* delta, const float* dout, float* dq) {
   __shared__ float k_tile[kTile * D];
   __shared__ float v_tile[kTile * D];
   __shared__ int k_pos[kTile];
@@ -179,12 +176,10 @@ __global__ void __launch_bounds__(kTile) attention_backward_dq_kernel(int tq, in
 }
 
 template <int D>
-__global__ void __launch_bounds__(kTile) attention_backward_dkdv_kernel(int tq, int tk, bool causal, float scale,
-                                                                        const float* q, const int* q_positions,
-                                                                        const float* k, const float* v,
-                                                                        const int* k_positions, const float* lse,
-                                                                        const float* delta, const float* dout,
-                                                                        float* dk, float* dv) {
+__global__ void __launch_bounds__(kTile)
+    attention_backward_dkdv_kernel(int tq, int tk, bool causal, float scale, const float* q, const int* q_positions,
+                                   const float* k, const float* v, const int* k_positions, const float* lse,
+                                   const float* delta, const float* dout, float* dk, float* dv) {
   __shared__ float q_tile[kTile * D];
   __shared__ float do_tile[kTile * D];
   __shared__ int q_pos[kTile];
@@ -248,8 +243,8 @@ __global__ void __launch_bounds__(kTile) attention_backward_dkdv_kernel(int tq, 
 
 void check_dims(const AttentionDims& dims, const char* what) {
   if (!attention_supports(dims.head_dim))
-    throw Error(ErrorKind::kInvalidArgument,
-                str(what, ": head_dim ", dims.head_dim, " is not supported on the GPU (16, 32 or 64; d_model / heads)"));
+    throw Error(ErrorKind::kInvalidArgument, str(what, ": head_dim ", dims.head_dim,
+                                                 " is not supported on the GPU (16, 32 or 64; d_model / heads)"));
   if (dims.rows < 0 || dims.tq < 0 || dims.tk < 0)
     throw Error(ErrorKind::kInvalidArgument,
                 str(what, ": bad shape rows ", dims.rows, " tq ", dims.tq, " tk ", dims.tk));
@@ -283,8 +278,8 @@ float score_scale(int head_dim) { return 1.0f / sqrtf(static_cast<float>(head_di
 
 bool attention_supports(int head_dim) { return head_dim == 16 || head_dim == 32 || head_dim == 64; }
 
-void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions,
-                       const float* k, const float* v, const int* k_positions, float* out, float* lse) {
+void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions, const float* k,
+                       const float* v, const int* k_positions, float* out, float* lse) {
   check_dims(dims, "attention_forward");
   if (dims.rows == 0 || dims.tq == 0) return;
   if (dims.tk == 0) {  // nothing to attend to: out 0, lse −inf, as for a fully masked query
@@ -296,9 +291,15 @@ void attention_forward(Stream stream, const AttentionDims& dims, const float* q,
   }
   const float scale = score_scale(dims.head_dim);
   switch (dims.head_dim) {
-    case 16: forward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse); break;
-    case 32: forward_typed<32>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse); break;
-    default: forward_typed<64>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse); break;
+    case 16:
+      forward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+      break;
+    case 32:
+      forward_typed<32>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+      break;
+    default:
+      forward_typed<64>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+      break;
   }
   detail::check_launch("attention_forward");
 }
@@ -321,8 +322,8 @@ void attention_backward_delta(Stream stream, int rows, int tq, int head_dim, con
 }
 
 void attention_backward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions,
-                        const float* k, const float* v, const int* k_positions, const float* lse,
-                        const float* delta, const float* dout, float* dq, float* dk, float* dv) {
+                        const float* k, const float* v, const int* k_positions, const float* lse, const float* delta,
+                        const float* dout, float* dq, float* dk, float* dv) {
   check_dims(dims, "attention_backward");
   if (dims.rows == 0 || dims.tq == 0 || dims.tk == 0) return;
   const float scale = score_scale(dims.head_dim);

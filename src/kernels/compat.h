@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "kernels/device.h"
+#include "peertrain/kernels/device.h"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -24,7 +24,7 @@ void check_launch(const char* kernel);
 }  // namespace peertrain::kernels::detail
 
 #else
-#include "kernels/emulator.h"
+#include "emulator.h"
 
 #define PT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   ((void)(stream), ::peertrain::kernels::emulator::launch(dim3(grid), dim3(block), (shared_bytes), kernel, __VA_ARGS__))

@@ -2,7 +2,7 @@
 // (the tests compare the emulated kernels with the CPU path at float32 tolerances).
 #include <Eigen/Core>
 
-#include "kernels/ops.h"
+#include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 

@@ -1,7 +1,7 @@
 // Softmax cross-entropy, one warp per column of logits (classes contiguous): max and
 // argmax, the sum of exponentials, then the gradient written over the logits in place.
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 namespace {

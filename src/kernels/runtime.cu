@@ -1,8 +1,8 @@
 // The device interface over the CUDA runtime.
 #include <cuda_runtime.h>
 
-#include "kernels/allocation_ledger.h"
-#include "kernels/compat.h"
+#include "allocation_ledger.h"
+#include "compat.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
@@ -11,8 +11,8 @@ namespace {
 void check(cudaError_t status, const char* call, const char* what = "") {
   if (status == cudaSuccess) return;
   cudaGetLastError();  // clear a sticky launch error so the next call reports its own
-  throw Error(ErrorKind::kInternal, str("CUDA ", call, what[0] ? " (" : "", what, what[0] ? ")" : "", ": ",
-                                        cudaGetErrorString(status)));
+  throw Error(ErrorKind::kInternal,
+              str("CUDA ", call, what[0] ? " (" : "", what, what[0] ? ")" : "", ": ", cudaGetErrorString(status)));
 }
 
 cudaStream_t raw(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
@@ -112,6 +112,5 @@ void copy_on_device(void* to, const void* from, std::size_t bytes, Stream stream
 void zero(void* device, std::size_t bytes, Stream stream) {
   if (bytes > 0) check(cudaMemsetAsync(device, 0, bytes, raw(stream)), "cudaMemsetAsync");
 }
-
 
 }  // namespace peertrain::kernels

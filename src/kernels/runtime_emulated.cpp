@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/allocation_ledger.h"
-#include "kernels/device.h"
+#include "allocation_ledger.h"
+#include "peertrain/kernels/device.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
@@ -23,9 +23,7 @@ void* allocate(std::size_t bytes, const char* what) {
 int device_count() { return 1; }
 bool emulated() { return true; }
 std::string device_name(int) { return "CPU emulator"; }
-void set_device(int device) {
-  PEERTRAIN_CHECK(device == 0, "the emulator has one device, not device ", device);
-}
+void set_device(int device) { PEERTRAIN_CHECK(device == 0, "the emulator has one device, not device ", device); }
 Stream create_stream() { return {}; }
 void destroy_stream(Stream) {}
 void synchronize(Stream) {}

@@ -1,4 +1,4 @@
-#include "kernels/emulator.h"
+#include "emulator.h"
 
 #include <atomic>
 #include <barrier>

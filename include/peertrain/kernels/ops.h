@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/device.h"
+#include "peertrain/kernels/device.h"
 
 namespace peertrain::kernels {
 
@@ -25,8 +25,7 @@ class Blas {
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c,
-            bool accumulate);
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c, bool accumulate);
   Stream stream() const { return stream_; }
   GemmPrecision precision() const { return precision_; }
 
@@ -57,8 +56,8 @@ void layernorm_backward(Stream stream, int d, int n, const float* x, const float
 
 // --- token embedding ---------------------------------------------------------------------
 // out[:, b·tokens + t] = wte[:, ids[b·tokens + t]] + wpe[:, positions[t]].
-void token_embedding_forward(Stream stream, int d, int batch, int tokens, const std::int32_t* ids,
-                             const int* positions, const float* wte, const float* wpe, float* out);
+void token_embedding_forward(Stream stream, int d, int batch, int tokens, const std::int32_t* ids, const int* positions,
+                             const float* wte, const float* wpe, float* out);
 // dwte and dwpe accumulate (atomically: columns that share a byte or a position add up).
 void token_embedding_backward(Stream stream, int d, int batch, int tokens, const std::int32_t* ids,
                               const int* positions, const float* dout, float* dwte, float* dwpe);
@@ -92,8 +91,8 @@ struct AttentionDims {
 };
 bool attention_supports(int head_dim);
 // out and lse of this block alone: a query that sees no key gets out 0, lse −inf.
-void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions,
-                       const float* k, const float* v, const int* k_positions, float* out, float* lse);
+void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions, const float* k,
+                       const float* v, const int* k_positions, float* out, float* lse);
 // Merges a block's (out, lse) into the running (out, lse) by log-sum-exp, the
 // ring-flash-attention merge: out ← out·e^(lse−l) + block·e^(block_lse−l), l = log(e^lse + e^block_lse).
 void attention_merge(Stream stream, int rows, int tq, int head_dim, float* out, float* lse, const float* block_out,
@@ -104,8 +103,8 @@ void attention_backward_delta(Stream stream, int rows, int tq, int head_dim, con
 // Adds this key/value block's share to dq, dk and dv, recomputing the scores from the
 // saved (whole-sequence) lse; they are not cleared.
 void attention_backward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions,
-                        const float* k, const float* v, const int* k_positions, const float* lse,
-                        const float* delta, const float* dout, float* dq, float* dk, float* dv);
+                        const float* k, const float* v, const int* k_positions, const float* lse, const float* delta,
+                        const float* dout, float* dq, float* dk, float* dv);
 
 // --- optimizer updates (train/optimizer.h's rules) ------------------------------------
 // v ← momentum·v + (g + wd·p); update = lr·v, or p −= lr·v when update is null.

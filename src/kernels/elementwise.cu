@@ -1,7 +1,7 @@
 // Memory-bound kernels: one pass, each element read and written once, grid-stride loops
 // of 256 threads so one launch covers any size.
-#include "kernels/compat.h"
-#include "kernels/ops.h"
+#include "compat.h"
+#include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
@@ -50,8 +50,8 @@ __global__ void gelu_backward_kernel(std::size_t count, const float* x, const fl
 }
 
 // Element e of head h of token t of sequence b; to_heads picks the direction.
-__global__ void heads_kernel(int batch, int tokens, int heads, int head_dim, int rows, int row_offset, const float* from,
-                             float* to, bool to_heads) {
+__global__ void heads_kernel(int batch, int tokens, int heads, int head_dim, int rows, int row_offset,
+                             const float* from, float* to, bool to_heads) {
   const std::size_t count = static_cast<std::size_t>(batch) * tokens * heads * head_dim;
   for (std::size_t i = first_index(); i < count; i += grid_stride()) {
     // i walks the token layout's order (e fastest, then h, t, b), so its side is coalesced.
