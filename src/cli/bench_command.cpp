@@ -216,29 +216,28 @@ int step(int argc, char** argv) {
   cxxopts::Options options("peertrain bench step",
                            "Time one training step (forward, backward, optimizer step) on random data, after a "
                            "warm-up, next to Eigen's GEMM rate.");
-  options.add_options()
-      ("model", "mlp | gpt | vit", cxxopts::value<std::string>()->default_value("mlp"))
-      ("batch", "examples (sequences, images) per step", cxxopts::value<std::string>()->default_value("128"))
-      ("threads", "Eigen threads (OpenMP)", cxxopts::value<std::string>()->default_value("1"))
-      ("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))
-      ("inputs", "mlp: input features", cxxopts::value<std::string>()->default_value("784"))
-      ("classes", "mlp: classes", cxxopts::value<std::string>()->default_value("10"))
-      ("d-model", "gpt/vit: width", cxxopts::value<std::string>()->default_value("128"))
-      ("layers", "gpt/vit: blocks", cxxopts::value<std::string>()->default_value("4"))
-      ("heads", "gpt/vit: attention heads", cxxopts::value<std::string>()->default_value("4"))
-      ("seq", "gpt: context length", cxxopts::value<std::string>()->default_value("256"))
-      ("patch", "vit: patch side", cxxopts::value<std::string>()->default_value("7"))
-      ("sp", "gpt/vit: sequence ranks", cxxopts::value<std::string>()->default_value("1"))
-      ("pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))
-      ("microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))
-      ("schedule", "gpipe | 1f1b", cxxopts::value<std::string>()->default_value("1f1b"))
-      ("device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
-       cxxopts::value<std::string>())
-      ("gemm-precision", "--device cuda: fp32 | tf32 | bf16", cxxopts::value<std::string>()->default_value("tf32"))
-      ("steps", "timed steps", cxxopts::value<std::string>()->default_value("20"))
-      ("warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("3"))
-      ("format", "text | json", cxxopts::value<std::string>()->default_value("text"))
-      ("h,help", "show this help");
+  options.add_options()("model", "mlp | gpt | vit", cxxopts::value<std::string>()->default_value("mlp"))(
+      "batch", "examples (sequences, images) per step", cxxopts::value<std::string>()->default_value("128"))(
+      "threads", "Eigen threads (OpenMP)", cxxopts::value<std::string>()->default_value("1"))(
+      "hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
+      "inputs", "mlp: input features", cxxopts::value<std::string>()->default_value("784"))(
+      "classes", "mlp: classes", cxxopts::value<std::string>()->default_value("10"))(
+      "d-model", "gpt/vit: width", cxxopts::value<std::string>()->default_value("128"))(
+      "layers", "gpt/vit: blocks", cxxopts::value<std::string>()->default_value("4"))(
+      "heads", "gpt/vit: attention heads", cxxopts::value<std::string>()->default_value("4"))(
+      "seq", "gpt: context length", cxxopts::value<std::string>()->default_value("256"))(
+      "patch", "vit: patch side", cxxopts::value<std::string>()->default_value("7"))(
+      "sp", "gpt/vit: sequence ranks", cxxopts::value<std::string>()->default_value("1"))(
+      "pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))(
+      "microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))(
+      "schedule", "gpipe | 1f1b | zb-h1 | zb-h2 (interleaved, zb-v, v-half: bench schedule)",
+      cxxopts::value<std::string>()->default_value("1f1b"))(
+      "device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
+      cxxopts::value<std::string>())("gemm-precision", "--device cuda: fp32 | tf32 | bf16",
+                                     cxxopts::value<std::string>()->default_value("tf32"))(
+      "steps", "timed steps", cxxopts::value<std::string>()->default_value("20"))(
+      "warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("3"))(
+      "format", "text | json", cxxopts::value<std::string>()->default_value("text"))("h,help", "show this help");
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
 
@@ -316,10 +315,12 @@ int step(int argc, char** argv) {
 int run_bench(int argc, char** argv) {
   auto usage = [] {
     std::printf(
-        "usage: peertrain bench step [options]\n\n"
+        "usage: peertrain bench step|schedule [options]\n\n"
         "  step --model mlp --batch 128 --threads 1 [--hidden 512,512] [--steps N] [--format text|json]\n"
         "  step --model gpt --batch 8 --seq 256 --d-model 128 --layers 4 --heads 4 [--sp S --pp P]\n"
-        "       time one training step and compare its GFLOP/s with Eigen's GEMM\n");
+        "       time one training step and compare its GFLOP/s with Eigen's GEMM\n"
+        "  schedule --pp 4 --microbatches 8 [--schedule all|NAME] [--times F,B,W] [--timeline] [--format table|json]\n"
+        "       replay the pipeline schedules: bubble and peak memory against the papers'\n");
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     usage();
@@ -327,7 +328,8 @@ int run_bench(int argc, char** argv) {
   }
   const std::string sub = argv[1];
   if (sub == "step") return step(argc - 1, argv + 1);
-  std::fprintf(stderr, "error: unknown bench command '%s'; expected step\n", sub.c_str());
+  if (sub == "schedule") return bench_schedule(argc - 1, argv + 1);
+  std::fprintf(stderr, "error: unknown bench command '%s'; expected step or schedule\n", sub.c_str());
   return 2;
 }
 

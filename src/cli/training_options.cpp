@@ -148,28 +148,33 @@ void add_training_options(cxxopts::Options& options) {
       ("secret-file", "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
                       "join or inject frames (make one: peertrain keygen run.key)",
        cxxopts::value<std::string>());
-  options.add_options("transformer (gpt, vit)")
-      ("d-model", "width of the residual stream", cxxopts::value<std::string>()->default_value("128"))
-      ("layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))
-      ("heads", "attention heads (must divide --d-model)", cxxopts::value<std::string>()->default_value("4"))
-      ("seq", "gpt: context length in bytes", cxxopts::value<std::string>()->default_value("256"))
-      ("patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)", cxxopts::value<std::string>()->default_value("7"))
-      ("tied-head", "gpt: the LM head reuses the byte embedding")
-      ("sp", "sequence-parallel ranks per stage (ring self-attention)", cxxopts::value<std::string>()->default_value("1"))
-      ("pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))
-      ("microbatches", "micro-batches per step (must divide --batch)", cxxopts::value<std::string>()->default_value("1"))
-      ("schedule", "gpipe | 1f1b", cxxopts::value<std::string>()->default_value("1f1b"))
-      ("stages", "units per stage by hand, e.g. 3,3 (units: embedding, each block, head); default: profiled",
-       cxxopts::value<std::string>())
-      ("sequence-split", "zigzag | contiguous", cxxopts::value<std::string>()->default_value("zigzag"))
-      ("ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",
-       cxxopts::value<std::string>()->default_value("ring"))
-      ("worker-timeout", "seconds a worker thread waits for another", cxxopts::value<std::string>()->default_value("60"))
-      ("device", "cpu | cuda: where gpt computes its gradient (default: cuda when the build has CUDA and the run "
-                 "is gpt with --pp 1 and a GPU for each --sp rank, else cpu)",
-       cxxopts::value<std::string>())
-      ("gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
-       cxxopts::value<std::string>()->default_value("tf32"));
+  options.add_options("transformer (gpt, vit)")("d-model", "width of the residual stream",
+                                                cxxopts::value<std::string>()->default_value("128"))(
+      "layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))(
+      "heads", "attention heads (must divide --d-model)", cxxopts::value<std::string>()->default_value("4"))(
+      "seq", "gpt: context length in bytes", cxxopts::value<std::string>()->default_value("256"))(
+      "patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)", cxxopts::value<std::string>()->default_value("7"))(
+      "tied-head", "gpt: the LM head reuses the byte embedding")(
+      "sp", "sequence-parallel ranks per stage (ring self-attention)",
+      cxxopts::value<std::string>()->default_value("1"))("pp", "pipeline stages",
+                                                         cxxopts::value<std::string>()->default_value("1"))(
+      "microbatches", "micro-batches per step (must divide --batch)",
+      cxxopts::value<std::string>()->default_value("1"))(
+      "schedule", "gpipe | 1f1b | zb-h1 | zb-h2 (interleaved, zb-v, v-half: bench schedule)",
+      cxxopts::value<std::string>()->default_value("1f1b"))(
+      "stages", "units per stage by hand, e.g. 3,3 (units: embedding, each block, head); default: profiled",
+      cxxopts::value<std::string>())("sequence-split", "zigzag | contiguous",
+                                     cxxopts::value<std::string>()->default_value("zigzag"))(
+      "ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",
+      cxxopts::value<std::string>()->default_value("ring"))("worker-timeout",
+                                                            "seconds a worker thread waits for another",
+                                                            cxxopts::value<std::string>()->default_value("60"))(
+      "device",
+      "cpu | cuda: where gpt computes its gradient (default: cuda when the build has CUDA and the run "
+      "is gpt with --pp 1 and a GPU for each --sp rank, else cpu)",
+      cxxopts::value<std::string>())(
+      "gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
+      cxxopts::value<std::string>()->default_value("tf32"));
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {

@@ -42,7 +42,7 @@ void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w,
 
 void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
                      float* db, float* dx) {
-  gemm.run(false, true, out, in, n, dy, x, dw, true);
+  if (dw != nullptr) gemm.run(false, true, out, in, n, dy, x, dw, true);
   if (db != nullptr) add_row_sums(out, n, dy, db);
   if (dx != nullptr) gemm.run(true, false, in, n, out, w, dy, dx, false);
 }
@@ -64,15 +64,17 @@ void layernorm_forward(int d, int n, const float* x, const float* gamma, const f
 void layernorm_backward(int d, int n, const float* x, const float* mean, const float* rstd, const float* gamma,
                         const float* dy, const float* residual, float* dx, float* dgamma, float* dbeta) {
   const ConstArray g(gamma, d);
-  Array dg(dgamma, d), db(dbeta, d);
   Eigen::ArrayXf xhat(d), dxhat(d);
   for (int j = 0; j < n; ++j) {
     const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(j) * d;
     const ConstArray dyj(dy + at, d);
     xhat = (ConstArray(x + at, d) - mean[j]) * rstd[j];
+    if (dgamma != nullptr) {
+      Array(dgamma, d) += dyj * xhat;
+      Array(dbeta, d) += dyj;
+    }
+    if (dx == nullptr) continue;
     dxhat = dyj * g;
-    dg += dyj * xhat;
-    db += dyj;
     const float mean_dxhat = dxhat.mean();
     const float mean_dxhat_xhat = (dxhat * xhat).mean();
     Array dxj(dx + at, d);

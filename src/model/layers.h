@@ -24,7 +24,9 @@ void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const fl
 // y (out×n) = residual + W·x + b: a Linear on a residual branch (y may not alias x).
 void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x,
                              const float* residual, float* y);
-// dW += dy·xᵀ, db += row sums of dy (b may be null: no bias), dx = Wᵀ·dy (dx may be null).
+// dW += dy·xᵀ, db += row sums of dy, dx = Wᵀ·dy. Any of dw, db and dx may be null, and is
+// then not computed: the input gradient alone is a zero-bubble schedule's B pass, dW and db
+// alone its W pass (x is then unused by B, w by W).
 void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
                      float* db, float* dx);
 
@@ -36,7 +38,8 @@ void layernorm_forward(int d, int n, const float* x, const float* gamma, const f
                        float* rstd);
 // dgamma += Σ dy·x̂, dbeta += Σ dy, and dx = residual + rstd·(dy·γ − mean(dy·γ) −
 // x̂·mean(dy·γ·x̂)): residual is the gradient arriving through the skip connection (null:
-// none; it may be dx itself). dx may not alias dy.
+// none; it may be dx itself). dx may not alias dy. dx null: only the parameter gradients
+// (W); dgamma and dbeta null: only dx (B).
 void layernorm_backward(int d, int n, const float* x, const float* mean, const float* rstd, const float* gamma,
                         const float* dy, const float* residual, float* dx, float* dgamma, float* dbeta);
 

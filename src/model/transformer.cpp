@@ -324,6 +324,87 @@ struct TransformerKernels {
     model::block_backward(ops, bs, o, p, saved.buffer.data(), dout, din, g);
   }
 
+  // The split backward of the embedding: B has no input gradient to give, so it only keeps
+  // dout; W is the fused backward on it.
+  static void embedding_backward_input(const TransformerConfig& c, const TokenBatch& batch, const float* dout,
+                                       UnitActivations& saved) {
+    const std::size_t dn = static_cast<std::size_t>(c.d_model) * batch.batch * batch.tokens;
+    saved.stash.resize(dn);
+    std::memcpy(saved.stash.data(), dout, sizeof(float) * dn);
+  }
+
+  static void block_backward_input(const TransformerConfig& c, const BlockOffsets& o, const float* p,
+                                   const TokenBatch& batch, const float* dout, float* din, UnitActivations& saved,
+                                   AttentionCore& attention) {
+    const BlockShape bs = model::block_shape(c, batch);
+    PEERTRAIN_CHECK(saved.buffer.size() == bs.saved().total, "block backward: saved activations hold ",
+                    saved.buffer.size(), " floats, this micro-batch needs ", bs.saved().total);
+    saved.stash.resize(block_stash(bs).total);
+    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
+    model::block_backward_input(ops, bs, o, p, saved.buffer.data(), dout, din, saved.stash.data());
+  }
+
+  static void block_backward_weight(const TransformerConfig& c, const BlockOffsets& o, const float* p,
+                                    const TokenBatch& batch, const UnitActivations& saved, float* g,
+                                    AttentionCore& attention) {
+    const BlockShape bs = model::block_shape(c, batch);
+    PEERTRAIN_CHECK(saved.stash.size() == block_stash(bs).total, "block W pass before its B pass");
+    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
+    model::block_backward_weight(ops, bs, o, p, saved.buffer.data(), saved.stash.data(), g);
+  }
+
+  // The head's B: the gradient w.r.t. ln_f's output (kept), then ln_f's input gradient.
+  static void head_backward_input(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                                  float* din, UnitActivations& saved) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    const HeadSaved at = head_saved(c, batch.batch, n);
+    PEERTRAIN_CHECK(saved.buffer.size() == at.total, "head backward: saved activations hold ", saved.buffer.size(),
+                    " floats, this micro-batch needs ", at.total);
+    const float* s = saved.buffer.data();
+    saved.stash.resize(static_cast<std::size_t>(d) * n);
+    float* dy = saved.stash.data();
+    if (c.kind == TransformerKind::kGpt) {
+      if (c.tied_head)
+        m.gemm().run(false, false, d, n, c.vocab, p + m.wte, s + at.dlogits, dy, false);
+      else
+        layers::linear_backward(m.gemm(), d, c.vocab, n, p + m.head_w, nullptr, s + at.dlogits, nullptr, nullptr, dy);
+    } else {
+      const float tokens_total = s[at.pooled + static_cast<std::size_t>(d) * batch.batch];
+      float* dpooled = m.workspace(2, static_cast<std::size_t>(d) * batch.batch);
+      layers::linear_backward(m.gemm(), d, c.classes, batch.batch, p + m.head_w, nullptr, s + at.dlogits, nullptr,
+                              nullptr, dpooled);
+      layers::sum_pool_backward(d, batch.batch, batch.tokens, dpooled, 1.0f / tokens_total, dy);
+    }
+    layers::layernorm_backward(d, n, s + at.x_in, s + at.mean, s + at.rstd, p + m.lnf_w, dy, nullptr, din, nullptr,
+                               nullptr);
+  }
+
+  static void head_backward_weight(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                                   const UnitActivations& saved, float* g, const UnitContext& context) {
+    const int d = c.d_model, n = batch.batch * batch.tokens;
+    const HeadSaved at = head_saved(c, batch.batch, n);
+    PEERTRAIN_CHECK(saved.stash.size() == static_cast<std::size_t>(d) * n, "head W pass before its B pass");
+    const float* s = saved.buffer.data();
+    if (c.kind == TransformerKind::kGpt) {
+      if (c.tied_head)
+        m.gemm().run(false, true, d, c.vocab, n, s + at.y, s + at.dlogits, g + m.wte, true);
+      else
+        layers::linear_backward(m.gemm(), d, c.vocab, n, nullptr, s + at.y, s + at.dlogits, g + m.head_w, nullptr,
+                                nullptr);
+    } else {
+      const int ranks = group_size(context);
+      const std::size_t head_size = static_cast<std::size_t>(c.classes) * (d + 1);
+      float* head_grad = m.workspace(1, head_size);
+      std::fill(head_grad, head_grad + head_size, 0.0f);
+      layers::linear_backward(m.gemm(), d, c.classes, batch.batch, nullptr, s + at.pooled, s + at.dlogits, head_grad,
+                              head_grad + static_cast<std::size_t>(c.classes) * d, nullptr);
+      Eigen::Map<Eigen::ArrayXf>(g + m.head_w, static_cast<Eigen::Index>(head_size)) +=
+          Eigen::Map<const Eigen::ArrayXf>(head_grad, static_cast<Eigen::Index>(head_size)) * (1.0f / ranks);
+    }
+    layers::layernorm_backward(d, n, s + at.x_in, s + at.mean, s + at.rstd, p + m.lnf_w, saved.stash.data(), nullptr,
+                               nullptr, g + m.lnf_w, g + m.lnf_b);
+  }
+
   // Floats that `unit` keeps for its backward; the blocks and the head keep their input first.
   static std::size_t saved_floats(const TransformerConfig& c, int unit, const TokenBatch& batch) {
     const std::size_t n = static_cast<std::size_t>(batch.batch) * batch.tokens;
@@ -458,6 +539,42 @@ void Transformer::backward(int unit, std::span<const float> params, const TokenB
   else
     TransformerKernels<Impl>::block_backward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
                                              batch, dout, din, saved, grads.data(), attention);
+}
+
+void Transformer::backward_input(int unit, std::span<const float> params, const TokenBatch& batch, const float* dout,
+                                 float* din, UnitActivations& saved, const UnitContext& context) {
+  unit_parameters(unit);
+  PEERTRAIN_CHECK(params.size() == num_parameters(), "params has ", params.size(), " floats, the transformer ",
+                  num_parameters());
+  Impl& m = *impl_;
+  AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
+  if (unit == 0)
+    TransformerKernels<Impl>::embedding_backward_input(config_, batch, dout, saved);
+  else if (unit == num_units() - 1)
+    TransformerKernels<Impl>::head_backward_input(config_, m, params.data(), batch, din, saved);
+  else
+    TransformerKernels<Impl>::block_backward_input(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
+                                                   batch, dout, din, saved, attention);
+}
+
+void Transformer::backward_weight(int unit, std::span<const float> params, const TokenBatch& batch,
+                                  UnitActivations& saved, std::span<float> grads, const UnitContext& context) {
+  unit_parameters(unit);
+  PEERTRAIN_CHECK(params.size() == num_parameters() && grads.size() == num_parameters(), "params has ", params.size(),
+                  " and grads ", grads.size(), " floats, the transformer ", num_parameters());
+  Impl& m = *impl_;
+  AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
+  if (unit == 0) {
+    PEERTRAIN_CHECK(!saved.stash.empty(), "embedding W pass before its B pass");
+    TransformerKernels<Impl>::embedding_backward(config_, m, params.data(), batch, saved.stash.data(), saved,
+                                                 grads.data());
+  } else if (unit == num_units() - 1) {
+    TransformerKernels<Impl>::head_backward_weight(config_, m, params.data(), batch, saved, grads.data(), context);
+  } else {
+    TransformerKernels<Impl>::block_backward_weight(config_, m.blocks[static_cast<std::size_t>(unit - 1)],
+                                                    params.data(), batch, saved, grads.data(), attention);
+  }
+  saved.stash.clear();  // the micro-batch is done with; the capacity stays for the next
 }
 
 float Transformer::forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads,

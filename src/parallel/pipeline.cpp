@@ -53,7 +53,7 @@ double thread_cpu_seconds() {
 int forward_tag(int microbatch) { return 2 * microbatch; }
 int backward_tag(int microbatch) { return 2 * microbatch + 1; }
 std::size_t pass_index(const PipelineOp& op, int microbatches) {
-  return static_cast<std::size_t>(op.kind == PassKind::kBackward) * microbatches + op.microbatch;
+  return static_cast<std::size_t>(op.kind) * microbatches + op.microbatch;
 }
 
 // The step's micro-batches as one sequence rank holds them.
@@ -68,13 +68,22 @@ struct RankBatches {
 // What the workers of one step share.
 struct StepShared {
   StepShared(std::span<const float> params, const GlobalBatch& batch, const EngineConfig& config,
+             const std::vector<std::vector<PipelineOp>>& schedule, bool split_backward,
              const std::vector<int>& first_units, int units)
-      : params(params), batch(batch), config(config), first_units(first_units), units(units),
+      : params(params),
+        batch(batch),
+        config(config),
+        schedule(schedule),
+        split_backward(split_backward),
+        first_units(first_units),
+        units(units),
         start(static_cast<std::ptrdiff_t>(config.pp) * config.sp) {}
 
   std::span<const float> params;
   const GlobalBatch& batch;
   const EngineConfig& config;
+  const std::vector<std::vector<PipelineOp>>& schedule;
+  bool split_backward;  // B and W are separate passes
   const std::vector<int>& first_units;
   int units;
   // Fresh groups every step: an aborted group stays aborted, and making one costs nothing
@@ -189,7 +198,9 @@ struct PipelineEngine::Worker {
   // The schedule, then the sends' completion and the gradient all-reduce.
   void run(StepShared& step);
   void forward(StepShared& step, int microbatch);
-  void backward(StepShared& step, int microbatch);
+  void backward(StepShared& step, int microbatch);  // the whole backward, or B when split
+  void weight(StepShared& step, int microbatch);    // W: the parameter gradients, after B
+  void release(int microbatch);                     // its activations are no longer needed
 
   // Times fn as busy (inside the model's units) for pass `op`.
   template <typename Fn>
@@ -231,7 +242,7 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
   try {
     model = &engine_model;
     build_microbatches(*model, step.batch, M, data);
-    ops = stage_schedule(config.schedule, P, stage, M);
+    ops = step.schedule[static_cast<std::size_t>(stage)];
     ranges = touched_ranges(*model, first_unit, end_unit);
     grads.resize(model->num_parameters());
     for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
@@ -246,7 +257,7 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
       free_slots.push_back(k);
     }
     slot_of.assign(M, -1);
-    pass_cpu_s.assign(2 * static_cast<std::size_t>(M), 0.0);
+    pass_cpu_s.assign(3 * static_cast<std::size_t>(M), 0.0);
     loss = 0;
     busy_s = busy_cpu_s = wait_s = reduce_s = 0;
     peak_bytes = 0;
@@ -314,12 +325,39 @@ void PipelineEngine::Worker::backward(StepShared& step, int i) {
                           : j + 1 == stage_units()   ? received.data()
                                                      : scratch[(j + 1) % 2].data();
       float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
-      model->backward(unit, step.params, data[i], dout, din, slots[slot][j], grads, context);
+      if (step.split_backward)
+        model->backward_input(unit, step.params, data[i], dout, din, slots[slot][j], context);
+      else
+        model->backward(unit, step.params, data[i], dout, din, slots[slot][j], grads, context);
     }
   });
   if (parcel) parcel->request = pipe->isend(stage - 1, backward_tag(i), parcel->data);
+  if (step.split_backward) {
+    // B has added to the stage's memory what W needs: count it while it is held.
+    std::size_t bytes = 0;
+    for (int held : slot_of)
+      if (held >= 0)
+        for (const auto& saved : slots[held]) bytes += saved.activation_bytes();
+    peak_bytes = std::max(peak_bytes, bytes);
+  } else {
+    release(i);
+  }
+}
+
+void PipelineEngine::Worker::weight(StepShared& step, int i) {
+  const PipelineOp op{PassKind::kWeight, i};
+  const int slot = slot_of[i];
+  PEERTRAIN_CHECK(slot >= 0, "W pass of micro-batch ", i, " before its forward on stage ", stage);
+  busy(op, step.config.microbatches, [&] {
+    for (int j = stage_units() - 1; j >= 0; --j)
+      model->backward_weight(first_unit + j, step.params, data[i], slots[slot][j], grads, context);
+  });
+  release(i);
+}
+
+void PipelineEngine::Worker::release(int i) {
+  free_slots.push_back(slot_of[i]);
   slot_of[i] = -1;
-  free_slots.push_back(slot);
   --in_flight;
 }
 
@@ -329,8 +367,10 @@ void PipelineEngine::Worker::run(StepShared& step) {
     for (const PipelineOp& op : ops) {
       if (op.kind == PassKind::kForward)
         forward(step, op.microbatch);
-      else
+      else if (op.kind == PassKind::kBackward)
         backward(step, op.microbatch);
+      else
+        weight(step, op.microbatch);
     }
     waiting([&] {
       for (auto& parcel : outbox) {
@@ -369,6 +409,13 @@ PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
                                                  " sequence ranks (", tokens, " tokens per sequence)"));
   if (config_.microbatches < 1)
     throw Error(ErrorKind::kInvalidArgument, str("--microbatches ", config_.microbatches, ": expected at least 1"));
+  shape_ = ScheduleShape{.schedule = config_.schedule, .stages = config_.pp, .microbatches = config_.microbatches};
+  if (shape_.chunks() > 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--schedule ", to_string(config_.schedule),
+                    ": the pipeline engine runs one chunk per stage (gpipe, 1f1b, zb-h1, zb-h2) so far; '",
+                    "peertrain bench schedule --schedule ", to_string(config_.schedule), "' replays it"));
+  schedule_ = build_schedule(shape_);
   if (!(config_.timeout_s > 0))
     throw Error(ErrorKind::kInvalidArgument, str("pipeline timeout ", config_.timeout_s, " s: expected > 0"));
   if (config_.threads_per_worker < 1)
@@ -450,7 +497,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
 
   const int P = config_.pp, S = config_.sp, M = config_.microbatches;
   const int units = model_.num_units();
-  StepShared shared(params, batch, config_, first_units_, units);
+  StepShared shared(params, batch, config_, schedule_, shape_.split_backward(), first_units_, units);
   if (S > 1)
     for (int p = 0; p < P; ++p) {
       shared.stage_groups.push_back(std::make_unique<comm::ThreadGroup>(S, str("stage ", p, " sequence group")));
@@ -504,7 +551,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
 
   stats_ = StepStats{};
   stats_.loss = loss;
-  stats_.theoretical_bubble = theoretical_bubble(P, M);
+  stats_.theoretical_bubble = theoretical_bubble(shape_);
   auto begin = workers_[0]->begin;
   auto end = workers_[0]->end;
   for (const auto& w : workers_) {
@@ -531,13 +578,13 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
     st.idle_s = std::max(0.0, stats_.pipeline_s - st.busy_s);
     stats_.measured_bubble += st.bubble() / P;
   }
-  const auto replay = replay_schedule(config_.schedule, P, M, [&](int stage, const PipelineOp& op) {
+  const auto replay = replay_schedule(shape_, schedule_, [&](int stage, const PipelineOp& op) {
     double slowest = 0;  // the sequence ranks of a stage wait for each other in the ring
     for (int s = 0; s < S; ++s)
       slowest = std::max(slowest, workers_[static_cast<std::size_t>(stage) * S + s]->pass_cpu_s[pass_index(op, M)]);
     return slowest;
   });
-  stats_.replayed_bubble = replay.bubble;
+  stats_.replayed_bubble = replay.span_bubble;
   stats_.step_s = seconds_between(step_start, Clock::now());
   return static_cast<float>(loss);
 }

@@ -1,106 +1,406 @@
-// GPipe (Huang et al. 2019) and 1F1B / PipeDream-Flush (Narayanan et al. 2021) as lists of
-// passes, and their replay on an ideal machine. See schedule.h.
+// The schedules of schedule.h as lists of passes, the greedy list scheduler behind the
+// zero-bubble and V schedules, and the replay.
 #include "peertrain/parallel/schedule.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 
 #include "peertrain/core/error.h"
 
 namespace peertrain::parallel {
+namespace {
 
-Schedule parse_schedule(std::string_view text, std::string_view flag) {
-  if (text == "gpipe") return Schedule::kGpipe;
-  if (text == "1f1b") return Schedule::kOneFOneB;
-  throw Error(ErrorKind::kInvalidArgument, str(flag, " '", text, "': expected gpipe or 1f1b"));
-}
+struct Named {
+  Schedule schedule;
+  std::string_view name;
+};
+constexpr Named kNames[] = {
+    {Schedule::kGpipe, "gpipe"}, {Schedule::kOneFOneB, "1f1b"}, {Schedule::kInterleaved, "interleaved"},
+    {Schedule::kZbH1, "zb-h1"},  {Schedule::kZbH2, "zb-h2"},    {Schedule::kZbV, "zb-v"},
+    {Schedule::kVHalf, "v-half"}};
 
-std::string_view to_string(Schedule schedule) {
-  return schedule == Schedule::kGpipe ? "gpipe" : "1f1b";
-}
+Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
 
-std::vector<PipelineOp> stage_schedule(Schedule schedule, int stages, int stage, int microbatches) {
-  PEERTRAIN_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1, "stages ", stages, ", stage ",
-                  stage, ", micro-batches ", microbatches);
+std::vector<PipelineOp> one_f_one_b(int stages, int stage, int microbatches) {
   std::vector<PipelineOp> ops;
-  ops.reserve(2 * static_cast<std::size_t>(microbatches));
-  auto forward = [&](int i) { ops.push_back({PassKind::kForward, i}); };
-  auto backward = [&](int i) { ops.push_back({PassKind::kBackward, i}); };
-  if (schedule == Schedule::kGpipe) {
-    for (int i = 0; i < microbatches; ++i) forward(i);
-    for (int i = 0; i < microbatches; ++i) backward(i);
-    return ops;
-  }
   // Warm-up fills the pipe below this stage: the last stage's first backward can start
   // once stage s has sent p − s forwards, the p − s − 1 of the warm-up and the first of
   // the steady phase.
   const int warmup = std::min(stages - stage - 1, microbatches);
-  for (int i = 0; i < warmup; ++i) forward(i);
+  for (int i = 0; i < warmup; ++i) ops.push_back({PassKind::kForward, i});
   for (int i = warmup; i < microbatches; ++i) {
-    forward(i);
-    backward(i - warmup);
+    ops.push_back({PassKind::kForward, i});
+    ops.push_back({PassKind::kBackward, i - warmup});
   }
-  for (int i = microbatches - warmup; i < microbatches; ++i) backward(i);
+  for (int i = microbatches - warmup; i < microbatches; ++i) ops.push_back({PassKind::kBackward, i});
   return ops;
 }
 
-int peak_in_flight(std::span<const PipelineOp> ops) {
+// Megatron-LM's interleaved 1F1B: the k-th forward of stage s is micro-batch
+// (k / (p·v))·p + k mod p of chunk (k / p) mod v; backwards walk the chunks in reverse.
+std::vector<PipelineOp> interleaved(int stages, int stage, int microbatches, int v) {
+  const int total = microbatches * v;
+  auto pass = [&](PassKind kind, int k) {
+    const int group = k / stages;
+    int chunk = group % v;
+    if (kind == PassKind::kBackward) chunk = v - 1 - chunk;
+    return PipelineOp{kind, (k / (stages * v)) * stages + k % stages, chunk};
+  };
+  const int warmup = std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
+  std::vector<PipelineOp> ops;
+  for (int k = 0; k < warmup; ++k) ops.push_back(pass(PassKind::kForward, k));
+  for (int k = 0; k + warmup < total; ++k) {
+    ops.push_back(pass(PassKind::kForward, k + warmup));
+    ops.push_back(pass(PassKind::kBackward, k));
+  }
+  for (int k = std::max(0, total - warmup); k < total; ++k) ops.push_back(pass(PassKind::kBackward, k));
+  return ops;
+}
+
+// The memory limit of a stage in chunk activations (a whole micro-batch is `chunks` of
+// them) for the greedy schedules.
+int memory_limit(const ScheduleShape& s) {
+  const int p = s.stages;
+  switch (s.schedule) {
+    case Schedule::kZbH1:
+      return p;
+    case Schedule::kZbH2:
+      return 2 * p - 1;
+    case Schedule::kZbV:
+      return 2 * p;
+    case Schedule::kVHalf:
+      return p + 1;  // (p + 1)/2 micro-batches: about half of 1F1B's p
+    default:
+      break;
+  }
+  PEERTRAIN_CHECK(false, "no memory limit for ", to_string(s.schedule));
+  return 0;
+}
+
+// The greedy list scheduler: time in steps of one chunk's pass (F = B = W), every stage
+// idle at time t takes, among the passes whose inputs are there, a B (lowest micro-batch
+// first: it is on the critical path), else an F its memory allows (the later chunk
+// first, so that micro-batches already inside the stage finish), else the oldest pending
+// W. A micro-batch enters a stage (its chunk-0 forward) only with room for all its chunks
+// there, so that the V cannot fill up with half-done micro-batches and stall.
+struct GreedyKnobs {
+  bool weight_before_forward = false;  // with no B ready: a pending W before a new F
+  bool cap_warmup = false;             // before its first B, a stage runs only the F's that fit before the B arrives
+  bool reserve = true;                 // a micro-batch entering a stage reserves memory for all its chunks there
+};
+
+std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs knobs) {
+  const int p = s.stages, m = s.microbatches, v = s.chunks(), V = s.virtual_stages();
+  constexpr long kNotYet = std::numeric_limits<long>::max();
+  // end[kind][virtual stage][micro-batch]: the step at which the pass ends.
+  std::vector<std::vector<std::vector<long>>> end(3, std::vector<std::vector<long>>(V, std::vector<long>(m, kNotYet)));
+  std::vector<std::vector<PipelineOp>> ops(p);
+  std::vector<long> free_at(p, 0);
+  // Chunk activations reserved on each stage: a micro-batch entering (its chunk-0
+  // forward) reserves all its chunks there; each W gives one back.
+  std::vector<int> reserved(p, 0), held(p, 0);
+  const std::size_t per_stage = static_cast<std::size_t>(3 * m * v);
+  auto ended = [&](PassKind kind, int vs, int i, long t) { return end[static_cast<int>(kind)][vs][i] <= t; };
+  for (long t = 0;; ++t) {
+    bool done = true;
+    for (int st = 0; st < p; ++st) done = done && ops[st].size() == per_stage;
+    if (done) break;
+    if (t > 4L * (m + p) * v * 3) return {};  // stalled: memory full of half-done micro-batches
+    for (int st = 0; st < p; ++st) {
+      if (free_at[st] > t || ops[st].size() == per_stage) continue;
+      std::optional<PipelineOp> pick;
+      // B: a micro-batch's backward of chunk c once the virtual stage after has sent it.
+      for (int i = 0; i < m && !pick; ++i)
+        for (int c = v; c-- > 0 && !pick;) {
+          const int vs = s.virtual_stage(st, c);
+          if (end[1][vs][i] != kNotYet || !ended(PassKind::kForward, vs, i, t)) continue;
+          if (vs + 1 < V ? ended(PassKind::kBackward, vs + 1, i, t) : true)
+            pick = PipelineOp{PassKind::kBackward, i, c};
+        }
+      const int limit = memory_limit(s);
+      // The first B reaches stage j after the first micro-batch's forward went down to the
+      // last virtual stage and its backward came back: 2(V − k) − 1 chunk passes after
+      // the stage started, k its first virtual stage; F's beyond that only add memory.
+      const bool before_first_b =
+          ops[st].empty() || std::none_of(ops[st].begin(), ops[st].end(),
+                                          [](const PipelineOp& o) { return o.kind == PassKind::kBackward; });
+      const int warmup_cap = 2 * (V - s.virtual_stage(st, 0)) - 1;
+      auto weight = [&] {
+        for (int i = 0; i < m && !pick; ++i)
+          for (int c = v; c-- > 0 && !pick;) {
+            const int vs = s.virtual_stage(st, c);
+            if (end[2][vs][i] == kNotYet && ended(PassKind::kBackward, vs, i, t))
+              pick = PipelineOp{PassKind::kWeight, i, c};
+          }
+      };
+      if (knobs.weight_before_forward) weight();
+      const bool capped = knobs.cap_warmup && before_first_b && static_cast<int>(ops[st].size()) >= warmup_cap;
+      for (int c = v; c-- > 0 && !pick && !capped;)
+        for (int i = 0; i < m && !pick; ++i) {
+          const int vs = s.virtual_stage(st, c);
+          if (end[0][vs][i] != kNotYet) continue;
+          if (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t)) continue;
+          if (knobs.reserve ? c == 0 && reserved[st] + v > limit : held[st] + 1 > limit) continue;
+          pick = PipelineOp{PassKind::kForward, i, c};
+        }
+      weight();
+      if (!pick) continue;
+      const int vs = s.virtual_stage(st, pick->chunk);
+      end[static_cast<int>(pick->kind)][vs][pick->microbatch] = t + 1;
+      if (pick->kind == PassKind::kForward && pick->chunk == 0) reserved[st] += v;
+      if (pick->kind == PassKind::kWeight) --reserved[st];
+      held[st] += pick->kind == PassKind::kForward ? 1 : pick->kind == PassKind::kWeight ? -1 : 0;
+      free_at[st] = t + 1;
+      ops[st].push_back(*pick);
+    }
+  }
+  return ops;
+}
+
+}  // namespace
+
+Schedule parse_schedule(std::string_view text, std::string_view flag) {
+  for (const Named& n : kNames)
+    if (n.name == text) return n.schedule;
+  throw invalid(str(flag, " '", text, "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or v-half"));
+}
+
+std::string_view to_string(Schedule schedule) {
+  for (const Named& n : kNames)
+    if (n.schedule == schedule) return n.name;
+  return "?";
+}
+
+std::vector<Schedule> all_schedules() {
+  std::vector<Schedule> all;
+  for (const Named& n : kNames) all.push_back(n.schedule);
+  return all;
+}
+
+int ScheduleShape::chunks() const {
+  switch (schedule) {
+    case Schedule::kInterleaved:
+      return interleave;
+    case Schedule::kZbV:
+    case Schedule::kVHalf:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+bool ScheduleShape::split_backward() const {
+  return schedule == Schedule::kZbH1 || schedule == Schedule::kZbH2 || schedule == Schedule::kZbV ||
+         schedule == Schedule::kVHalf;
+}
+
+int ScheduleShape::virtual_stage(int stage, int chunk) const {
+  if (schedule == Schedule::kZbV || schedule == Schedule::kVHalf) return chunk == 0 ? stage : 2 * stages - 1 - stage;
+  return chunk * stages + stage;
+}
+
+int ScheduleShape::stage_of(int k) const {
+  if (schedule == Schedule::kZbV || schedule == Schedule::kVHalf) return k < stages ? k : 2 * stages - 1 - k;
+  return k % stages;
+}
+
+int ScheduleShape::chunk_of(int k) const { return k / stages; }
+
+void validate(const ScheduleShape& s) {
+  if (s.stages < 1) throw invalid(str("--pp ", s.stages, ": expected at least 1 stage"));
+  if (s.microbatches < 1) throw invalid(str("--microbatches ", s.microbatches, ": expected at least 1"));
+  if (s.schedule == Schedule::kInterleaved) {
+    if (s.interleave < 2)
+      throw invalid(str("--schedule interleaved --chunks ", s.interleave, ": expected at least 2 chunks per stage"));
+    if (s.microbatches % s.stages != 0)
+      throw invalid(str("--schedule interleaved: --microbatches ", s.microbatches, " must be a multiple of --pp ",
+                        s.stages, " (micro-batches go round the stages in groups of p)"));
+  } else if (s.interleave != 2 && s.schedule != Schedule::kInterleaved) {
+    // --chunks belongs to interleaved; the V schedules have exactly 2 per stage.
+    if (s.schedule == Schedule::kZbV || s.schedule == Schedule::kVHalf)
+      throw invalid(str("--schedule ", to_string(s.schedule), " --chunks ", s.interleave,
+                        ": a V schedule has exactly 2 chunks per stage"));
+  }
+}
+
+std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
+  validate(s);
+  const int p = s.stages, m = s.microbatches;
+  std::vector<std::vector<PipelineOp>> ops(p);
+  switch (s.schedule) {
+    case Schedule::kGpipe:
+      for (auto& stage : ops) {
+        for (int i = 0; i < m; ++i) stage.push_back({PassKind::kForward, i});
+        for (int i = 0; i < m; ++i) stage.push_back({PassKind::kBackward, i});
+      }
+      return ops;
+    case Schedule::kOneFOneB:
+      for (int st = 0; st < p; ++st) ops[st] = one_f_one_b(p, st, m);
+      return ops;
+    case Schedule::kInterleaved:
+      for (int st = 0; st < p; ++st) ops[st] = interleaved(p, st, m, s.interleave);
+      return ops;
+    default:
+      break;
+  }
+  // The papers' generators try a few orderings and keep the shortest; so does this, timing
+  // each with nominal passes (F = B = W) and the papers' measure, the longest stage's span.
+  std::vector<std::vector<PipelineOp>> best;
+  double best_bubble = 0;
+  for (bool weight_first : {false, true})
+    for (bool cap : {false, true})
+      for (bool reserve : {true, false}) {
+        auto candidate = greedy(s, {weight_first, cap, reserve});
+        if (candidate.empty()) continue;
+        const double bubble = replay_schedule(s, candidate, [&](int, const PipelineOp&) { return 1.0; }).span_bubble;
+        if (best.empty() || bubble < best_bubble - 1e-9) {
+          best = std::move(candidate);
+          best_bubble = bubble;
+        }
+      }
+  PEERTRAIN_CHECK(!best.empty(), "no greedy ", to_string(s.schedule), " schedule fits its memory");
+  return best;
+}
+
+std::vector<PipelineOp> stage_schedule(const ScheduleShape& shape, int stage) {
+  PEERTRAIN_CHECK(stage >= 0 && stage < shape.stages, "stage ", stage, " of ", shape.stages);
+  return build_schedule(shape)[static_cast<std::size_t>(stage)];
+}
+
+std::vector<PipelineOp> stage_schedule(Schedule schedule, int stages, int stage, int microbatches) {
+  return stage_schedule(ScheduleShape{.schedule = schedule, .stages = stages, .microbatches = microbatches}, stage);
+}
+
+double peak_in_flight(std::span<const PipelineOp> ops, int chunks, bool split_backward) {
   int now = 0, peak = 0;
+  const PassKind release = split_backward ? PassKind::kWeight : PassKind::kBackward;
   for (const auto& op : ops) {
-    now += op.kind == PassKind::kForward ? 1 : -1;
+    if (op.kind == PassKind::kForward) ++now;
+    if (op.kind == release) --now;
     peak = std::max(peak, now);
   }
-  return peak;
+  return static_cast<double>(peak) / chunks;
 }
 
 double theoretical_bubble(int stages, int microbatches) {
   return static_cast<double>(stages - 1) / (microbatches + stages - 1);
 }
 
-Replay replay_schedule(Schedule schedule, int stages, int microbatches,
+double theoretical_bubble(const ScheduleShape& s, double f, double b, double w) {
+  const double p1 = s.stages - 1, work = s.microbatches * (f + b + w);
+  double bubble = 0;
+  switch (s.schedule) {
+    case Schedule::kGpipe:
+    case Schedule::kOneFOneB:
+      bubble = p1 * (f + b + w);
+      break;
+    case Schedule::kInterleaved:
+      bubble = p1 * (f + b + w) / s.interleave;
+      break;
+    case Schedule::kZbH1:
+      bubble = p1 * (f + b - w);
+      break;
+    case Schedule::kZbH2:
+      bubble = std::max(0.0, p1 * (f + b - 2 * w));
+      break;
+    case Schedule::kZbV:
+      bubble = std::max(0.0, p1 * (f + b - 2 * w)) / 2;
+      break;
+    case Schedule::kVHalf:
+      return std::nan("");
+  }
+  return bubble / (bubble + work);
+}
+
+double theoretical_peak(const ScheduleShape& s) {
+  const double p = s.stages;
+  switch (s.schedule) {
+    case Schedule::kGpipe:
+      return s.microbatches;
+    case Schedule::kOneFOneB:
+    case Schedule::kZbH1:
+    case Schedule::kZbV:
+      return std::min<double>(p, s.microbatches);
+    case Schedule::kZbH2:
+      return std::min<double>(2 * p - 1, s.microbatches);
+    case Schedule::kInterleaved:
+      return std::min<double>(p + (p - 1) / s.interleave, s.microbatches);
+    case Schedule::kVHalf:
+      break;
+  }
+  return std::nan("");
+}
+
+Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& ops,
                        const std::function<double(int stage, const PipelineOp& op)>& duration) {
-  std::vector<std::vector<PipelineOp>> ops(stages);
-  for (int s = 0; s < stages; ++s) ops[s] = stage_schedule(schedule, stages, s, microbatches);
-  // forward_end[s][i], backward_end[s][i]; negative: not run yet.
-  std::vector<std::vector<double>> forward_end(stages, std::vector<double>(microbatches, -1));
-  std::vector<std::vector<double>> backward_end(stages, std::vector<double>(microbatches, -1));
-  std::vector<std::size_t> next(stages, 0);
-  std::vector<double> free_at(stages, 0);
+  const int p = shape.stages, m = shape.microbatches, V = shape.virtual_stages(), v = shape.chunks();
+  PEERTRAIN_CHECK(static_cast<int>(ops.size()) == p, ops.size(), " stage lists for ", p, " stages");
+  // end[kind][virtual stage][micro-batch]; negative: not run yet.
+  std::vector<std::vector<std::vector<double>>> end(3, std::vector<std::vector<double>>(V, std::vector<double>(m, -1)));
+  std::vector<std::size_t> next(p, 0);
+  std::vector<double> free_at(p, 0);
+  std::vector<int> held(p, 0), peak(p, 0);
+  const PassKind release = shape.split_backward() ? PassKind::kWeight : PassKind::kBackward;
   Replay replay;
-  replay.stages.resize(stages);
-  // Sweep the stages until none can advance: every pass waits only on passes of
-  // neighbouring stages, and the schedules are deadlock-free, so this ends with all run.
+  replay.stages.resize(p);
+  // Sweep the stages until none can advance: a pass waits only on passes that some stage's
+  // list runs earlier, so for a valid schedule this ends with every pass run.
   for (bool advanced = true; advanced;) {
     advanced = false;
-    for (int s = 0; s < stages; ++s) {
-      while (next[s] < ops[s].size()) {
-        const PipelineOp& op = ops[s][next[s]];
-        double ready = free_at[s];
-        if (op.kind == PassKind::kForward && s > 0) {
-          if (forward_end[s - 1][op.microbatch] < 0) break;
-          ready = std::max(ready, forward_end[s - 1][op.microbatch]);
-        }
-        if (op.kind == PassKind::kBackward && s + 1 < stages) {
-          if (backward_end[s + 1][op.microbatch] < 0) break;
-          ready = std::max(ready, backward_end[s + 1][op.microbatch]);
-        }
-        const double seconds = duration(s, op);
-        free_at[s] = ready + seconds;
-        (op.kind == PassKind::kForward ? forward_end : backward_end)[s][op.microbatch] = free_at[s];
-        replay.stages[s].busy_s += seconds;
-        replay.stages[s].end_s = free_at[s];
-        ++next[s];
+    for (int st = 0; st < p; ++st) {
+      while (next[st] < ops[st].size()) {
+        const PipelineOp& op = ops[st][next[st]];
+        const int vs = shape.virtual_stage(st, op.chunk);
+        double ready = free_at[st];
+        auto after = [&](PassKind kind, int k) {
+          const double e = end[static_cast<int>(kind)][k][op.microbatch];
+          if (e < 0) return false;
+          ready = std::max(ready, e);
+          return true;
+        };
+        bool can = true;
+        if (op.kind == PassKind::kForward && vs > 0) can = after(PassKind::kForward, vs - 1);
+        if (op.kind == PassKind::kBackward)
+          can = vs + 1 < V ? after(PassKind::kBackward, vs + 1) : after(PassKind::kForward, vs);
+        if (op.kind == PassKind::kWeight) can = after(PassKind::kBackward, vs);
+        if (!can) break;
+        const double seconds = duration(st, op);
+        if (next[st] == 0) replay.stages[st].start_s = ready;
+        replay.stages[st].pass_start_s.push_back(ready);
+        free_at[st] = ready + seconds;
+        end[static_cast<int>(op.kind)][vs][op.microbatch] = free_at[st];
+        if (op.kind == PassKind::kForward) peak[st] = std::max(peak[st], ++held[st]);
+        if (op.kind == release) --held[st];
+        replay.stages[st].busy_s += seconds;
+        replay.stages[st].end_s = free_at[st];
+        ++next[st];
         advanced = true;
       }
     }
   }
-  double busy = 0;
-  for (int s = 0; s < stages; ++s) {
-    PEERTRAIN_CHECK(next[s] == ops[s].size(), "the replay of stage ", s, " stalled at pass ", next[s]);
-    replay.makespan_s = std::max(replay.makespan_s, replay.stages[s].end_s);
-    busy += replay.stages[s].busy_s;
+  double busy = 0, span = 0;
+  for (int st = 0; st < p; ++st) {
+    PEERTRAIN_CHECK(next[st] == ops[st].size(), "the replay of stage ", st, " stalled at pass ", next[st]);
+    replay.makespan_s = std::max(replay.makespan_s, replay.stages[st].end_s);
+    span = std::max(span, replay.stages[st].end_s - replay.stages[st].start_s);
+    replay.stages[st].peak_microbatches = static_cast<double>(peak[st]) / v;
+    busy += replay.stages[st].busy_s;
   }
-  replay.bubble = replay.makespan_s > 0 ? 1.0 - busy / (stages * replay.makespan_s) : 0.0;
+  replay.bubble = replay.makespan_s > 0 ? 1.0 - busy / (p * replay.makespan_s) : 0.0;
+  replay.span_bubble = span > 0 ? 1.0 - busy / (p * span) : 0.0;
   return replay;
+}
+
+Replay replay_schedule(const ScheduleShape& shape,
+                       const std::function<double(int stage, const PipelineOp& op)>& duration) {
+  return replay_schedule(shape, build_schedule(shape), duration);
+}
+
+Replay replay_schedule(Schedule schedule, int stages, int microbatches,
+                       const std::function<double(int stage, const PipelineOp& op)>& duration) {
+  return replay_schedule(ScheduleShape{.schedule = schedule, .stages = stages, .microbatches = microbatches}, duration);
 }
 
 }  // namespace peertrain::parallel

@@ -78,8 +78,8 @@ class TransformerTask final : public Task {
     std::string s = str(language_model() ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
                         c.tokens(), ", sp ", engine_config_.sp, " pp ", engine_config_.pp);
     if (engine_config_.pp > 1)
-      s += str(" (", engine_config_.schedule == parallel::Schedule::kGpipe ? "gpipe" : "1f1b", ", ",
-               engine_config_.microbatches, " micro-batches)");
+      s +=
+          str(" (", parallel::to_string(engine_config_.schedule), ", ", engine_config_.microbatches, " micro-batches)");
     s += ", on " + engine_->describe();
     return s;
   }

@@ -58,6 +58,25 @@ echo "gpt: $matched (step, peer) losses compared, worst relative difference sp2Â
 [[ $matched -eq 80 ]] && ok || fail "only $matched losses matched up"
 awk -v w="$worst" 'BEGIN { exit !(w <= 1e-4) }' && ok || fail "losses differ by $worst relative (limit 1e-4)"
 
+# 1b. The zero-bubble schedule splits each backward into B and W and puts the W's where the
+# pipeline would idle; the gradient is the same sum in the same order, so its losses are
+# 1F1B's bit for bit.
+"$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --pp 2 --stages 2,2 --microbatches 2 --max-steps 10 \
+  --eval-every 1 --out "$work/1f1b" >"$work/1f1b.log" 2>&1 && ok || { fail "gpt --pp 2 1f1b launch failed"; tail -20 "$work/1f1b.log"; }
+"$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --pp 2 --stages 2,2 --microbatches 2 --max-steps 10 \
+  --eval-every 1 --schedule zb-h1 --out "$work/zbh1" >"$work/zbh1.log" 2>&1 && ok ||
+  { fail "gpt --pp 2 --schedule zb-h1 launch failed"; tail -20 "$work/zbh1.log"; }
+if cmp -s <(cut -d, -f1,3,4 "$work/1f1b/metrics.csv") <(cut -d, -f1,3,4 "$work/zbh1/metrics.csv"); then ok; else
+  fail "zb-h1 losses differ from 1f1b's"; fi
+grep -q "zb-h1" "$work/zbh1/peer-0.log" && ok || fail "peer log does not name the zb-h1 schedule"
+# bench schedule replays every schedule; ZB-H2 has no bubble in the papers' measure.
+out=$("$bin" bench schedule --pp 4 --microbatches 8 --format json 2>&1)
+grep -q '"schedule":"zb-h2", "stages":4, "microbatches":8, "chunks":1, "bubble":0,' <<<"$out" && ok ||
+  fail "bench schedule: no zero ZB-H2 bubble in: $out"
+[[ $(grep -c '"schedule"' <<<"$out") -eq 7 ]] && ok || fail "bench schedule printed $(grep -c '"schedule"' <<<"$out") schedules, expected 7"
+out=$("$bin" bench schedule --schedule interleaved --pp 4 --microbatches 6 2>&1)
+[[ $? -eq 2 ]] && grep -q "error: --schedule interleaved: --microbatches 6" <<<"$out" && ok || fail "bench schedule interleaved m 6: $out"
+
 # 2. The vit trains on Fashion-MNIST patches with --sp 2 and a GPipe pipeline.
 "$bin" launch --topology "$work/ring4.yaml" --model vit --d-model 32 --layers 2 --heads 2 --batch 8 --max-steps 30 \
   --sp 2 --pp 2 --microbatches 2 --schedule gpipe --out "$work/vit" >"$work/vit.log" 2>&1 && ok ||
@@ -78,6 +97,7 @@ expect_error "--stages" "${tiny[@]}" --pp 2 --stages 1,1
 expect_error "--heads 5" "${tiny[@]}" --heads 5
 expect_error "--model 'bert'" --model bert
 expect_error "--schedule" "${tiny[@]}" --schedule zigzag
+expect_error "--schedule zb-v: the pipeline engine runs one chunk" "${tiny[@]}" --pp 2 --schedule zb-v
 expect_error "gpt or vit" --sp 2
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda

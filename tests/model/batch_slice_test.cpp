@@ -121,7 +121,9 @@ TEST(TransformerLayout, OffsetsAreTheParameterStoresAndUnitsTileTheBuffer) {
       EXPECT_EQ(b.fc2_b, at(str("h", l, ".mlp.proj.bias")));
     }
     EXPECT_EQ(layout.lnf_w, at("ln_f.weight"));
-    if (!tied) EXPECT_EQ(layout.head_w, at("lm_head.weight"));
+    if (!tied) {
+      EXPECT_EQ(layout.head_w, at("lm_head.weight"));
+    }
     std::size_t next = 0;
     for (const ParameterRange& u : layout.units) {
       EXPECT_EQ(u.offset, next);

@@ -158,12 +158,15 @@ void expect_matches_unsplit(const Case& k, StepStats* stats = nullptr, std::vect
   if (first_units) *first_units = engine.stage_first_units();
 }
 
+// Every schedule the engine runs; zb-h1 and zb-h2 split each backward into B and W.
+constexpr Schedule kEngineSchedules[] = {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kZbH1, Schedule::kZbH2};
+
 TEST(PipelineEngine, MatchesTheUnsplitModelForEveryStageCountMicroBatchCountAndSchedule) {
   std::uint64_t seed = 10;
   for (const auto& model : {small_gpt(), small_vit()})
     for (int pp : {1, 2, 4})
       for (int m : {1, 4, 8})
-        for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+        for (Schedule schedule : kEngineSchedules) {
           Case k;
           k.model = model;
           k.engine.pp = pp;
@@ -177,7 +180,7 @@ TEST(PipelineEngine, MatchesTheUnsplitModelForEveryStageCountMicroBatchCountAndS
 TEST(PipelineEngine, TiedHeadGradientsOfTwoStagesAddUp) {
   // The head on the last stage adds into the embedding's range, which stage 0 owns.
   for (int pp : {2, 3})
-    for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+    for (Schedule schedule : kEngineSchedules) {
       Case k;
       k.model = small_gpt(/*tied=*/true);
       k.engine.pp = pp;
@@ -189,7 +192,7 @@ TEST(PipelineEngine, TiedHeadGradientsOfTwoStagesAddUp) {
 }
 
 TEST(PipelineEngine, FewerMicroBatchesThanStagesCompletes) {
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB}) {
+  for (Schedule schedule : kEngineSchedules) {
     Case k;
     k.model = small_gpt();
     k.engine.pp = 4;
@@ -204,7 +207,7 @@ TEST(PipelineEngine, FewerMicroBatchesThanStagesCompletes) {
 
 TEST(PipelineEngine, SequenceRanksTimesStagesMatchTheUnsplitModel) {
   for (const auto& model : {small_gpt(), small_gpt(/*tied=*/true), small_vit()})
-    for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+    for (Schedule schedule : kEngineSchedules)
       for (SequenceSplit split : {SequenceSplit::kZigzag, SequenceSplit::kContiguous}) {
         Case k;
         k.model = model;
@@ -285,6 +288,25 @@ TEST(PipelineEngine, OneFOneBHoldsAtMostStagesMinusRankMicroBatches) {
   }
 }
 
+TEST(PipelineEngine, ZeroBubbleSchedulesKeepTheirMemoryBudget) {
+  Case k;
+  k.model = small_gpt();
+  k.engine.pp = 4;
+  k.engine.microbatches = 8;
+  k.engine.stage_first_units = {0, 2, 3, 4};
+  for (auto [schedule, budget] : {std::pair{Schedule::kZbH1, 4}, std::pair{Schedule::kZbH2, 7}}) {
+    k.engine.schedule = schedule;
+    StepStats stats;
+    expect_matches_unsplit(k, &stats);
+    int peak = 0;
+    for (const auto& stage : stats.stages) peak = std::max(peak, stage.peak_in_flight);
+    EXPECT_LE(peak, budget) << to_string(schedule);
+    EXPECT_GT(peak, 1) << to_string(schedule);
+    EXPECT_DOUBLE_EQ(stats.theoretical_bubble,
+                     theoretical_bubble(ScheduleShape{.schedule = schedule, .stages = 4, .microbatches = 8}));
+  }
+}
+
 TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
   model::Transformer model(small_gpt());
   auto expect_error = [&](EngineConfig config, const std::string& flag) {
@@ -296,6 +318,11 @@ TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
       EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
   };
+  EngineConfig several_chunks;
+  several_chunks.pp = 2;
+  several_chunks.microbatches = 4;
+  several_chunks.schedule = Schedule::kZbV;
+  expect_error(several_chunks, "--schedule zb-v");
   EngineConfig c;
   c.pp = 7;  // 6 units
   expect_error(c, "--pp");
@@ -341,7 +368,7 @@ TEST(PipelineEngine, AFailingWorkerEndsTheStepAtOnceAndTheNextStepWorks) {
   // forward while the later stages wait for it, and must be released by the abort, not by
   // their (long) timeout.
   data.bytes[7 * config.seq + 3] = 1000;
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+  for (Schedule schedule : kEngineSchedules)
     for (int sp : {1, 2}) {
       SCOPED_TRACE(str(to_string(schedule), " sp ", sp));
       EngineConfig engine_config;

@@ -126,7 +126,7 @@ TEST(Schedule, EveryMicroBatchOnceForwardThenBackwardWithBoundedMemory) {
             ASSERT_GE(forward_at[i], 0);
             ASSERT_GT(backward_at[i], forward_at[i]);
           }
-          const int peak = peak_in_flight(ops);
+          const double peak = peak_in_flight(ops);
           if (schedule == Schedule::kGpipe) {
             EXPECT_EQ(peak, m);
           } else {
@@ -168,6 +168,133 @@ TEST(Schedule, ReplayOfASlowStageIsBoundByIt) {
   });
   EXPECT_GE(replay.makespan_s, 2.0 * 2 * m);
   EXPECT_GT(replay.bubble, theoretical_bubble(p, m));
+}
+
+// Every schedule of every shape: each (micro-batch, chunk) runs forward once, backward
+// once and, when split, W once after its B; the lists replay without stalling.
+TEST(Schedule, EverySchedulePassesEachMicroBatchChunkOnceAndReplays) {
+  for (Schedule schedule : all_schedules())
+    for (int p : {1, 2, 3, 4, 5})
+      for (int m : {1, 2, 4, 5, 8, 12}) {
+        ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = m, .interleave = 2};
+        if (schedule == Schedule::kInterleaved && m % p != 0) {
+          EXPECT_THROW(build_schedule(shape), Error);
+          continue;
+        }
+        SCOPED_TRACE(testing::Message() << to_string(schedule) << " p " << p << " m " << m);
+        const auto ops = build_schedule(shape);
+        const int v = shape.chunks();
+        ASSERT_EQ(static_cast<int>(ops.size()), p);
+        for (int s = 0; s < p; ++s) {
+          // seen[kind][chunk][micro-batch]: the position in the stage's list.
+          std::vector<std::vector<std::vector<int>>> seen(3, std::vector<std::vector<int>>(v, std::vector<int>(m, -1)));
+          for (int k = 0; k < static_cast<int>(ops[s].size()); ++k) {
+            const PipelineOp& op = ops[s][k];
+            ASSERT_TRUE(op.chunk >= 0 && op.chunk < v && op.microbatch >= 0 && op.microbatch < m);
+            int& at = seen[static_cast<int>(op.kind)][op.chunk][op.microbatch];
+            ASSERT_EQ(at, -1) << "pass run twice";
+            at = k;
+          }
+          for (int c = 0; c < v; ++c)
+            for (int i = 0; i < m; ++i) {
+              EXPECT_GE(seen[0][c][i], 0);
+              EXPECT_GT(seen[1][c][i], seen[0][c][i]);
+              if (shape.split_backward())
+                EXPECT_GT(seen[2][c][i], seen[1][c][i]);
+              else
+                EXPECT_EQ(seen[2][c][i], -1);
+            }
+        }
+        EXPECT_NO_THROW(replay_schedule(shape, ops, [](int, const PipelineOp&) { return 1.0; }));
+      }
+}
+
+TEST(Schedule, VirtualStagesRoundTrip) {
+  for (Schedule schedule : {Schedule::kInterleaved, Schedule::kZbV, Schedule::kOneFOneB}) {
+    const ScheduleShape shape{.schedule = schedule, .stages = 4, .microbatches = 8, .interleave = 3};
+    for (int k = 0; k < shape.virtual_stages(); ++k)
+      EXPECT_EQ(shape.virtual_stage(shape.stage_of(k), shape.chunk_of(k)), k) << to_string(schedule);
+  }
+  // The V: stage 0 holds the first and the last virtual stage.
+  const ScheduleShape v{.schedule = Schedule::kZbV, .stages = 4, .microbatches = 8};
+  EXPECT_EQ(v.virtual_stage(0, 1), 7);
+  EXPECT_EQ(v.virtual_stage(3, 0), 3);
+  EXPECT_EQ(v.virtual_stage(3, 1), 4);
+}
+
+// With equal pass times the replay meets the papers' closed forms where the schedule is
+// fixed (GPipe, 1F1B, interleaved), and ZB-H2 has no bubble in the papers' measure.
+TEST(Schedule, ReplayedBubblesAgainstThePapers) {
+  for (int p : {2, 4, 8})
+    for (int m : {8, 16}) {
+      SCOPED_TRACE(testing::Message() << "p " << p << " m " << m);
+      auto replay = [&](Schedule schedule, int v = 2) {
+        const ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = m, .interleave = v};
+        return replay_schedule(shape, [&](int, const PipelineOp& op) {
+          const double whole = op.kind == PassKind::kBackward && !shape.split_backward() ? 2.0 : 1.0;
+          return whole / shape.chunks();
+        });
+      };
+      auto theory = [&](Schedule schedule, int v = 2) {
+        return theoretical_bubble(ScheduleShape{.schedule = schedule, .stages = p, .microbatches = m, .interleave = v});
+      };
+      const double one_f_one_b = replay(Schedule::kOneFOneB).span_bubble;
+      EXPECT_NEAR(one_f_one_b, theory(Schedule::kOneFOneB), 1e-12);
+      EXPECT_NEAR(replay(Schedule::kGpipe).bubble, theory(Schedule::kGpipe), 1e-12);
+      for (int v : {2, 4})
+        EXPECT_NEAR(replay(Schedule::kInterleaved, v).span_bubble, theory(Schedule::kInterleaved, v), 1e-12);
+      // H2's warm-up needs 2p − 1 micro-batches to fill stage 0 until the first B.
+      if (m >= 2 * p - 1) {
+        EXPECT_NEAR(replay(Schedule::kZbH2).span_bubble, 0.0, 1e-12);
+      }
+      // The greedy ZB-H1 and ZB-V beat 1F1B but do not reach the closed forms (see
+      // docs/parallel.md for the measured gap).
+      EXPECT_LT(replay(Schedule::kZbH1).span_bubble, one_f_one_b);
+      EXPECT_GE(replay(Schedule::kZbH1).span_bubble, theory(Schedule::kZbH1) - 1e-12);
+      EXPECT_LT(replay(Schedule::kZbV).span_bubble, replay(Schedule::kZbH1).span_bubble);
+    }
+}
+
+// Peak activations per stage, in micro-batches, within each schedule's budget.
+TEST(Schedule, PeakMemoryWithinEachSchedulesBudget) {
+  for (int p : {2, 3, 4, 6})
+    for (int m : {6, 12, 24}) {
+      SCOPED_TRACE(testing::Message() << "p " << p << " m " << m);
+      auto peaks = [&](Schedule schedule) {
+        const ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = m};
+        std::vector<double> out;
+        for (const auto& st : replay_schedule(shape, [](int, const PipelineOp&) { return 1.0; }).stages)
+          out.push_back(st.peak_microbatches);
+        return out;
+      };
+      const double pd = p;
+      for (int s = 0; s < p; ++s) EXPECT_EQ(peaks(Schedule::kOneFOneB)[s], static_cast<double>(std::min(p - s, m)));
+      for (double x : peaks(Schedule::kZbH1)) EXPECT_LE(x, pd);
+      for (double x : peaks(Schedule::kZbH2)) EXPECT_LE(x, 2 * pd - 1);
+      for (double x : peaks(Schedule::kZbV)) EXPECT_LE(x, pd);
+      for (double x : peaks(Schedule::kVHalf)) EXPECT_LE(x, (pd + 1) / 2);
+    }
+}
+
+TEST(Schedule, BadShapesNameTheirFlag) {
+  auto message = [](const ScheduleShape& shape) {
+    try {
+      build_schedule(shape);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({.schedule = Schedule::kInterleaved, .stages = 4, .microbatches = 6}).find("--microbatches 6"),
+            std::string::npos);
+  EXPECT_NE(
+      message({.schedule = Schedule::kInterleaved, .stages = 2, .microbatches = 4, .interleave = 1}).find("--chunks"),
+      std::string::npos);
+  EXPECT_NE(message({.schedule = Schedule::kZbV, .stages = 2, .microbatches = 4, .interleave = 3}).find("exactly 2"),
+            std::string::npos);
+  EXPECT_NE(message({.schedule = Schedule::kOneFOneB, .stages = 0, .microbatches = 4}).find("--pp"), std::string::npos);
+  EXPECT_NE(message({.schedule = Schedule::kZbH1, .stages = 2, .microbatches = 0}).find("--microbatches"),
+            std::string::npos);
 }
 
 }  // namespace

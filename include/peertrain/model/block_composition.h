@@ -18,6 +18,8 @@
 //   void gelu_forward(count, h, g), gelu_backward(count, h, dg, dh)
 //   void attention_forward(q, k, v, out, lse)                    for the batch it was made for
 //   void attention_backward(q, k, v, out, lse, dout, dq, dk, dv)  overwrites dq, dk, dv
+// The split backward (block_backward_input, block_backward_weight) also passes null for
+// the pieces of linear_backward and layernorm_backward a pass does not compute.
 #pragma once
 
 #include <algorithm>
@@ -71,6 +73,25 @@ void block_forward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, con
   ops.linear_residual_forward(f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
 }
 
+// What the input-gradient pass (B) keeps for the weight-gradient pass (W), as offsets into
+// one buffer: the output gradient of every layer with weights (fc2: the block's dout; fc:
+// after GELU; ln2; proj: d_mid; qkv; ln1). 11·d·n floats with mlp_ratio 4.
+struct BlockStash {
+  std::size_t dout, d_hidden, d_ln2, d_mid, d_qkv, d_ln1, total;
+};
+inline BlockStash block_stash(const BlockShape& shape) {
+  const std::size_t dn = static_cast<std::size_t>(shape.d_model) * shape.columns();
+  BlockStash k{};
+  k.dout = 0;
+  k.d_hidden = dn;
+  k.d_ln2 = k.d_hidden + static_cast<std::size_t>(shape.hidden) * shape.columns();
+  k.d_mid = k.d_ln2 + dn;
+  k.d_qkv = k.d_mid + dn;
+  k.d_ln1 = k.d_qkv + 3 * dn;
+  k.total = k.d_ln1 + dn;
+  return k;
+}
+
 // ADDS the block's parameter gradients into g and writes din. dout and din may be the same
 // buffer: dout is last read before din is first written.
 template <class Ops>
@@ -104,6 +125,63 @@ void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, co
   ops.linear_backward(d, 3 * d, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
   ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din, g + o.ln1_w,
                          g + o.ln1_b);
+}
+
+// B: the input gradient alone. Writes din (which may be dout) and fills `stash`
+// (block_stash(shape).total floats) for block_backward_weight. The same operations as
+// block_backward, in the same order, so B then W gives its numbers bit for bit.
+template <class Ops>
+void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
+                          const float* dout, float* din, float* stash) {
+  const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
+  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const BlockSaved at = shape.saved();
+  const BlockStash k = block_stash(shape);
+  const float* s = saved;
+  ops.copy(stash + k.dout, dout, dn);  // fc2's W reads it; din may overwrite dout below
+  // MLP branch.
+  ops.linear_backward(f, d, n, p + o.fc2_w, nullptr, dout, nullptr, nullptr, stash + k.d_hidden);
+  ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, stash + k.d_hidden, stash + k.d_hidden);
+  ops.linear_backward(d, f, n, p + o.fc_w, nullptr, stash + k.d_hidden, nullptr, nullptr, stash + k.d_ln2);
+  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, stash + k.dout,
+                         stash + k.d_mid, nullptr, nullptr);
+  // Attention branch.
+  float* d_ln = ops.scratch(1, dn);
+  ops.linear_backward(d, d, n, p + o.proj_w, nullptr, stash + k.d_mid, nullptr, nullptr, d_ln);
+  float* d_att = ops.scratch(3, dn);
+  ops.split_heads(B, T, H, hd, d, 0, d_ln, d_att);
+  float* d_heads = ops.scratch(4, 3 * dn);
+  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + dn,
+                         d_heads + 2 * dn);
+  for (int part = 0; part < 3; ++part)
+    ops.merge_heads(B, T, H, hd, 3 * d, part * d, d_heads + part * dn, stash + k.d_qkv);
+  ops.linear_backward(d, 3 * d, n, p + o.qkv_w, nullptr, stash + k.d_qkv, nullptr, nullptr, stash + k.d_ln1);
+  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, stash + k.d_mid,
+                         din, nullptr, nullptr);
+}
+
+// W: ADDS the block's parameter gradients into g from what B stashed. Nothing waits for
+// it, which is what lets a zero-bubble schedule put it into the pipeline's idle time.
+template <class Ops>
+void block_backward_weight(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
+                           const float* stash, float* g) {
+  const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
+  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const BlockSaved at = shape.saved();
+  const BlockStash k = block_stash(shape);
+  const float* s = saved;
+  ops.linear_backward(f, d, n, nullptr, s + at.g, stash + k.dout, g + o.fc2_w, g + o.fc2_b, nullptr);
+  ops.linear_backward(d, f, n, nullptr, s + at.ln2, stash + k.d_hidden, g + o.fc_w, g + o.fc_b, nullptr);
+  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, nullptr, nullptr,
+                         g + o.ln2_w, g + o.ln2_b);
+  float* merged = ops.scratch(3, dn);
+  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
+  ops.linear_backward(d, d, n, nullptr, merged, stash + k.d_mid, g + o.proj_w, g + o.proj_b, nullptr);
+  ops.linear_backward(d, 3 * d, n, nullptr, s + at.ln1, stash + k.d_qkv, g + o.qkv_w, g + o.qkv_b, nullptr);
+  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, nullptr, nullptr,
+                         g + o.ln1_w, g + o.ln1_b);
 }
 
 }  // namespace peertrain::model

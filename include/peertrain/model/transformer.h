@@ -82,7 +82,9 @@ void check_batch(const TransformerConfig& config, const TokenBatch& batch);
 struct UnitActivations {
   AlignedVector<float> buffer;   // at Eigen's alignment: see core/aligned.h
   AlignedVector<float> scratch;  // not needed after forward; excluded from activation_bytes()
-  std::size_t activation_bytes() const { return buffer.size() * sizeof(float); }
+  // Kept by backward_input for backward_weight (the output gradients of the unit's layers).
+  AlignedVector<float> stash;
+  std::size_t activation_bytes() const { return (buffer.size() + stash.size()) * sizeof(float); }
 };
 
 // Where the units reach their collaborators.
@@ -138,6 +140,16 @@ class Transformer {
   // embedding's range as well.
   void backward(int unit, std::span<const float> params, const TokenBatch& batch, const float* dout, float* din,
                 UnitActivations& saved, std::span<float> grads, const UnitContext& context);
+
+  // The backward split in two, for the zero-bubble schedules (Qi et al., ICLR 2024):
+  // backward_input (B) writes din as backward does and keeps in saved.stash what the
+  // weight gradient needs; backward_weight (W), later, ADDS the unit's parameter gradients.
+  // B then W gives backward's numbers bit for bit. Between them saved holds both the
+  // activations and the stash (activation_bytes() counts it).
+  void backward_input(int unit, std::span<const float> params, const TokenBatch& batch, const float* dout, float* din,
+                      UnitActivations& saved, const UnitContext& context);
+  void backward_weight(int unit, std::span<const float> params, const TokenBatch& batch, UnitActivations& saved,
+                       std::span<float> grads, const UnitContext& context);
 
   // Every unit on one rank: returns the loss and ADDS its gradient into grads.
   float forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads,

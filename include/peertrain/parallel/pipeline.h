@@ -27,6 +27,8 @@ struct EngineConfig {
   int sp = 1;            // sequence ranks per stage (--sp)
   int pp = 1;            // pipeline stages (--pp)
   int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
+  // gpipe, 1f1b, zb-h1, zb-h2 run here; the schedules with several chunks per stage
+  // (interleaved, zb-v, v-half) are replayed by `peertrain bench schedule` only so far.
   Schedule schedule = Schedule::kOneFOneB;
   std::vector<int> stage_first_units;  // first unit of each stage (--stages); empty: profile and partition
   SequenceSplit split = SequenceSplit::kZigzag;
@@ -74,7 +76,7 @@ struct StepStats {
   // processor per stage (replay_schedule): the bubble of this partition and schedule on a
   // machine with a core per worker.
   double replayed_bubble = 0;
-  double theoretical_bubble = 0;  // (p − 1)/(m + p − 1)
+  double theoretical_bubble = 0;  // the papers' closed form for the schedule (schedule.h)
 };
 
 class PipelineEngine {
@@ -101,6 +103,7 @@ class PipelineEngine {
   const std::vector<int>& stage_first_units() const { return first_units_; }  // empty before plan()
   const std::vector<double>& unit_costs() const { return unit_costs_; }       // the profile; empty if overridden
   const StepStats& last_stats() const { return stats_; }
+  const ScheduleShape& schedule_shape() const { return shape_; }
 
  private:
   struct Worker;
@@ -108,6 +111,8 @@ class PipelineEngine {
 
   model::Transformer& model_;
   EngineConfig config_;
+  ScheduleShape shape_;
+  std::vector<std::vector<PipelineOp>> schedule_;  // each stage's passes, fixed at construction
   std::vector<int> first_units_;
   std::vector<double> unit_costs_;
   StepStats stats_;
