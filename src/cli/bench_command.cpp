@@ -131,6 +131,7 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   try {
     model::validate(config);
     engine.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
+    engine.chunks = number_flag<int>(args, "chunks");
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
@@ -230,7 +231,8 @@ int step(int argc, char** argv) {
       "sp", "gpt/vit: sequence ranks", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))(
       "microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))(
-      "schedule", "gpipe | 1f1b | zb-h1 | zb-h2 (interleaved, zb-v, v-half: bench schedule)",
+      "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
+      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
       cxxopts::value<std::string>()->default_value("1f1b"))(
       "device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
       cxxopts::value<std::string>())("gemm-precision", "--device cuda: fp32 | tf32 | bf16",

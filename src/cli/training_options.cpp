@@ -12,12 +12,50 @@ namespace peertrain::cli {
 namespace {
 
 // Flags forwarded from launch to its peers (everything that shapes the run).
-const std::vector<std::string> kTrainingFlags = {
-    "algorithm", "model", "hidden", "epochs", "max-steps", "batch", "lr", "momentum", "weight-decay", "seed",
-    "eval-every", "partition", "alpha", "data-dir", "peer-timeout", "connect-timeout", "threads", "run-id", "on-split", "secret-file", "checkpoint-every", "checkpoint-dir", "max-staleness",
-    "optimizer", "d-model", "layers", "heads", "seq", "patch", "text-dir", "eval-windows", "sp", "pp",
-    "microbatches", "schedule", "stages", "sequence-split", "ring-mode", "worker-timeout", "lr-schedule", "warmup-steps",
-    "device", "gemm-precision"};
+const std::vector<std::string> kTrainingFlags = {"algorithm",
+                                                 "model",
+                                                 "hidden",
+                                                 "epochs",
+                                                 "max-steps",
+                                                 "batch",
+                                                 "lr",
+                                                 "momentum",
+                                                 "weight-decay",
+                                                 "seed",
+                                                 "eval-every",
+                                                 "partition",
+                                                 "alpha",
+                                                 "data-dir",
+                                                 "peer-timeout",
+                                                 "connect-timeout",
+                                                 "threads",
+                                                 "run-id",
+                                                 "on-split",
+                                                 "secret-file",
+                                                 "checkpoint-every",
+                                                 "checkpoint-dir",
+                                                 "max-staleness",
+                                                 "optimizer",
+                                                 "d-model",
+                                                 "layers",
+                                                 "heads",
+                                                 "seq",
+                                                 "patch",
+                                                 "text-dir",
+                                                 "eval-windows",
+                                                 "sp",
+                                                 "pp",
+                                                 "microbatches",
+                                                 "schedule",
+                                                 "chunks",
+                                                 "stages",
+                                                 "sequence-split",
+                                                 "ring-mode",
+                                                 "worker-timeout",
+                                                 "lr-schedule",
+                                                 "warmup-steps",
+                                                 "device",
+                                                 "gemm-precision"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -85,6 +123,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   e.timeout_s = positive<double>(args, "worker-timeout");
   try {
     e.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
+    e.chunks = positive<int>(args, "chunks");
     e.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
     e.ring = parallel::parse_ring_mode(args["ring-mode"].as<std::string>());
     device_options(args, c);
@@ -93,8 +132,11 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
       return;
     }
     model::validate(m);
-    if (args.count("stages"))
-      e.stage_first_units = parallel::parse_stage_sizes(args["stages"].as<std::string>(), m.layers + 2, e.pp);
+    if (args.count("stages")) {
+      const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = e.pp, .interleave = e.chunks};
+      e.stage_first_units =
+          parallel::parse_stage_sizes(args["stages"].as<std::string>(), m.layers + 2, shape.virtual_stages());
+    }
     if (c.batch % e.microbatches != 0)
       throw UsageError(str("--microbatches ", e.microbatches, " must divide --batch ", c.batch));
     if (e.sp > 1) (void)parallel::sequence_positions(m.tokens(), e.sp, 0, e.split);  // throws if SP does not divide T
@@ -159,10 +201,13 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>()->default_value("1"))("pp", "pipeline stages",
                                                          cxxopts::value<std::string>()->default_value("1"))(
       "microbatches", "micro-batches per step (must divide --batch)",
-      cxxopts::value<std::string>()->default_value("1"))(
-      "schedule", "gpipe | 1f1b | zb-h1 | zb-h2 (interleaved, zb-v, v-half: bench schedule)",
-      cxxopts::value<std::string>()->default_value("1f1b"))(
-      "stages", "units per stage by hand, e.g. 3,3 (units: embedding, each block, head); default: profiled",
+      cxxopts::value<std::string>()->default_value("1"))("schedule",
+                                                         "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
+                                                         cxxopts::value<std::string>()->default_value("1f1b"))(
+      "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
+      "stages",
+      "units per virtual stage by hand, pp x chunks of them, e.g. 3,3 (units: embedding, each block, head); "
+      "default: profiled",
       cxxopts::value<std::string>())("sequence-split", "zigzag | contiguous",
                                      cxxopts::value<std::string>()->default_value("zigzag"))(
       "ring-mode", "ring (online softmax) | rsa (Li et al. 2021, full score strips)",

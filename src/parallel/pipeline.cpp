@@ -21,6 +21,7 @@
 #include <chrono>
 #include <exception>
 #include <latch>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -50,10 +51,12 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-int forward_tag(int microbatch) { return 2 * microbatch; }
-int backward_tag(int microbatch) { return 2 * microbatch + 1; }
-std::size_t pass_index(const PipelineOp& op, int microbatches) {
-  return static_cast<std::size_t>(op.kind) * microbatches + op.microbatch;
+// Messages into virtual stage k for micro-batch i: its input forward, its output gradient
+// backward.
+int forward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch); }
+int backward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch) + 1; }
+std::size_t pass_index(const PipelineOp& op, int chunks, int microbatches) {
+  return (static_cast<std::size_t>(op.kind) * chunks + op.chunk) * microbatches + op.microbatch;
 }
 
 // The step's micro-batches as one sequence rank holds them.
@@ -68,13 +71,14 @@ struct RankBatches {
 // What the workers of one step share.
 struct StepShared {
   StepShared(std::span<const float> params, const GlobalBatch& batch, const EngineConfig& config,
-             const std::vector<std::vector<PipelineOp>>& schedule, bool split_backward,
+             const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& schedule,
              const std::vector<int>& first_units, int units)
       : params(params),
         batch(batch),
         config(config),
+        shape(shape),
         schedule(schedule),
-        split_backward(split_backward),
+        split_backward(shape.split_backward()),
         first_units(first_units),
         units(units),
         start(static_cast<std::ptrdiff_t>(config.pp) * config.sp) {}
@@ -82,6 +86,7 @@ struct StepShared {
   std::span<const float> params;
   const GlobalBatch& batch;
   const EngineConfig& config;
+  const ScheduleShape& shape;
   const std::vector<std::vector<PipelineOp>>& schedule;
   bool split_backward;  // B and W are separate passes
   const std::vector<int>& first_units;
@@ -125,19 +130,22 @@ void build_microbatches(const model::Transformer& model, const GlobalBatch& glob
                        rank.slices[static_cast<std::size_t>(i)]);
 }
 
-// The parameter ranges a stage's backward adds into: its units', and the embedding's when
-// it holds a tied head. Adjacent ranges are merged so the all-reduce makes few calls.
-std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model, int first_unit, int end_unit) {
+// The parameter ranges a stage's backward adds into: its chunks' units', and the
+// embedding's when it holds a tied head. Overlapping and adjacent ranges are merged, so
+// each parameter appears once and the all-reduce makes few calls.
+std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model,
+                                                  const std::vector<std::pair<int, int>>& unit_runs) {
   std::vector<model::ParameterRange> ranges;
-  for (int u = first_unit; u < end_unit; ++u) ranges.push_back(model.unit_parameters(u));
-  if (model.config().tied_head && end_unit == model.num_units() && first_unit > 0)
-    ranges.push_back(model.unit_parameters(0));
+  for (auto [first_unit, end_unit] : unit_runs) {
+    for (int u = first_unit; u < end_unit; ++u) ranges.push_back(model.unit_parameters(u));
+    if (model.config().tied_head && end_unit == model.num_units()) ranges.push_back(model.unit_parameters(0));
+  }
   std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   std::vector<model::ParameterRange> merged;
   for (const auto& r : ranges) {
     if (r.size == 0) continue;
-    if (!merged.empty() && merged.back().offset + merged.back().size == r.offset)
-      merged.back().size += r.size;
+    if (!merged.empty() && merged.back().offset + merged.back().size >= r.offset)
+      merged.back().size = std::max(merged.back().size, r.offset + r.size - merged.back().offset);
     else
       merged.push_back(r);
   }
@@ -150,15 +158,24 @@ std::vector<model::ParameterRange> touched_ranges(const model::Transformer& mode
 // steps.
 struct PipelineEngine::Worker {
   int stage = 0, rank = 0;
-  int first_unit = 0, end_unit = 0;  // units [first_unit, end_unit)
   RankBatches data;
   model::Transformer* model = nullptr;  // shared: its temporaries are per thread
 
-  // Saved activations: a slot is one UnitActivations per unit of the stage. Slots return to
-  // the free list after the micro-batch's backward, so 1F1B allocates p − s of them, GPipe m.
-  std::vector<std::vector<model::UnitActivations>> slots;
-  std::vector<int> free_slots;
-  std::vector<int> slot_of;  // per micro-batch; −1 when not in flight
+  // One of the stage's chunks: virtual stage k of the model's p·v, units [first_unit,
+  // end_unit). Saved activations: a slot is one UnitActivations per unit of the chunk.
+  // Slots return to the free list once the micro-batch's backward (its W when split) is
+  // done, so 1F1B allocates p − s of them, GPipe m.
+  struct Chunk {
+    int virtual_stage = 0;
+    int first_unit = 0, end_unit = 0;
+    std::vector<std::vector<model::UnitActivations>> slots;
+    std::vector<int> free_slots;
+    std::vector<int> slot_of;  // per micro-batch; −1 when not in flight
+    int units() const { return end_unit - first_unit; }
+  };
+  std::vector<Chunk> chunks;
+  // Messages between two chunks of this same worker (the V's turn, or p = 1), by tag.
+  std::map<int, AlignedVector<float>> local;
 
   // The flat layout, so units write where they always do; only `ranges` are used, which
   // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
@@ -189,18 +206,24 @@ struct PipelineEngine::Worker {
   std::vector<double> pass_cpu_s;  // by pass_index
 
   std::string where() const {
-    return str("pipeline stage ", stage, " (units ", first_unit, "–", end_unit - 1, "), sequence rank ", rank);
+    std::string units;
+    for (const Chunk& c : chunks) units += str(units.empty() ? "" : ", ", c.first_unit, "–", c.end_unit - 1);
+    return str("pipeline stage ", stage, " (units ", units, "), sequence rank ", rank);
   }
-  int stage_units() const { return end_unit - first_unit; }
 
   // Everything before the clock starts; false when it failed (recorded).
   bool prepare(StepShared& step, model::Transformer& engine_model);
   // The schedule, then the sends' completion and the gradient all-reduce.
   void run(StepShared& step);
-  void forward(StepShared& step, int microbatch);
-  void backward(StepShared& step, int microbatch);  // the whole backward, or B when split
-  void weight(StepShared& step, int microbatch);    // W: the parameter gradients, after B
-  void release(int microbatch);                     // its activations are no longer needed
+  void forward(StepShared& step, const PipelineOp& op);
+  void backward(StepShared& step, const PipelineOp& op);  // the whole backward, or B when split
+  void weight(StepShared& step, const PipelineOp& op);    // W: the parameter gradients, after B
+  void release(Chunk& chunk, int microbatch);             // its activations are no longer needed
+  // Receives into `into` the message `tag` from the worker of virtual stage k (this one's
+  // local box when it is this stage), and sends `parcel` there.
+  void receive(StepShared& step, int k, int tag, AlignedVector<float>& into);
+  void send(StepShared& step, int k, int tag, Parcel& parcel);
+  std::size_t held_bytes() const;
 
   // Times fn as busy (inside the model's units) for pass `op`.
   template <typename Fn>
@@ -211,7 +234,7 @@ struct PipelineEngine::Worker {
     const double cpu_s = thread_cpu_seconds() - cpu;
     busy_s += seconds_between(wall, Clock::now());
     busy_cpu_s += cpu_s;
-    pass_cpu_s[pass_index(op, microbatches)] += cpu_s;
+    pass_cpu_s[pass_index(op, static_cast<int>(chunks.size()), microbatches)] += cpu_s;
   }
   // Times fn as waiting for a neighbour.
   template <typename Fn>
@@ -236,14 +259,29 @@ struct PipelineEngine::Worker {
 
 bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engine_model) {
   const EngineConfig& config = step.config;
-  const int P = config.pp, M = config.microbatches;
-  first_unit = step.first_units[stage];
-  end_unit = stage + 1 < P ? step.first_units[stage + 1] : step.units;
+  const int P = config.pp, M = config.microbatches, V = step.shape.virtual_stages();
+  const int v = step.shape.chunks();
   try {
     model = &engine_model;
+    if (static_cast<int>(chunks.size()) != v) chunks.assign(static_cast<std::size_t>(v), {});
+    std::vector<std::pair<int, int>> runs;
+    for (int c = 0; c < v; ++c) {
+      Chunk& chunk = chunks[static_cast<std::size_t>(c)];
+      const int k = step.shape.virtual_stage(stage, c);
+      const int first = step.first_units[static_cast<std::size_t>(k)];
+      const int end = k + 1 < V ? step.first_units[static_cast<std::size_t>(k) + 1] : step.units;
+      if (chunk.first_unit != first || chunk.end_unit != end) chunk.slots.clear();  // a new split
+      chunk.virtual_stage = k;
+      chunk.first_unit = first;
+      chunk.end_unit = end;
+      chunk.free_slots.clear();
+      for (int slot = 0; slot < static_cast<int>(chunk.slots.size()); ++slot) chunk.free_slots.push_back(slot);
+      chunk.slot_of.assign(static_cast<std::size_t>(M), -1);
+      runs.emplace_back(first, end);
+    }
     build_microbatches(*model, step.batch, M, data);
     ops = step.schedule[static_cast<std::size_t>(stage)];
-    ranges = touched_ranges(*model, first_unit, end_unit);
+    ranges = touched_ranges(*model, runs);
     grads.resize(model->num_parameters());
     for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
     const std::size_t floats =
@@ -251,13 +289,8 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     received.resize(floats);
     scratch[0].resize(floats);
     scratch[1].resize(floats);
-    free_slots.clear();
-    for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
-      if (static_cast<int>(slots[k].size()) != stage_units()) slots[k].assign(stage_units(), {});  // new split
-      free_slots.push_back(k);
-    }
-    slot_of.assign(M, -1);
-    pass_cpu_s.assign(3 * static_cast<std::size_t>(M), 0.0);
+    local.clear();
+    pass_cpu_s.assign(3 * static_cast<std::size_t>(v) * M, 0.0);
     loss = 0;
     busy_s = busy_cpu_s = wait_s = reduce_s = 0;
     peak_bytes = 0;
@@ -276,88 +309,114 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
   }
 }
 
-void PipelineEngine::Worker::forward(StepShared& step, int i) {
-  const int P = step.config.pp;
-  const PipelineOp op{PassKind::kForward, i};
-  if (stage > 0) waiting([&] { pipe->recv(stage - 1, forward_tag(i), received, step.config.timeout_s); });
-  if (free_slots.empty()) {
-    slots.emplace_back(stage_units());
-    free_slots.push_back(static_cast<int>(slots.size()) - 1);
+void PipelineEngine::Worker::receive(StepShared& step, int k, int tag, AlignedVector<float>& into) {
+  const int from = step.shape.stage_of(k);
+  if (from == stage) {
+    auto it = local.find(tag);
+    PEERTRAIN_CHECK(it != local.end(), where(), ": message ", tag, " from its own chunk has not been sent");
+    into.swap(it->second);
+    local.erase(it);
+    return;
   }
-  const int slot = free_slots.back();
-  free_slots.pop_back();
-  slot_of[i] = slot;
-  Parcel* parcel = stage + 1 < P ? &free_parcel(received.size()) : nullptr;
-  busy(op, step.config.microbatches, [&] {
+  waiting([&] { pipe->recv(from, tag, into, step.config.timeout_s); });
+}
+
+void PipelineEngine::Worker::send(StepShared& step, int k, int tag, Parcel& parcel) {
+  const int to = step.shape.stage_of(k);
+  if (to == stage) {
+    local[tag] = parcel.data;  // a copy: the parcel goes back to the outbox
+    return;
+  }
+  parcel.request = pipe->isend(to, tag, parcel.data);
+}
+
+std::size_t PipelineEngine::Worker::held_bytes() const {
+  std::size_t bytes = 0;
+  for (const Chunk& chunk : chunks)
+    for (int held : chunk.slot_of)
+      if (held >= 0)
+        for (const auto& saved : chunk.slots[static_cast<std::size_t>(held)]) bytes += saved.activation_bytes();
+  return bytes;
+}
+
+void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
+  const int V = step.shape.virtual_stages(), M = step.config.microbatches, i = op.microbatch;
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int k = chunk.virtual_stage;
+  if (k > 0) receive(step, k - 1, forward_tag(k, i, M), received);
+  if (chunk.free_slots.empty()) {
+    chunk.slots.emplace_back(chunk.units());
+    chunk.free_slots.push_back(static_cast<int>(chunk.slots.size()) - 1);
+  }
+  const int slot = chunk.free_slots.back();
+  chunk.free_slots.pop_back();
+  chunk.slot_of[static_cast<std::size_t>(i)] = slot;
+  Parcel* parcel = k + 1 < V ? &free_parcel(received.size()) : nullptr;
+  busy(op, M, [&] {
     // Units chain through two scratch buffers; the first reads what arrived, the last
     // writes straight into the outgoing parcel.
-    for (int j = 0; j < stage_units(); ++j) {
-      const int unit = first_unit + j;
+    for (int j = 0; j < chunk.units(); ++j) {
+      const int unit = chunk.first_unit + j;
       const bool head = unit + 1 == step.units;
       const float* in = unit == 0 ? nullptr : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
-      float* out = head ? nullptr : j + 1 == stage_units() ? parcel->data.data() : scratch[j % 2].data();
-      const float unit_loss = model->forward(unit, step.params, data[i], in, out, slots[slot][j], context);
+      float* out = head ? nullptr : j + 1 == chunk.units() ? parcel->data.data() : scratch[j % 2].data();
+      const float unit_loss =
+          model->forward(unit, step.params, data[i], in, out, chunk.slots[static_cast<std::size_t>(slot)][j], context);
       if (head) loss += unit_loss;
     }
   });
-  if (parcel) parcel->request = pipe->isend(stage + 1, forward_tag(i), parcel->data);
+  if (parcel) send(step, k + 1, forward_tag(k + 1, i, M), *parcel);
   // What the stage now holds for the backward passes still to come.
   ++in_flight;
-  std::size_t bytes = 0;
-  for (int held : slot_of)
-    if (held >= 0)
-      for (const auto& saved : slots[held]) bytes += saved.activation_bytes();
-  peak_bytes = std::max(peak_bytes, bytes);
+  peak_bytes = std::max(peak_bytes, held_bytes());
   peak_in_flight = std::max(peak_in_flight, in_flight);
 }
 
-void PipelineEngine::Worker::backward(StepShared& step, int i) {
-  const PipelineOp op{PassKind::kBackward, i};
-  const bool holds_head = end_unit == step.units;
-  if (!holds_head) waiting([&] { pipe->recv(stage + 1, backward_tag(i), received, step.config.timeout_s); });
-  const int slot = slot_of[i];
+void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
+  const int V = step.shape.virtual_stages(), M = step.config.microbatches, i = op.microbatch;
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int k = chunk.virtual_stage;
+  if (k + 1 < V) receive(step, k + 1, backward_tag(k, i, M), received);
+  const int slot = chunk.slot_of[static_cast<std::size_t>(i)];
   PEERTRAIN_CHECK(slot >= 0, "backward of micro-batch ", i, " before its forward on stage ", stage);
-  Parcel* parcel = stage > 0 ? &free_parcel(received.size()) : nullptr;
-  busy(op, step.config.microbatches, [&] {
-    for (int j = stage_units() - 1; j >= 0; --j) {
-      const int unit = first_unit + j;
-      const float* dout = unit + 1 == step.units     ? nullptr
-                          : j + 1 == stage_units()   ? received.data()
-                                                     : scratch[(j + 1) % 2].data();
+  Parcel* parcel = k > 0 ? &free_parcel(received.size()) : nullptr;
+  busy(op, M, [&] {
+    for (int j = chunk.units() - 1; j >= 0; --j) {
+      const int unit = chunk.first_unit + j;
+      const float* dout = unit + 1 == step.units   ? nullptr
+                          : j + 1 == chunk.units() ? received.data()
+                                                   : scratch[(j + 1) % 2].data();
       float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
+      auto& saved = chunk.slots[static_cast<std::size_t>(slot)][j];
       if (step.split_backward)
-        model->backward_input(unit, step.params, data[i], dout, din, slots[slot][j], context);
+        model->backward_input(unit, step.params, data[i], dout, din, saved, context);
       else
-        model->backward(unit, step.params, data[i], dout, din, slots[slot][j], grads, context);
+        model->backward(unit, step.params, data[i], dout, din, saved, grads, context);
     }
   });
-  if (parcel) parcel->request = pipe->isend(stage - 1, backward_tag(i), parcel->data);
-  if (step.split_backward) {
-    // B has added to the stage's memory what W needs: count it while it is held.
-    std::size_t bytes = 0;
-    for (int held : slot_of)
-      if (held >= 0)
-        for (const auto& saved : slots[held]) bytes += saved.activation_bytes();
-    peak_bytes = std::max(peak_bytes, bytes);
-  } else {
-    release(i);
-  }
+  if (parcel) send(step, k - 1, backward_tag(k - 1, i, M), *parcel);
+  if (step.split_backward)
+    peak_bytes = std::max(peak_bytes, held_bytes());  // B added what W needs
+  else
+    release(chunk, i);
 }
 
-void PipelineEngine::Worker::weight(StepShared& step, int i) {
-  const PipelineOp op{PassKind::kWeight, i};
-  const int slot = slot_of[i];
+void PipelineEngine::Worker::weight(StepShared& step, const PipelineOp& op) {
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int i = op.microbatch;
+  const int slot = chunk.slot_of[static_cast<std::size_t>(i)];
   PEERTRAIN_CHECK(slot >= 0, "W pass of micro-batch ", i, " before its forward on stage ", stage);
   busy(op, step.config.microbatches, [&] {
-    for (int j = stage_units() - 1; j >= 0; --j)
-      model->backward_weight(first_unit + j, step.params, data[i], slots[slot][j], grads, context);
+    for (int j = chunk.units() - 1; j >= 0; --j)
+      model->backward_weight(chunk.first_unit + j, step.params, data[i], chunk.slots[static_cast<std::size_t>(slot)][j],
+                             grads, context);
   });
-  release(i);
+  release(chunk, i);
 }
 
-void PipelineEngine::Worker::release(int i) {
-  free_slots.push_back(slot_of[i]);
-  slot_of[i] = -1;
+void PipelineEngine::Worker::release(Chunk& chunk, int i) {
+  chunk.free_slots.push_back(chunk.slot_of[static_cast<std::size_t>(i)]);
+  chunk.slot_of[static_cast<std::size_t>(i)] = -1;
   --in_flight;
 }
 
@@ -366,11 +425,11 @@ void PipelineEngine::Worker::run(StepShared& step) {
   try {
     for (const PipelineOp& op : ops) {
       if (op.kind == PassKind::kForward)
-        forward(step, op.microbatch);
+        forward(step, op);
       else if (op.kind == PassKind::kBackward)
-        backward(step, op.microbatch);
+        backward(step, op);
       else
-        weight(step, op.microbatch);
+        weight(step, op);
     }
     waiting([&] {
       for (auto& parcel : outbox) {
@@ -409,13 +468,17 @@ PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
                                                  " sequence ranks (", tokens, " tokens per sequence)"));
   if (config_.microbatches < 1)
     throw Error(ErrorKind::kInvalidArgument, str("--microbatches ", config_.microbatches, ": expected at least 1"));
-  shape_ = ScheduleShape{.schedule = config_.schedule, .stages = config_.pp, .microbatches = config_.microbatches};
-  if (shape_.chunks() > 1)
+  shape_ = ScheduleShape{.schedule = config_.schedule,
+                         .stages = config_.pp,
+                         .microbatches = config_.microbatches,
+                         .interleave = config_.chunks};
+  schedule_ = build_schedule(shape_);  // validates: names --chunks, --microbatches
+  const int virtual_stages = shape_.virtual_stages();
+  if (virtual_stages > units)
     throw Error(ErrorKind::kInvalidArgument,
-                str("--schedule ", to_string(config_.schedule),
-                    ": the pipeline engine runs one chunk per stage (gpipe, 1f1b, zb-h1, zb-h2) so far; '",
-                    "peertrain bench schedule --schedule ", to_string(config_.schedule), "' replays it"));
-  schedule_ = build_schedule(shape_);
+                str("--pp ", config_.pp, " with --schedule ", to_string(config_.schedule), " (", shape_.chunks(),
+                    " chunks per stage) cuts the model into ", virtual_stages, " virtual stages, but it has only ",
+                    units, " units (embedding, ", model_.config().layers, " blocks, head)"));
   if (!(config_.timeout_s > 0))
     throw Error(ErrorKind::kInvalidArgument, str("pipeline timeout ", config_.timeout_s, " s: expected > 0"));
   if (config_.threads_per_worker < 1)
@@ -425,9 +488,9 @@ PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
     throw Error(ErrorKind::kInvalidArgument,
                 str("pipeline profile repetitions ", config_.profile_repetitions, ": expected at least 1"));
   if (!config_.stage_first_units.empty()) {
-    validate_first_units(config_.stage_first_units, units, config_.pp, "--stages");
+    validate_first_units(config_.stage_first_units, units, virtual_stages, "--stages");
     first_units_ = config_.stage_first_units;
-  } else if (config_.pp == 1) {
+  } else if (virtual_stages == 1) {
     first_units_ = {0};
   }
   workers_.resize(static_cast<std::size_t>(config_.pp) * config_.sp);
@@ -474,7 +537,7 @@ void PipelineEngine::plan(std::span<const float> params, const GlobalBatch& batc
     first_units_ = config_.stage_first_units;
     return;
   }
-  if (config_.pp == 1) {
+  if (shape_.virtual_stages() == 1) {
     first_units_ = {0};
     return;
   }
@@ -484,7 +547,7 @@ void PipelineEngine::plan(std::span<const float> params, const GlobalBatch& batc
   sample.positions = workers_[0]->data.positions;
   build_microbatches(model_, batch, config_.microbatches, sample);
   unit_costs_ = profile_units(model_, params, sample[0], config_.profile_repetitions);
-  first_units_ = partition(unit_costs_, config_.pp);
+  first_units_ = partition(unit_costs_, shape_.virtual_stages());
 }
 
 float PipelineEngine::step(std::span<const float> params, const GlobalBatch& batch, std::span<float> grads) {
@@ -497,7 +560,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
 
   const int P = config_.pp, S = config_.sp, M = config_.microbatches;
   const int units = model_.num_units();
-  StepShared shared(params, batch, config_, schedule_, shape_.split_backward(), first_units_, units);
+  StepShared shared(params, batch, config_, shape_, schedule_, first_units_, units);
   if (S > 1)
     for (int p = 0; p < P; ++p) {
       shared.stage_groups.push_back(std::make_unique<comm::ThreadGroup>(S, str("stage ", p, " sequence group")));
@@ -547,7 +610,8 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
   }
   // Each sequence rank reports its share of the loss (vit's ranks 1/sp of the pooled one).
   double loss = 0;
-  for (int s = 0; s < S; ++s) loss += workers_[static_cast<std::size_t>(P - 1) * S + s]->loss;
+  const int head_stage = shape_.stage_of(shape_.virtual_stages() - 1);  // P − 1, or 0 on a V
+  for (int s = 0; s < S; ++s) loss += workers_[static_cast<std::size_t>(head_stage) * S + s]->loss;
 
   stats_ = StepStats{};
   stats_.loss = loss;
@@ -562,8 +626,14 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
   stats_.stages.resize(P);
   for (int p = 0; p < P; ++p) {
     StageStats& st = stats_.stages[p];
-    st.first_unit = first_units_[p];
-    st.units = (p + 1 < P ? first_units_[p + 1] : units) - first_units_[p];
+    const int V = shape_.virtual_stages();
+    st.first_unit = first_units_[static_cast<std::size_t>(shape_.virtual_stage(p, 0))];
+    st.units = 0;
+    for (int c = 0; c < shape_.chunks(); ++c) {
+      const int k = shape_.virtual_stage(p, c);
+      st.units += (k + 1 < V ? first_units_[static_cast<std::size_t>(k) + 1] : units) -
+                  first_units_[static_cast<std::size_t>(k)];
+    }
     for (int s = 0; s < S; ++s) {
       const Worker& w = *workers_[static_cast<std::size_t>(p) * S + s];
       st.busy_s += w.busy_s / S;
@@ -581,7 +651,8 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
   const auto replay = replay_schedule(shape_, schedule_, [&](int stage, const PipelineOp& op) {
     double slowest = 0;  // the sequence ranks of a stage wait for each other in the ring
     for (int s = 0; s < S; ++s)
-      slowest = std::max(slowest, workers_[static_cast<std::size_t>(stage) * S + s]->pass_cpu_s[pass_index(op, M)]);
+      slowest = std::max(
+          slowest, workers_[static_cast<std::size_t>(stage) * S + s]->pass_cpu_s[pass_index(op, shape_.chunks(), M)]);
     return slowest;
   });
   stats_.replayed_bubble = replay.span_bubble;

@@ -152,8 +152,9 @@ void expect_matches_unsplit(const Case& k, StepStats* stats = nullptr, std::vect
               kTolerance)
         << model.unit_name(u);
   }
-  ASSERT_EQ(static_cast<int>(engine.stage_first_units().size()), k.engine.pp);
-  EXPECT_NO_THROW(validate_first_units(engine.stage_first_units(), model.num_units(), k.engine.pp));
+  const int virtual_stages = engine.schedule_shape().virtual_stages();
+  ASSERT_EQ(static_cast<int>(engine.stage_first_units().size()), virtual_stages);
+  EXPECT_NO_THROW(validate_first_units(engine.stage_first_units(), model.num_units(), virtual_stages));
   if (stats) *stats = engine.last_stats();
   if (first_units) *first_units = engine.stage_first_units();
 }
@@ -288,6 +289,32 @@ TEST(PipelineEngine, OneFOneBHoldsAtMostStagesMinusRankMicroBatches) {
   }
 }
 
+// Several chunks per stage: interleaved (round robin), ZB-V and V-Half (the V, whose turn
+// at the bottom hands a micro-batch from a stage to itself), against the unsplit model,
+// gpt (untied and tied: on a V the head and the embedding share stage 0) and vit, with
+// sequence ranks too.
+TEST(PipelineEngine, ChunkedSchedulesMatchTheUnsplitModel) {
+  std::uint64_t seed = 90;
+  for (const auto& model : {small_gpt(), small_gpt(/*tied=*/true), small_vit()})
+    for (Schedule schedule : {Schedule::kInterleaved, Schedule::kZbV, Schedule::kVHalf})
+      for (int pp : {1, 2, 3})
+        for (int sp : {1, 2}) {
+          if (sp == 2 && pp != 2) continue;
+          if (2 * pp > model.layers + 2) continue;  // more virtual stages than units
+          Case k;
+          k.model = model;
+          k.engine.pp = pp;
+          k.engine.sp = sp;
+          k.engine.microbatches = 6;
+          k.batch = 12;
+          k.engine.schedule = schedule;
+          k.seed = ++seed;
+          std::vector<int> first_units;
+          expect_matches_unsplit(k, nullptr, &first_units);
+          EXPECT_EQ(static_cast<int>(first_units.size()), 2 * pp);
+        }
+}
+
 TEST(PipelineEngine, ZeroBubbleSchedulesKeepTheirMemoryBudget) {
   Case k;
   k.model = small_gpt();
@@ -318,11 +345,22 @@ TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
       EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
   };
-  EngineConfig several_chunks;
-  several_chunks.pp = 2;
+  EngineConfig several_chunks;  // 4 stages × 2 chunks = 8 virtual stages, 6 units
+  several_chunks.pp = 4;
   several_chunks.microbatches = 4;
   several_chunks.schedule = Schedule::kZbV;
-  expect_error(several_chunks, "--schedule zb-v");
+  expect_error(several_chunks, "--pp 4 with --schedule zb-v");
+  EngineConfig interleaved;
+  interleaved.pp = 2;
+  interleaved.microbatches = 3;
+  interleaved.schedule = Schedule::kInterleaved;
+  expect_error(interleaved, "--microbatches 3 must be a multiple of --pp 2");
+  interleaved.microbatches = 4;
+  interleaved.chunks = 1;
+  expect_error(interleaved, "--chunks 1");
+  interleaved.chunks = 2;
+  interleaved.stage_first_units = {0, 3};  // 2 entries for 4 virtual stages
+  expect_error(interleaved, "--stages");
   EngineConfig c;
   c.pp = 7;  // 6 units
   expect_error(c, "--pp");

@@ -1,6 +1,7 @@
 // The group of workers inside one peer that computes a step's gradient: the model's chain
-// of units cut into PP pipeline stages (GPipe, Huang et al. 2019; 1F1B / PipeDream-Flush,
-// Narayanan et al. 2019 and 2021), each stage's tokens cut over SP sequence ranks that run
+// of units cut into PP pipeline stages, run by any schedule of schedule.h (GPipe, 1F1B,
+// interleaved, the zero-bubble and V schedules; a stage may hold several chunks of the
+// model, and the backward may be split into B and W), each stage's tokens cut over SP sequence ranks that run
 // ring attention. Worker (p, s) — stage p, sequence rank s — is a thread; stage p's SP
 // workers share a group (ring attention, vit's pooling, the gradient all-reduce), and
 // sequence rank s's PP workers share another (activations forward, their gradients back).
@@ -27,10 +28,11 @@ struct EngineConfig {
   int sp = 1;            // sequence ranks per stage (--sp)
   int pp = 1;            // pipeline stages (--pp)
   int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
-  // gpipe, 1f1b, zb-h1, zb-h2 run here; the schedules with several chunks per stage
-  // (interleaved, zb-v, v-half) are replayed by `peertrain bench schedule` only so far.
   Schedule schedule = Schedule::kOneFOneB;
-  std::vector<int> stage_first_units;  // first unit of each stage (--stages); empty: profile and partition
+  int chunks = 2;  // interleaved: chunks per stage (--chunks); zb-v and v-half have 2, the others 1
+  // First unit of each virtual stage, pp · chunks of them in the model's order (--stages);
+  // empty: profile the units and partition them.
+  std::vector<int> stage_first_units;
   SequenceSplit split = SequenceSplit::kZigzag;
   RingMode ring = RingMode::kOnlineSoftmax;
   double timeout_s = 60;        // any one wait of a worker for another
@@ -100,7 +102,8 @@ class PipelineEngine {
   float step(std::span<const float> params, const GlobalBatch& batch, std::span<float> grads);
 
   const EngineConfig& config() const { return config_; }
-  const std::vector<int>& stage_first_units() const { return first_units_; }  // empty before plan()
+  // The first unit of each virtual stage (pp · chunks, in the model's order); empty before plan().
+  const std::vector<int>& stage_first_units() const { return first_units_; }
   const std::vector<double>& unit_costs() const { return unit_costs_; }       // the profile; empty if overridden
   const StepStats& last_stats() const { return stats_; }
   const ScheduleShape& schedule_shape() const { return shape_; }
