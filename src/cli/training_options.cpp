@@ -42,6 +42,8 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "seq",
                                                  "patch",
                                                  "text-dir",
+                                                 "tokenizer",
+                                                 "vocab-size",
                                                  "eval-windows",
                                                  "sp",
                                                  "pp",
@@ -115,6 +117,21 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   m.patch = positive<int>(args, "patch");
   m.tied_head = args.count("tied-head") > 0;
   c.text_dir = args["text-dir"].as<std::string>();
+  try {
+    c.tokenizer = train::parse_tokenizer(args["tokenizer"].as<std::string>());
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (c.tokenizer == train::TokenizerKind::kSentencePiece) {
+    if (c.model != train::ModelKind::kGpt) throw UsageError("--tokenizer sentencepiece needs --model gpt");
+    m.vocab = args.count("vocab-size") ? positive<int>(args, "vocab-size") : 8000;
+    if (m.vocab < 300)
+      throw UsageError(str("--vocab-size ", m.vocab,
+                           ": sentencepiece needs at least 300 pieces (256 bytes, 3 control pieces, merges)"));
+  } else if (args.count("vocab-size") && args["vocab-size"].as<std::string>() != "256") {
+    throw UsageError("--vocab-size " + args["vocab-size"].as<std::string>() +
+                     ": --tokenizer bytes has 256 tokens; use --tokenizer sentencepiece for a subword vocabulary");
+  }
   c.eval_windows = positive<int>(args, "eval-windows");
   auto& e = c.engine;
   e.sp = positive<int>(args, "sp");
@@ -197,6 +214,9 @@ void add_training_options(cxxopts::Options& options) {
       "seq", "gpt: context length in bytes", cxxopts::value<std::string>()->default_value("256"))(
       "patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)", cxxopts::value<std::string>()->default_value("7"))(
       "tied-head", "gpt: the LM head reuses the byte embedding")(
+      "tokenizer", "gpt: bytes | sentencepiece (a BPE vocabulary trained on the text, kept in OUT/tokenizer)",
+      cxxopts::value<std::string>()->default_value("bytes"))(
+      "vocab-size", "gpt --tokenizer sentencepiece: pieces (default 8000)", cxxopts::value<std::string>())(
       "sp", "sequence-parallel ranks per stage (ring self-attention)",
       cxxopts::value<std::string>()->default_value("1"))("pp", "pipeline stages",
                                                          cxxopts::value<std::string>()->default_value("1"))(

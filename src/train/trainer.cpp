@@ -56,6 +56,10 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
     mix(static_cast<double>(c.warmup_steps));
   }
   if (c.max_staleness > 0) mix(c.max_staleness + 1000.0);  // left out at 0: older run ids stay valid
+  if (c.model == ModelKind::kGpt && c.tokenizer != TokenizerKind::kBytes) {  // left out for bytes, likewise
+    mix(double(c.tokenizer) + 40);
+    mix(static_cast<double>(c.transformer.vocab));
+  }
   return h;
 }
 

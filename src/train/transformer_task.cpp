@@ -4,6 +4,7 @@
 // which the engine's tests hold it equal to.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -39,8 +40,19 @@ class TransformerTask final : public Task {
     const int tokens = mc.tokens();
     if (language_model()) {
       corpus_ = load_fortunes(config.text_dir);
-      text_sampler_.emplace(corpus_.train, peers, rank, batch_, tokens, config.seed + 1000003ULL * rank);
-      validation_ = validation_windows(corpus_.validation, tokens, config.eval_windows);
+      tokenizer_ = config.tokenizer == TokenizerKind::kBytes
+                       ? make_byte_tokenizer()
+                       : make_sentencepiece_tokenizer(corpus_.train, mc.vocab, tokenizer_dir(config.out_dir));
+      if (tokenizer_->vocab_size() != mc.vocab)
+        throw Error(ErrorKind::kInvalidArgument, str("--vocab-size ", mc.vocab, ": the ", tokenizer_->describe(),
+                                                     " tokenizer has ", tokenizer_->vocab_size(), " tokens"));
+      const std::vector<std::int32_t> train_tokens = tokenizer_->encode(corpus_.train);
+      train_tokens_ = static_cast<long long>(train_tokens.size());
+      text_sampler_.emplace(train_tokens, peers, rank, batch_, tokens, config.seed + 1000003ULL * rank);
+      std::vector<int> token_bytes(static_cast<std::size_t>(mc.vocab));
+      for (int id = 0; id < mc.vocab; ++id) token_bytes[static_cast<std::size_t>(id)] = tokenizer_->token_bytes(id);
+      validation_ =
+          validation_windows(tokenizer_->encode(corpus_.validation), tokens, config.eval_windows, token_bytes);
       bytes_.resize(static_cast<std::size_t>(batch_) * tokens);
       targets_.resize(bytes_.size());
     } else {
@@ -77,6 +89,12 @@ class TransformerTask final : public Task {
     const auto& c = model_.config();
     std::string s = str(language_model() ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
                         c.tokens(), ", sp ", engine_config_.sp, " pp ", engine_config_.pp);
+    if (language_model() && tokenizer_->vocab_size() != 256) {
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.2f",
+                    static_cast<double>(corpus_.train.size()) / static_cast<double>(std::max(train_tokens_, 1LL)));
+      s += str(", ", tokenizer_->describe(), ", ", ratio, " bytes per token");
+    }
     if (engine_config_.pp > 1)
       s +=
           str(" (", parallel::to_string(engine_config_.schedule), ", ", engine_config_.microbatches, " micro-batches)");
@@ -86,7 +104,7 @@ class TransformerTask final : public Task {
   std::size_t num_parameters() const override { return model_.num_parameters(); }
   void initialize(std::span<float> params, std::uint64_t seed) const override { model_.initialize(params, seed); }
   long long examples_per_epoch() const override {
-    return language_model() ? static_cast<long long>(corpus_.train.size()) / model_.config().tokens() : train_size_;
+    return language_model() ? train_tokens_ / model_.config().tokens() : train_size_;
   }
   double flops_per_step() const override { return model_.flops_per_step(batch_, model_.config().tokens()); }
 
@@ -159,7 +177,11 @@ class TransformerTask final : public Task {
     }
     const double count = static_cast<double>(std::max<long long>(total.count, 1));
     const double loss = total.loss_sum / count;
-    return {static_cast<double>(total.correct) / count, loss, language_model() ? loss / std::numbers::ln2 : 0.0};
+    // Bits per byte: nats over the bytes the targets stand for (one each for bytes, so
+    // this is loss / ln 2 there), which compares across vocabularies.
+    const double bytes = language_model() ? std::max(validation_.target_bytes, 1.0) : 1.0;
+    return {static_cast<double>(total.correct) / count, loss,
+            language_model() ? total.loss_sum / bytes / std::numbers::ln2 : 0.0};
   }
 
   BatchSampler::State sampler_state() const override {
@@ -182,6 +204,8 @@ class TransformerTask final : public Task {
   std::unique_ptr<model::GradientEngine> engine_;  // unsplit, pipelined, or on a GPU (--device cuda)
   // gpt
   TextCorpus corpus_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  long long train_tokens_ = 0;
   std::optional<TextSampler> text_sampler_;
   TextWindows validation_;
   std::vector<std::int32_t> bytes_, targets_;

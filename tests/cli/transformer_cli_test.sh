@@ -40,6 +40,14 @@ if [[ $mode == long ]]; then
   exit $((failures > 0))
 fi
 
+# compare_losses A B: "N WORST", the (step, peer) train losses of two metrics.csv files
+# matched up and their largest relative difference.
+compare_losses() {
+  awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
+    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
+    if (r > w) w = r } END { printf "%d %.3g", n, w }' "$1" "$2"
+}
+
 # 1. The same seed gives the same first 20 losses with --sp 2 --pp 2 as with --sp 1 --pp 1.
 "$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --max-steps 20 --eval-every 1 --out "$work/serial" \
   >"$work/serial.log" 2>&1 && ok || { fail "gpt --sp 1 --pp 1 launch failed"; tail -20 "$work/serial.log"; }
@@ -50,9 +58,7 @@ rows=$(tail -n +2 "$work/split/metrics.csv" 2>/dev/null | wc -l)
 head -1 "$work/split/metrics.csv" | grep -q "test_bits_per_byte" && ok || fail "metrics.csv lacks test_bits_per_byte"
 grep -q '"val_bits_per_byte"' "$work/split/summary.json" 2>/dev/null && ok || fail "summary.json lacks val_bits_per_byte"
 # step,peer → train_loss from both runs, compared to 1e-4 relative.
-compare=$(awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
-  ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
-  if (r > worst) worst = r } END { printf "%d %.3g", n, worst }' "$work/serial/metrics.csv" "$work/split/metrics.csv")
+compare=$(compare_losses "$work/serial/metrics.csv" "$work/split/metrics.csv")
 read -r matched worst <<<"$compare"
 echo "gpt: $matched (step, peer) losses compared, worst relative difference sp2·pp2 vs sp1·pp1: $worst"
 [[ $matched -eq 80 ]] && ok || fail "only $matched losses matched up"
@@ -74,13 +80,26 @@ for schedule in interleaved zb-v; do
   "$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --pp 2 --microbatches 2 --max-steps 10 --eval-every 1 \
     --schedule $schedule --out "$work/$schedule" >"$work/$schedule.log" 2>&1 && ok ||
     { fail "gpt --pp 2 --schedule $schedule launch failed"; tail -20 "$work/$schedule.log"; }
-  worst=$(awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
-    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / a[$1 "," $3]; if (r > w) w = r }
-    END { printf "%d %.3g", n, w }' "$work/1f1b/metrics.csv" "$work/$schedule/metrics.csv")
+  worst=$(compare_losses "$work/1f1b/metrics.csv" "$work/$schedule/metrics.csv")
   read -r n w <<<"$worst"
   echo "gpt --pp 2 --schedule $schedule: $n losses, worst relative difference from 1f1b $w"
   [[ $n -eq 40 ]] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }' && ok || fail "$schedule losses: $n compared, worst $w"
 done
+# A subword vocabulary: sentencepiece BPE of 8000 pieces trained on the training text and
+# kept in the run's folder; --pp 2 follows --pp 1's first 20 losses; bits per byte are
+# reported as for bytes.
+for pp in 1 2; do
+  "$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --tokenizer sentencepiece --vocab-size 8000 --pp $pp \
+    --microbatches 2 --max-steps 20 --eval-every 1 --out "$work/spm$pp" >"$work/spm$pp.log" 2>&1 && ok ||
+    { fail "gpt --tokenizer sentencepiece --pp $pp launch failed"; tail -20 "$work/spm$pp.log"; }
+done
+ls "$work/spm1/tokenizer/"sentencepiece-*-8000.model >/dev/null 2>&1 && ok || fail "no sentencepiece model in the run's folder"
+grep -q "8000 pieces" "$work/spm2/peer-0.log" && ok || fail "peer log does not describe the vocabulary"
+worst=$(compare_losses "$work/spm1/metrics.csv" "$work/spm2/metrics.csv")
+read -r n w <<<"$worst"
+echo "gpt --tokenizer sentencepiece --vocab-size 8000: $n losses, worst relative difference pp 2 vs pp 1: $w"
+[[ $n -eq 80 ]] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }' && ok || fail "sentencepiece pp 2: $n compared, worst $w"
+grep -q '"val_bits_per_byte"' "$work/spm2/summary.json" 2>/dev/null && ok || fail "sentencepiece run lacks val_bits_per_byte"
 # bench schedule replays every schedule; ZB-H2 has no bubble in the papers' measure.
 out=$("$bin" bench schedule --pp 4 --microbatches 8 --format json 2>&1)
 grep -q '"schedule":"zb-h2", "stages":4, "microbatches":8, "chunks":1, "bubble":0,' <<<"$out" && ok ||
@@ -111,6 +130,10 @@ expect_error "--model 'bert'" --model bert
 expect_error "--schedule" "${tiny[@]}" --schedule zigzag
 expect_error "--pp 4 with --schedule zb-v (2 chunks per stage)" "${tiny[@]}" --pp 4 --microbatches 2 --schedule zb-v
 expect_error "--chunks 1" "${tiny[@]}" --pp 2 --microbatches 2 --schedule interleaved --chunks 1
+expect_error "--vocab-size 100" "${tiny[@]}" --tokenizer sentencepiece --vocab-size 100
+expect_error "--tokenizer bytes has 256" "${tiny[@]}" --vocab-size 8000
+expect_error "--tokenizer 'wordpiece'" "${tiny[@]}" --tokenizer wordpiece
+expect_error "--tokenizer sentencepiece needs --model gpt" --model vit --tokenizer sentencepiece
 expect_error "gpt or vit" --sp 2
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda

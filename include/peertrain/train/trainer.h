@@ -23,6 +23,7 @@
 #include "peertrain/train/data.h"
 #include "peertrain/train/optimizer.h"
 #include "peertrain/train/text.h"
+#include "peertrain/train/tokenizer.h"
 
 namespace peertrain::train {
 
@@ -45,6 +46,7 @@ struct TrainConfig {
   model::Device device = model::Device::kCpu;  // gpt: where the gradient is computed (--device)
   model::GemmMode gemm = model::GemmMode::kTf32;  // --device cuda: GEMM precision
   std::string text_dir = kFortunesDir;   // gpt
+  TokenizerKind tokenizer = TokenizerKind::kBytes;  // gpt: bytes, or sentencepiece BPE of transformer.vocab pieces
   int eval_windows = 256;                // gpt: validation windows of seq bytes
   int epochs = 5;
   long long max_steps = 0;  // 0: no cap beyond the epochs
