@@ -317,12 +317,14 @@ int step(int argc, char** argv) {
 int run_bench(int argc, char** argv) {
   auto usage = [] {
     std::printf(
-        "usage: peertrain bench step|schedule [options]\n\n"
+        "usage: peertrain bench step|schedule|pipeline [options]\n\n"
         "  step --model mlp --batch 128 --threads 1 [--hidden 512,512] [--steps N] [--format text|json]\n"
         "  step --model gpt --batch 8 --seq 256 --d-model 128 --layers 4 --heads 4 [--sp S --pp P]\n"
         "       time one training step and compare its GFLOP/s with Eigen's GEMM\n"
         "  schedule --pp 4 --microbatches 8 [--schedule all|NAME] [--times F,B,W] [--timeline] [--format table|json]\n"
-        "       replay the pipeline schedules: bubble and peak memory against the papers'\n");
+        "       replay the pipeline schedules: bubble and peak memory against the papers'\n"
+        "  pipeline --model gpt --vocab-size 32000 --pp 4 --microbatches 8 --schedule 1f1b [--format table|json]\n"
+        "       run the pipeline engine: each stage's parameters, compute and activations; bubble, throughput\n");
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     usage();
@@ -331,7 +333,8 @@ int run_bench(int argc, char** argv) {
   const std::string sub = argv[1];
   if (sub == "step") return step(argc - 1, argv + 1);
   if (sub == "schedule") return bench_schedule(argc - 1, argv + 1);
-  std::fprintf(stderr, "error: unknown bench command '%s'; expected step or schedule\n", sub.c_str());
+  if (sub == "pipeline") return bench_pipeline(argc - 1, argv + 1);
+  std::fprintf(stderr, "error: unknown bench command '%s'; expected step, schedule or pipeline\n", sub.c_str());
   return 2;
 }
 

@@ -9,6 +9,7 @@ int run_peer(int argc, char** argv);
 int run_launch(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int bench_schedule(int argc, char** argv);  // peertrain bench schedule
+int bench_pipeline(int argc, char** argv);  // peertrain bench pipeline
 int run_keygen(int argc, char** argv);
 
 }  // namespace peertrain::cli

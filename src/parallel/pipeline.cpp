@@ -631,8 +631,10 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
     st.units = 0;
     for (int c = 0; c < shape_.chunks(); ++c) {
       const int k = shape_.virtual_stage(p, c);
-      st.units += (k + 1 < V ? first_units_[static_cast<std::size_t>(k) + 1] : units) -
-                  first_units_[static_cast<std::size_t>(k)];
+      const int first = first_units_[static_cast<std::size_t>(k)];
+      const int end = k + 1 < V ? first_units_[static_cast<std::size_t>(k) + 1] : units;
+      for (int u = first; u < end; ++u) st.parameter_bytes += sizeof(float) * model_.unit_parameters(u).size;
+      st.units += end - first;
     }
     for (int s = 0; s < S; ++s) {
       const Worker& w = *workers_[static_cast<std::size_t>(p) * S + s];
@@ -656,6 +658,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
     return slowest;
   });
   stats_.replayed_bubble = replay.span_bubble;
+  stats_.replayed_step_s = replay.makespan_s;
   stats_.step_s = seconds_between(step_start, Clock::now());
   return static_cast<float>(loss);
 }

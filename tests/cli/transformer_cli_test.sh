@@ -105,6 +105,15 @@ out=$("$bin" bench schedule --pp 4 --microbatches 8 --format json 2>&1)
 grep -q '"schedule":"zb-h2", "stages":4, "microbatches":8, "chunks":1, "bubble":0,' <<<"$out" && ok ||
   fail "bench schedule: no zero ZB-H2 bubble in: $out"
 [[ $(grep -c '"schedule"' <<<"$out") -eq 7 ]] && ok || fail "bench schedule printed $(grep -c '"schedule"' <<<"$out") schedules, expected 7"
+# bench pipeline runs the engine and reports every stage; the LM head of a large
+# vocabulary makes its stage the heaviest.
+out=$("$bin" bench pipeline --vocab-size 4096 --d-model 32 --layers 2 --heads 2 --seq 16 --batch 4 --pp 2 \
+  --microbatches 4 --schedule zb-h1 --steps 1 --format json 2>&1)
+grep -q '"stages": \[{"stage":0' <<<"$out" && grep -q '"schedule": "zb-h1"' <<<"$out" && ok || fail "bench pipeline json: $out"
+ratio=$(grep -o '"parameter_bytes_max_over_mean": [0-9.]*' <<<"$out" | cut -d' ' -f2)
+awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.0) }' && ok || fail "bench pipeline: parameter max/mean ${ratio:-?}"
+out=$("$bin" bench pipeline --pp 9 --layers 2 --d-model 32 --heads 2 --seq 16 2>&1)
+[[ $? -eq 2 ]] && grep -q "error: --pp 9" <<<"$out" && ok || fail "bench pipeline --pp 9: $out"
 out=$("$bin" bench schedule --schedule interleaved --pp 4 --microbatches 6 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --schedule interleaved: --microbatches 6" <<<"$out" && ok || fail "bench schedule interleaved m 6: $out"
 

@@ -60,6 +60,7 @@ struct StageStats {
   double wait_s = 0;      // wall time blocked on a neighbour stage: receives, and sends at the end of the step
   double idle_s = 0;      // pipeline_s − busy_s: wait_s, and the fill and drain around its passes
   double reduce_s = 0;    // the gradient all-reduce over the sequence ranks
+  std::size_t parameter_bytes = 0;        // of its chunks' units (floats × 4)
   std::size_t peak_activation_bytes = 0;  // Σ activation_bytes() of the micro-batches in flight, at its largest
   int peak_in_flight = 0;                 // micro-batches in flight at most
   double bubble() const { return busy_s + idle_s > 0 ? idle_s / (busy_s + idle_s) : 0.0; }
@@ -78,6 +79,7 @@ struct StepStats {
   // processor per stage (replay_schedule): the bubble of this partition and schedule on a
   // machine with a core per worker.
   double replayed_bubble = 0;
+  double replayed_step_s = 0;     // that replay's makespan: the step's time with a core per worker
   double theoretical_bubble = 0;  // the papers' closed form for the schedule (schedule.h)
 };
 

@@ -1,0 +1,191 @@
+// peertrain bench pipeline: the pipeline engine on random data, stage by stage: what each
+// stage holds (parameter bytes, peak activations), what it computes, and the step's
+// bubble and throughput — the numbers to read when a stage (the embedding and the LM head
+// of a large vocabulary) outweighs the others.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "options.h"
+#include "peertrain/core/clock.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/json.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/partitioner.h"
+#include "peertrain/parallel/pipeline.h"
+
+namespace peertrain::cli {
+namespace {
+
+double max_over_mean(const std::vector<double>& values) {
+  const double mean = std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+  return mean > 0 ? *std::max_element(values.begin(), values.end()) / mean : 0.0;
+}
+
+}  // namespace
+
+int bench_pipeline(int argc, char** argv) {
+  cxxopts::Options options("peertrain bench pipeline",
+                           "Run the pipeline engine on random data and report each stage's parameters, compute and "
+                           "activation memory, and the step's bubble and throughput");
+  options.add_options()("model", "gpt or vit", cxxopts::value<std::string>()->default_value("gpt"))(
+      "vocab-size", "gpt: vocabulary (256 for bytes; 8000, 32000, 64000 for subwords)",
+      cxxopts::value<std::string>()->default_value("256"))("d-model", "residual width",
+                                                           cxxopts::value<std::string>()->default_value("128"))(
+      "layers", "blocks", cxxopts::value<std::string>()->default_value("4"))(
+      "heads", "attention heads", cxxopts::value<std::string>()->default_value("4"))(
+      "seq", "tokens per sequence", cxxopts::value<std::string>()->default_value("128"))(
+      "batch", "sequences per step", cxxopts::value<std::string>()->default_value("8"))(
+      "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("4"))(
+      "microbatches", "micro-batches per step", cxxopts::value<std::string>()->default_value("8"))(
+      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
+      cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: chunks per stage",
+                                                            cxxopts::value<std::string>()->default_value("2"))(
+      "stages", "units per virtual stage, e.g. 2,1,1,2 (default: profiled)", cxxopts::value<std::string>())(
+      "steps", "timed steps (the stats are the last one's)", cxxopts::value<std::string>()->default_value("3"))(
+      "format", "table or json", cxxopts::value<std::string>()->default_value("table"))("h,help", "this help");
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
+  try {
+    model::TransformerConfig config;
+    const std::string model_name = args["model"].as<std::string>();
+    if (model_name != "gpt" && model_name != "vit")
+      throw UsageError("--model '" + model_name + "': expected gpt or vit");
+    config.kind = model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
+    config.vocab = number_flag<int>(args, "vocab-size");
+    config.d_model = number_flag<int>(args, "d-model");
+    config.layers = number_flag<int>(args, "layers");
+    config.heads = number_flag<int>(args, "heads");
+    config.seq = number_flag<int>(args, "seq");
+    const int batch = number_flag<int>(args, "batch");
+    const int steps = number_flag<int>(args, "steps");
+    const std::string format = args["format"].as<std::string>();
+    if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
+    if (batch < 1 || steps < 1) throw UsageError("--batch and --steps must be at least 1");
+    parallel::EngineConfig engine;
+    engine.pp = number_flag<int>(args, "pp");
+    engine.microbatches = number_flag<int>(args, "microbatches");
+    engine.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
+    engine.chunks = number_flag<int>(args, "chunks");
+    model::validate(config);
+    model::Transformer model(config);
+    if (args.count("stages")) {
+      const parallel::ScheduleShape shape{
+          .schedule = engine.schedule, .stages = engine.pp, .interleave = engine.chunks};
+      engine.stage_first_units =
+          parallel::parse_stage_sizes(args["stages"].as<std::string>(), model.num_units(), shape.virtual_stages());
+    }
+    parallel::PipelineEngine pipeline(model, engine);
+    std::vector<float> params(model.num_parameters()), grads(params.size());
+    model.initialize(params, 1);
+    Rng rng(2);
+    const int tokens = model.config().tokens();
+    std::vector<std::int32_t> ids, targets, labels;
+    std::vector<float> pixels;
+    parallel::GlobalBatch global;
+    global.batch = batch;
+    if (config.kind == model::TransformerKind::kGpt) {
+      for (long long i = 0; i < static_cast<long long>(batch) * tokens; ++i) {
+        ids.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+        targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+      }
+      global.bytes = ids;
+      global.targets = targets;
+    } else {
+      for (long long i = 0; i < static_cast<long long>(batch) * config.image * config.image; ++i)
+        pixels.push_back(static_cast<float>(rng.normal()));
+      for (int i = 0; i < batch; ++i) labels.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
+      global.pixels = pixels;
+      global.labels = labels;
+    }
+    pipeline.step(params, global, grads);  // warm-up, and the profile when --stages is not given
+    std::vector<double> step_times;
+    for (int s = 0; s < steps; ++s) {
+      const auto start = std::chrono::steady_clock::now();
+      pipeline.step(params, global, grads);
+      step_times.push_back(seconds_since(start));
+    }
+    std::sort(step_times.begin(), step_times.end());
+    const double step_s = step_times[step_times.size() / 2];
+    const parallel::StepStats& stats = pipeline.last_stats();
+    const double step_tokens = static_cast<double>(batch) * tokens;
+    std::vector<double> param_bytes, compute;
+    for (const auto& st : stats.stages) {
+      param_bytes.push_back(static_cast<double>(st.parameter_bytes));
+      compute.push_back(st.busy_cpu_s);
+    }
+    const std::string split = parallel::format_stage_sizes(pipeline.stage_first_units(), model.num_units());
+    // peak_in_flight counts (micro-batch, chunk) pairs; a chunk holds 1/chunks of a stage.
+    const double chunks = pipeline.schedule_shape().chunks();
+    if (format == "json") {
+      std::vector<std::string> stages;
+      for (std::size_t p = 0; p < stats.stages.size(); ++p) {
+        const auto& st = stats.stages[p];
+        json::Object o;
+        o.add("stage", static_cast<int>(p))
+            .add("units", st.units)
+            .add("parameter_bytes", st.parameter_bytes)
+            .add("compute_s", st.busy_cpu_s)
+            .add("peak_microbatches", static_cast<double>(st.peak_in_flight) / chunks)
+            .add("peak_activation_bytes", st.peak_activation_bytes);
+        stages.push_back(o.dump(0));
+      }
+      std::string array = "[";
+      for (std::size_t i = 0; i < stages.size(); ++i) array += (i ? ", " : "") + stages[i];
+      array += "]";
+      json::Object out;
+      out.add("model", model_name)
+          .add("vocab", config.vocab)
+          .add("pp", engine.pp)
+          .add("microbatches", engine.microbatches)
+          .add("schedule", parallel::to_string(engine.schedule))
+          .add("split", split)
+          .add_raw("stages", array)
+          .add("parameter_bytes_max_over_mean", max_over_mean(param_bytes))
+          .add("compute_max_over_mean", max_over_mean(compute))
+          .add("replayed_bubble", stats.replayed_bubble)
+          .add("theoretical_bubble", stats.theoretical_bubble)
+          .add("step_s", step_s)
+          .add("tokens_per_s", step_tokens / step_s)
+          .add("replayed_step_s", stats.replayed_step_s)
+          .add("replayed_tokens_per_s", step_tokens / stats.replayed_step_s);
+      std::printf("%s\n", out.dump().c_str());
+      return 0;
+    }
+    std::printf(
+        "%s vocab %d, d %d, L %d, seq %d, batch %d; --pp %d --microbatches %d --schedule %s; units per virtual "
+        "stage %s\n\n",
+        model_name.c_str(), config.vocab, config.d_model, config.layers, config.seq, batch, engine.pp,
+        engine.microbatches, std::string(parallel::to_string(engine.schedule)).c_str(), split.c_str());
+    std::printf("%5s %5s %12s %12s %16s %14s\n", "stage", "units", "params MiB", "compute ms", "peak micro-b.",
+                "peak act. MiB");
+    for (std::size_t p = 0; p < stats.stages.size(); ++p) {
+      const auto& st = stats.stages[p];
+      std::printf("%5zu %5d %12.2f %12.2f %16.1f %14.2f\n", p, st.units,
+                  static_cast<double>(st.parameter_bytes) / (1 << 20), st.busy_cpu_s * 1e3,
+                  static_cast<double>(st.peak_in_flight) / chunks,
+                  static_cast<double>(st.peak_activation_bytes) / (1 << 20));
+    }
+    std::printf("\nmax/mean over stages: parameters %.2f, compute %.2f\n", max_over_mean(param_bytes),
+                max_over_mean(compute));
+    std::printf("bubble: replayed %.4f (a core per worker, measured pass times), theory %.4f\n", stats.replayed_bubble,
+                stats.theoretical_bubble);
+    std::printf(
+        "throughput: %.0f tokens/s on this machine (%.1f ms a step, median of %d), %.0f tokens/s replayed with "
+        "a core per worker\n",
+        step_tokens / step_s, step_s * 1e3, steps, step_tokens / stats.replayed_step_s);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s (see 'peertrain bench pipeline --help')\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}
+
+}  // namespace peertrain::cli
