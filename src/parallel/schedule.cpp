@@ -88,7 +88,10 @@ int memory_limit(const ScheduleShape& s) {
 struct GreedyKnobs {
   bool weight_before_forward = false;  // with no B ready: a pending W before a new F
   bool cap_warmup = false;             // before its first B, a stage runs only the F's that fit before the B arrives
-  bool reserve = true;                 // a micro-batch entering a stage reserves memory for all its chunks there
+  // Memory kept for the micro-batches already inside a stage: kAll, one entering reserves
+  // room for all its chunks there; kOne, an entering micro-batch leaves room for one more
+  // chunk (the V's first micro-batch can always go on); kNone, only the budget.
+  enum class Reserve { kAll, kOne, kNone } reserve = Reserve::kAll;
 };
 
 std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs knobs) {
@@ -142,7 +145,10 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
           const int vs = s.virtual_stage(st, c);
           if (end[0][vs][i] != kNotYet) continue;
           if (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t)) continue;
-          if (knobs.reserve ? c == 0 && reserved[st] + v > limit : held[st] + 1 > limit) continue;
+          const bool full = knobs.reserve == GreedyKnobs::Reserve::kAll   ? c == 0 && reserved[st] + v > limit
+                            : knobs.reserve == GreedyKnobs::Reserve::kOne ? held[st] + (c == 0 ? v : 1) > limit
+                                                                          : held[st] + 1 > limit;
+          if (full) continue;
           pick = PipelineOp{PassKind::kForward, i, c};
         }
       weight();
@@ -251,7 +257,7 @@ std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
   double best_bubble = 0;
   for (bool weight_first : {false, true})
     for (bool cap : {false, true})
-      for (bool reserve : {true, false}) {
+      for (auto reserve : {GreedyKnobs::Reserve::kAll, GreedyKnobs::Reserve::kOne, GreedyKnobs::Reserve::kNone}) {
         auto candidate = greedy(s, {weight_first, cap, reserve});
         if (candidate.empty()) continue;
         const double bubble = replay_schedule(s, candidate, [&](int, const PipelineOp&) { return 1.0; }).span_bubble;
