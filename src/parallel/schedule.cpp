@@ -38,6 +38,22 @@ std::vector<PipelineOp> one_f_one_b(int stages, int stage, int microbatches) {
   return ops;
 }
 
+// ZB-H1 (Qi et al. 2024): 1F1B's order of forwards and B's, and each W as late as the
+// memory budget allows: stage s, which 1F1B leaves p − s micro-batches, may hold p, so its
+// W's trail its B's by s micro-batches and the last s come at the end, where they fill the
+// drain. Replayed with F = B = W this gives the paper's (p − 1)(F + B − W) exactly.
+std::vector<PipelineOp> zero_bubble_h1(int stages, int stage, int microbatches) {
+  std::vector<PipelineOp> ops;
+  int backwards = 0, weights = 0;
+  for (const PipelineOp& op : one_f_one_b(stages, stage, microbatches)) {
+    ops.push_back(op);
+    if (op.kind != PassKind::kBackward) continue;
+    if (++backwards > stage) ops.push_back({PassKind::kWeight, weights++});
+  }
+  while (weights < microbatches) ops.push_back({PassKind::kWeight, weights++});
+  return ops;
+}
+
 // Megatron-LM's interleaved 1F1B: the k-th forward of stage s is micro-batch
 // (k / (p·v))·p + k mod p of chunk (k / p) mod v; backwards walk the chunks in reverse.
 std::vector<PipelineOp> interleaved(int stages, int stage, int microbatches, int v) {
@@ -247,6 +263,9 @@ std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
       return ops;
     case Schedule::kInterleaved:
       for (int st = 0; st < p; ++st) ops[st] = interleaved(p, st, m, s.interleave);
+      return ops;
+    case Schedule::kZbH1:
+      for (int st = 0; st < p; ++st) ops[st] = zero_bubble_h1(p, st, m);
       return ops;
     default:
       break;

@@ -20,11 +20,11 @@
 //     stage in a V (virtual stages s and 2p − 1 − s on stage s), B and W apart, 1F1B's peak
 //     memory (p micro-batches), near-zero bubble.
 //   V-Half (same paper): the V with about half of 1F1B's memory.
-// The zero-bubble and V schedules are built here by a greedy list scheduler over nominal
-// pass times (T_F = T_B = T_W): an idle stage runs a ready B, else a ready F its memory
-// limit allows (the deeper chunk first), else a pending W — the heuristic of the papers'
-// own generators. The order is then fixed data; replay_schedule times it with measured
-// passes.
+// ZB-H1 is 1F1B's order with stage s's W's trailing its B's by s micro-batches. ZB-H2 and
+// the V schedules are built by a greedy list scheduler over nominal pass times (T_F = T_B
+// = T_W): an idle stage runs a ready B, else a ready F its memory limit allows (the deeper
+// chunk first), else a pending W — the heuristic of the papers' own generators. The order
+// is then fixed data; replay_schedule times it with measured passes.
 #pragma once
 
 #include <functional>
