@@ -57,8 +57,11 @@ void Membership::count_lost(std::uint64_t step, int peer, const std::string& rea
   if (step < back_at_[static_cast<std::size_t>(peer)]) return;
   // A coordinator that stops the run (--on-split stop) sends its last announcement and
   // goes at once: read what it left before dropping its link, or a peer that notices the
-  // broken link first would never hear the stop and would train on.
-  if (peer == coordinator_ && !is_coordinator() && !reading_last_words_) {
+  // broken link first would never hear the stop and would train on. Any peer's link, not
+  // only our coordinator's: after a partition a peer may lose its side's new coordinator
+  // before it has read the takeover that names it (seen in cli.netlab: peer 5 lost 4, 6
+  // and 7, which had stopped, and reported itself cut off instead of the stop).
+  if (!is_coordinator() && !reading_last_words_) {
     reading_last_words_ = true;
     try {
       read_announcements();

@@ -1,0 +1,273 @@
+// The passes of one pipeline worker: forward, backward (or B), W, and the messages between
+// chunks; see pipeline_worker.h.
+#include "pipeline_worker.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace peertrain::parallel {
+namespace pipeline_detail {
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+std::vector<int> rank_positions(int tokens, int sp, int rank, SequenceSplit split) {
+  if (sp == 1) {
+    std::vector<int> all(tokens);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  return sequence_positions(tokens, sp, rank, split);
+}
+
+void build_microbatches(const model::Transformer& model, const GlobalBatch& global, int microbatches,
+                        RankBatches& rank) {
+  const auto& c = model.config();
+  const bool gpt = c.kind == model::TransformerKind::kGpt;
+  std::vector<int> every(static_cast<std::size_t>(c.tokens()));
+  std::iota(every.begin(), every.end(), 0);
+  const model::TokenBatch whole{.batch = global.batch,
+                                .tokens = c.tokens(),
+                                .positions = every,
+                                .bytes = global.bytes,
+                                .pixels = global.pixels,
+                                .targets = gpt ? global.targets : global.labels,
+                                .loss_divisor = gpt ? static_cast<double>(global.batch) * c.seq : global.batch};
+  const bool all_tokens = rank.positions.size() == every.size();
+  const int per = global.batch / microbatches;
+  rank.slices.resize(static_cast<std::size_t>(microbatches));
+  for (int i = 0; i < microbatches; ++i)
+    model::slice_batch(c, whole, i * per, per,
+                       all_tokens ? std::span<const int>() : std::span<const int>(rank.positions),
+                       rank.slices[static_cast<std::size_t>(i)]);
+}
+
+std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model,
+                                                  const std::vector<std::pair<int, int>>& unit_runs) {
+  std::vector<model::ParameterRange> ranges;
+  for (auto [first_unit, end_unit] : unit_runs) {
+    for (int u = first_unit; u < end_unit; ++u) ranges.push_back(model.unit_parameters(u));
+    if (model.config().tied_head && end_unit == model.num_units()) ranges.push_back(model.unit_parameters(0));
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<model::ParameterRange> merged;
+  for (const auto& r : ranges) {
+    if (r.size == 0) continue;
+    if (!merged.empty() && merged.back().offset + merged.back().size >= r.offset)
+      merged.back().size = std::max(merged.back().size, r.offset + r.size - merged.back().offset);
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
+}  // namespace pipeline_detail
+
+bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engine_model) {
+  const EngineConfig& config = step.config;
+  const int P = config.pp, M = config.microbatches, V = step.shape.virtual_stages();
+  const int v = step.shape.chunks();
+  try {
+    model = &engine_model;
+    if (static_cast<int>(chunks.size()) != v) chunks.assign(static_cast<std::size_t>(v), {});
+    std::vector<std::pair<int, int>> runs;
+    for (int c = 0; c < v; ++c) {
+      Chunk& chunk = chunks[static_cast<std::size_t>(c)];
+      const int k = step.shape.virtual_stage(stage, c);
+      const int first = step.first_units[static_cast<std::size_t>(k)];
+      const int end = k + 1 < V ? step.first_units[static_cast<std::size_t>(k) + 1] : step.units;
+      if (chunk.first_unit != first || chunk.end_unit != end) chunk.slots.clear();  // a new split
+      chunk.virtual_stage = k;
+      chunk.first_unit = first;
+      chunk.end_unit = end;
+      chunk.free_slots.clear();
+      for (int slot = 0; slot < static_cast<int>(chunk.slots.size()); ++slot) chunk.free_slots.push_back(slot);
+      chunk.slot_of.assign(static_cast<std::size_t>(M), -1);
+      runs.emplace_back(first, end);
+    }
+    build_microbatches(*model, step.batch, M, data);
+    ops = step.schedule[static_cast<std::size_t>(stage)];
+    ranges = touched_ranges(*model, runs);
+    grads.resize(model->num_parameters());
+    for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
+    const std::size_t floats =
+        static_cast<std::size_t>(model->config().d_model) * data[0].batch * data.positions.size();
+    received.resize(floats);
+    scratch[0].resize(floats);
+    scratch[1].resize(floats);
+    local.clear();
+    pass_cpu_s.assign(3 * static_cast<std::size_t>(v) * M, 0.0);
+    loss = 0;
+    busy_s = busy_cpu_s = wait_s = reduce_s = 0;
+    peak_bytes = 0;
+    in_flight = peak_in_flight = 0;
+    stage_group = config.sp > 1 ? &step.stage_groups[stage]->member(rank) : nullptr;
+    pipe = P > 1 ? &step.pipeline_groups[rank]->member(stage) : nullptr;
+    if (stage_group) ring.emplace(*stage_group, config.ring, config.timeout_s);
+    context = {};
+    context.attention = ring ? &*ring : nullptr;
+    context.sequence_group = stage_group;
+    context.timeout_s = config.timeout_s;
+    return true;
+  } catch (...) {
+    step.failure.record(std::current_exception(), where());
+    return false;
+  }
+}
+
+void PipelineEngine::Worker::receive(StepShared& step, int k, int tag, AlignedVector<float>& into) {
+  const int from = step.shape.stage_of(k);
+  if (from == stage) {
+    auto it = local.find(tag);
+    PEERTRAIN_CHECK(it != local.end(), where(), ": message ", tag, " from its own chunk has not been sent");
+    into.swap(it->second);
+    local.erase(it);
+    return;
+  }
+  waiting([&] { pipe->recv(from, tag, into, step.config.timeout_s); });
+}
+
+void PipelineEngine::Worker::send(StepShared& step, int k, int tag, Parcel& parcel) {
+  const int to = step.shape.stage_of(k);
+  if (to == stage) {
+    local[tag] = parcel.data;  // a copy: the parcel goes back to the outbox
+    return;
+  }
+  parcel.request = pipe->isend(to, tag, parcel.data);
+}
+
+std::size_t PipelineEngine::Worker::held_bytes() const {
+  std::size_t bytes = 0;
+  for (const Chunk& chunk : chunks)
+    for (int held : chunk.slot_of)
+      if (held >= 0)
+        for (const auto& saved : chunk.slots[static_cast<std::size_t>(held)]) bytes += saved.activation_bytes();
+  return bytes;
+}
+
+void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
+  const int V = step.shape.virtual_stages(), M = step.config.microbatches, i = op.microbatch;
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int k = chunk.virtual_stage;
+  if (k > 0) receive(step, k - 1, forward_tag(k, i, M), received);
+  if (chunk.free_slots.empty()) {
+    chunk.slots.emplace_back(chunk.units());
+    chunk.free_slots.push_back(static_cast<int>(chunk.slots.size()) - 1);
+  }
+  const int slot = chunk.free_slots.back();
+  chunk.free_slots.pop_back();
+  chunk.slot_of[static_cast<std::size_t>(i)] = slot;
+  Parcel* parcel = k + 1 < V ? &free_parcel(received.size()) : nullptr;
+  busy(op, M, [&] {
+    // Units chain through two scratch buffers; the first reads what arrived, the last
+    // writes straight into the outgoing parcel.
+    for (int j = 0; j < chunk.units(); ++j) {
+      const int unit = chunk.first_unit + j;
+      const bool head = unit + 1 == step.units;
+      const float* in = unit == 0 ? nullptr : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
+      float* out = head ? nullptr : j + 1 == chunk.units() ? parcel->data.data() : scratch[j % 2].data();
+      const float unit_loss =
+          model->forward(unit, step.params, data[i], in, out, chunk.slots[static_cast<std::size_t>(slot)][j], context);
+      if (head) loss += unit_loss;
+    }
+  });
+  if (parcel) send(step, k + 1, forward_tag(k + 1, i, M), *parcel);
+  // What the stage now holds for the backward passes still to come.
+  ++in_flight;
+  peak_bytes = std::max(peak_bytes, held_bytes());
+  peak_in_flight = std::max(peak_in_flight, in_flight);
+}
+
+void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
+  const int V = step.shape.virtual_stages(), M = step.config.microbatches, i = op.microbatch;
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int k = chunk.virtual_stage;
+  if (k + 1 < V) receive(step, k + 1, backward_tag(k, i, M), received);
+  const int slot = chunk.slot_of[static_cast<std::size_t>(i)];
+  PEERTRAIN_CHECK(slot >= 0, "backward of micro-batch ", i, " before its forward on stage ", stage);
+  Parcel* parcel = k > 0 ? &free_parcel(received.size()) : nullptr;
+  busy(op, M, [&] {
+    for (int j = chunk.units() - 1; j >= 0; --j) {
+      const int unit = chunk.first_unit + j;
+      const float* dout = unit + 1 == step.units   ? nullptr
+                          : j + 1 == chunk.units() ? received.data()
+                                                   : scratch[(j + 1) % 2].data();
+      float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
+      auto& saved = chunk.slots[static_cast<std::size_t>(slot)][j];
+      if (step.split_backward)
+        model->backward_input(unit, step.params, data[i], dout, din, saved, context);
+      else
+        model->backward(unit, step.params, data[i], dout, din, saved, grads, context);
+    }
+  });
+  if (parcel) send(step, k - 1, backward_tag(k - 1, i, M), *parcel);
+  if (step.split_backward)
+    peak_bytes = std::max(peak_bytes, held_bytes());  // B added what W needs
+  else
+    release(chunk, i);
+}
+
+void PipelineEngine::Worker::weight(StepShared& step, const PipelineOp& op) {
+  Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
+  const int i = op.microbatch;
+  const int slot = chunk.slot_of[static_cast<std::size_t>(i)];
+  PEERTRAIN_CHECK(slot >= 0, "W pass of micro-batch ", i, " before its forward on stage ", stage);
+  busy(op, step.config.microbatches, [&] {
+    for (int j = chunk.units() - 1; j >= 0; --j)
+      model->backward_weight(chunk.first_unit + j, step.params, data[i], chunk.slots[static_cast<std::size_t>(slot)][j],
+                             grads, context);
+  });
+  release(chunk, i);
+}
+
+void PipelineEngine::Worker::release(Chunk& chunk, int i) {
+  chunk.free_slots.push_back(chunk.slot_of[static_cast<std::size_t>(i)]);
+  chunk.slot_of[static_cast<std::size_t>(i)] = -1;
+  --in_flight;
+}
+
+void PipelineEngine::Worker::run(StepShared& step) {
+  const double timeout_s = step.config.timeout_s;
+  try {
+    for (const PipelineOp& op : ops) {
+      if (op.kind == PassKind::kForward)
+        forward(step, op);
+      else if (op.kind == PassKind::kBackward)
+        backward(step, op);
+      else
+        weight(step, op);
+    }
+    waiting([&] {
+      for (auto& parcel : outbox) {
+        parcel.request.wait(timeout_s);
+        parcel.request = Work();
+      }
+    });
+    end = Clock::now();
+    if (stage_group) {
+      for (const auto& r : ranges)
+        stage_group->all_reduce(std::span<float>(grads).subspan(r.offset, r.size), timeout_s);
+      reduce_s = seconds_between(end, Clock::now());
+    }
+  } catch (...) {
+    step.failure.record(std::current_exception(), where());
+    // The groups are aborted now, so these return at once, and no send is left pointing
+    // into a buffer or at a group that is about to go.
+    for (auto& parcel : outbox) parcel.request = Work();
+    end = Clock::now();
+  }
+  ring.reset();
+  stage_group = pipe = nullptr;
+  context = {};
+}
+
+}  // namespace peertrain::parallel

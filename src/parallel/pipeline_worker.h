@@ -1,0 +1,202 @@
+// The pipeline engine's workers (pipeline.h): what the workers of one step share, and the
+// worker — one (stage, sequence rank) thread — with its chunks, buffers and passes.
+// Internal to the parallel module: pipeline.cpp runs the step, pipeline_worker.cpp the
+// passes.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <latch>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "peertrain/comm/failure_latch.h"
+#include "peertrain/comm/thread_group.h"
+#include "peertrain/core/aligned.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/work.h"
+#include "peertrain/model/batch_slice.h"
+#include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/ring_attention.h"
+
+namespace peertrain::parallel {
+namespace pipeline_detail {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to);
+// CPU time of the calling thread: unlike wall time it does not grow while the thread
+// waits for a core that other workers hold, which is what oversubscription distorts.
+double thread_cpu_seconds();
+
+// Messages into virtual stage k for micro-batch i: its input forward, its output gradient
+// backward.
+inline int forward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch); }
+inline int backward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch) + 1; }
+inline std::size_t pass_index(const PipelineOp& op, int chunks, int microbatches) {
+  return (static_cast<std::size_t>(op.kind) * chunks + op.chunk) * microbatches + op.microbatch;
+}
+
+// The step's micro-batches as one sequence rank holds them.
+struct RankBatches {
+  std::vector<int> positions;  // the rank's tokens (all of them when sp == 1)
+  std::vector<model::BatchSlice> slices;
+  const model::TokenBatch& operator[](int microbatch) const {
+    return slices[static_cast<std::size_t>(microbatch)].batch;
+  }
+};
+
+// What the workers of one step share.
+struct StepShared {
+  StepShared(std::span<const float> params, const GlobalBatch& batch, const EngineConfig& config,
+             const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& schedule,
+             const std::vector<int>& first_units, int units)
+      : params(params),
+        batch(batch),
+        config(config),
+        shape(shape),
+        schedule(schedule),
+        split_backward(shape.split_backward()),
+        first_units(first_units),
+        units(units),
+        start(static_cast<std::ptrdiff_t>(config.pp) * config.sp) {}
+
+  std::span<const float> params;
+  const GlobalBatch& batch;
+  const EngineConfig& config;
+  const ScheduleShape& shape;
+  const std::vector<std::vector<PipelineOp>>& schedule;
+  bool split_backward;  // B and W are separate passes
+  const std::vector<int>& first_units;
+  int units;
+  // Fresh groups every step: an aborted group stays aborted, and making one costs nothing
+  // next to a step.
+  std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;     // [pp], sp ranks each
+  std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;  // [sp], pp ranks each
+  comm::FailureLatch failure;
+  std::latch start;  // so that every worker's clock starts together
+};
+
+// The tokens of sequence rank `rank` of `sp` (all of them when sp == 1).
+std::vector<int> rank_positions(int tokens, int sp, int rank, SequenceSplit split);
+// The step's micro-batches as rank.positions holds them.
+void build_microbatches(const model::Transformer& model, const GlobalBatch& global, int microbatches,
+                        RankBatches& rank);
+// The parameter ranges a stage's backward adds into: its chunks' units', and the
+// embedding's when it holds a tied head. Overlapping and adjacent ranges are merged, so
+// each parameter appears once and the all-reduce makes few calls.
+std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model,
+                                                  const std::vector<std::pair<int, int>>& unit_runs);
+
+}  // namespace pipeline_detail
+
+using namespace pipeline_detail;  // this header is private to the two files of the engine
+
+// Worker (stage, rank): its share of every micro-batch and the buffers it keeps between
+// steps.
+struct PipelineEngine::Worker {
+  int stage = 0, rank = 0;
+  RankBatches data;
+  model::Transformer* model = nullptr;  // shared: its temporaries are per thread
+
+  // One of the stage's chunks: virtual stage k of the model's p·v, units [first_unit,
+  // end_unit). Saved activations: a slot is one UnitActivations per unit of the chunk.
+  // Slots return to the free list once the micro-batch's backward (its W when split) is
+  // done, so 1F1B allocates p − s of them, GPipe m.
+  struct Chunk {
+    int virtual_stage = 0;
+    int first_unit = 0, end_unit = 0;
+    std::vector<std::vector<model::UnitActivations>> slots;
+    std::vector<int> free_slots;
+    std::vector<int> slot_of;  // per micro-batch; −1 when not in flight
+    int units() const { return end_unit - first_unit; }
+  };
+  std::vector<Chunk> chunks;
+  // Messages between two chunks of this same worker (the V's turn, or p = 1), by tag.
+  std::map<int, AlignedVector<float>> local;
+
+  // The flat layout, so units write where they always do; only `ranges` are used, which
+  // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
+  AlignedVector<float> grads;
+  std::vector<model::ParameterRange> ranges;
+  AlignedVector<float> received, scratch[2];
+
+  // Buffers handed to isend, kept until the partner has taken them.
+  struct Parcel {
+    AlignedVector<float> data;
+    Work request;
+  };
+  std::vector<Parcel> outbox;
+
+  // This step's connections.
+  std::vector<PipelineOp> ops;
+  comm::Group* stage_group = nullptr;  // the stage's sequence ranks; null when sp == 1
+  comm::Group* pipe = nullptr;         // this rank's stages; null when pp == 1
+  std::optional<RingAttention> ring;
+  model::UnitContext context;
+
+  // The last step.
+  float loss = 0;
+  double busy_s = 0, busy_cpu_s = 0, wait_s = 0, reduce_s = 0;
+  Clock::time_point begin, end;
+  std::size_t peak_bytes = 0;
+  int in_flight = 0, peak_in_flight = 0;
+  std::vector<double> pass_cpu_s;  // by pass_index
+
+  std::string where() const {
+    std::string units;
+    for (const Chunk& c : chunks) units += str(units.empty() ? "" : ", ", c.first_unit, "–", c.end_unit - 1);
+    return str("pipeline stage ", stage, " (units ", units, "), sequence rank ", rank);
+  }
+
+  // Everything before the clock starts; false when it failed (recorded).
+  bool prepare(StepShared& step, model::Transformer& engine_model);
+  // The schedule, then the sends' completion and the gradient all-reduce.
+  void run(StepShared& step);
+  void forward(StepShared& step, const PipelineOp& op);
+  void backward(StepShared& step, const PipelineOp& op);  // the whole backward, or B when split
+  void weight(StepShared& step, const PipelineOp& op);    // W: the parameter gradients, after B
+  void release(Chunk& chunk, int microbatch);             // its activations are no longer needed
+  // Receives into `into` the message `tag` from the worker of virtual stage k (this one's
+  // local box when it is this stage), and sends `parcel` there.
+  void receive(StepShared& step, int k, int tag, AlignedVector<float>& into);
+  void send(StepShared& step, int k, int tag, Parcel& parcel);
+  std::size_t held_bytes() const;
+
+  // Times fn as busy (inside the model's units) for pass `op`.
+  template <typename Fn>
+  void busy(const PipelineOp& op, int microbatches, Fn&& fn) {
+    const auto wall = Clock::now();
+    const double cpu = thread_cpu_seconds();
+    fn();
+    const double cpu_s = thread_cpu_seconds() - cpu;
+    busy_s += seconds_between(wall, Clock::now());
+    busy_cpu_s += cpu_s;
+    pass_cpu_s[pass_index(op, static_cast<int>(chunks.size()), microbatches)] += cpu_s;
+  }
+  // Times fn as waiting for a neighbour.
+  template <typename Fn>
+  void waiting(Fn&& fn) {
+    const auto wall = Clock::now();
+    fn();
+    wait_s += seconds_between(wall, Clock::now());
+  }
+
+  Parcel& free_parcel(std::size_t floats) {
+    for (auto& parcel : outbox)
+      if (parcel.request.done()) {
+        parcel.request.wait();  // rethrows a failed send
+        parcel.request = Work();
+        parcel.data.resize(floats);
+        return parcel;
+      }
+    outbox.push_back({AlignedVector<float>(floats), Work()});
+    return outbox.back();
+  }
+};
+
+}  // namespace peertrain::parallel
