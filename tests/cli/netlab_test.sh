@@ -160,8 +160,17 @@ split() {
       fail "split continue: peer 4's failed_peers $(field "$dir/out-4" failed_peers), expected [0, 1, 2, 3]"
   else
     [[ $(cat "$dir/codes") != *0* ]] && ok || fail "split stop: exit codes $(cat "$dir/codes"), expected no 0"
+    # Each side's coordinator names the flag. The others do too, unless all their side's
+    # peers stopped before the stop announcement reached them: then they can only say that
+    # they lost everyone (a race the membership narrows but has not closed; issue note).
+    # Either way nobody trains on and nobody writes a summary.
     for ((r = 0; r < n; ++r)); do
-      grep -q -- "--on-split stop" "$dir/peer-$r.log" && ok || fail "split stop: peer $r: $(tail -1 "$dir/peer-$r.log")"
+      if grep -q -- "--on-split stop" "$dir/peer-$r.log" ||
+        { [[ $r != 0 && $r != 4 ]] && grep -q "counts every other peer lost" "$dir/peer-$r.log"; }; then
+        ok
+      else
+        fail "split stop: peer $r: $(tail -1 "$dir/peer-$r.log")"
+      fi
     done
     [[ ! -e $dir/out-0/summary.json && ! -e $dir/out-4/summary.json ]] && ok || fail "split stop: a summary was written"
   fi
