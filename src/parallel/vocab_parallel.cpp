@@ -17,10 +17,9 @@ using MutableStrided = Eigen::Map<Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
 using Matrix = Eigen::Map<Eigen::MatrixXf>;
 using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
 
-// The statistics of one column on one rank, relative to its local maximum.
-struct ColumnStats {
-  float max, sum, target_logit, has_target, argmax_logit;
-};
+// The statistics of one column on one rank, relative to its local maximum: the maximum
+// m, Σ e^(logit − m), the target's logit (0 elsewhere), 1 where the target is here, and the
+// argmax's vocabulary id.
 constexpr int kStats = 5;
 
 }  // namespace
@@ -61,37 +60,38 @@ double vocab_parallel_cross_entropy(comm::Group& group, VocabParallel mode, Voca
           : Eigen::MatrixXf(Strided(w + shard.first, rows, d, Eigen::OuterStride<>(vocab)));
   const ConstMatrix Y(y, d, n);
   Eigen::MatrixXf logits = weights * Y;  // rows × n
-  // Local statistics, relative to the local maximum.
-  AlignedVector<float> mine(static_cast<std::size_t>(kStats) * n);
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  // What this rank sends: kStats floats per column (see above), and for vocab-1 also
+  // A = Wᵀ·e^(L − m) and B = Wᵀ·onehot, the forward and the input gradient fused before
+  // the one barrier.
+  const std::size_t part = static_cast<std::size_t>(kStats) * n + (mode == VocabParallel::kVocab1 ? 2 * dn : 0);
+  AlignedVector<float> send(part), all(part * static_cast<std::size_t>(p));
+  Eigen::MatrixXf shifted(rows, n);  // e^(L − m), the local maximum m of each column
   for (int j = 0; j < n; ++j) {
     Eigen::Index argmax = 0;
     const float m = logits.col(j).maxCoeff(&argmax);
-    const float s = (logits.col(j).array() - m).exp().sum();
+    shifted.col(j) = (logits.col(j).array() - m).exp().matrix();
     const int t = targets[static_cast<std::size_t>(j)] - shard.first;
     const bool here = t >= 0 && t < rows;
-    mine[static_cast<std::size_t>(kStats) * j + 0] = m;
-    mine[static_cast<std::size_t>(kStats) * j + 1] = s;
-    mine[static_cast<std::size_t>(kStats) * j + 2] = here ? logits(t, j) : 0.0f;
-    mine[static_cast<std::size_t>(kStats) * j + 3] = here ? 1.0f : 0.0f;
-    mine[static_cast<std::size_t>(kStats) * j + 4] = static_cast<float>(argmax + shard.first);
+    float* st = send.data() + static_cast<std::ptrdiff_t>(kStats) * j;
+    st[0] = m;
+    st[1] = shifted.col(j).sum();
+    st[2] = here ? logits(t, j) : 0.0f;
+    st[3] = here ? 1.0f : 0.0f;
+    st[4] = static_cast<float>(argmax + shard.first);
   }
-  const std::size_t dn = static_cast<std::size_t>(d) * n;
-  // vocab-1 sends, with the statistics, A = Wᵀ·e^(L − m) and B = Wᵀ·onehot: the fused
-  // forward and input gradient, before the one barrier.
-  const std::size_t part = static_cast<std::size_t>(kStats) * n + (mode == VocabParallel::kVocab1 ? 2 * dn : 0);
-  AlignedVector<float> send(part), all(part * static_cast<std::size_t>(p));
-  std::copy(mine.begin(), mine.end(), send.begin());
   if (mode == VocabParallel::kVocab1) {
-    Eigen::MatrixXf e = logits;
-    Eigen::MatrixXf onehot = Eigen::MatrixXf::Zero(rows, n);
+    float* a_part = send.data() + static_cast<std::ptrdiff_t>(kStats) * n;
+    Matrix(a_part, d, n).noalias() = weights.transpose() * shifted;
+    // Wᵀ·onehot is the target's row of W where this rank holds the target, else zero.
+    Matrix b_part(a_part + dn, d, n);
     for (int j = 0; j < n; ++j) {
-      e.col(j) = (logits.col(j).array() - mine[static_cast<std::size_t>(kStats) * j]).exp().matrix();
       const int t = targets[static_cast<std::size_t>(j)] - shard.first;
-      if (t >= 0 && t < rows) onehot(t, j) = 1.0f;
+      if (t >= 0 && t < rows)
+        b_part.col(j) = weights.row(t).transpose();
+      else
+        b_part.col(j).setZero();
     }
-    Matrix(send.data() + static_cast<std::ptrdiff_t>(kStats) * n, d, n).noalias() = weights.transpose() * e;
-    Matrix(send.data() + static_cast<std::ptrdiff_t>(kStats) * n + static_cast<std::ptrdiff_t>(dn), d, n).noalias() =
-        weights.transpose() * onehot;
   }
   group.all_gather(send, all, timeout_s);  // the barrier (vocab-2's first)
   // The whole vocabulary's statistics, combined the online-softmax way.
