@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "random_batch.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
@@ -154,16 +155,10 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   state->optimizer = train::make_optimizer(train::OptimizerKind::kAdam, size, {}, {});
   Rng rng(2);
   for (int t = 0; t < tokens; ++t) state->positions.push_back(t);
-  if (gpt) {
-    for (long long i = 0; i < static_cast<long long>(batch) * tokens; ++i) {
-      state->bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
-      state->targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
-    }
-  } else {
-    for (long long i = 0; i < static_cast<long long>(batch) * config.image * config.image; ++i)
-      state->pixels.push_back(static_cast<float>(rng.normal()));
-    for (int i = 0; i < batch; ++i) state->targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
-  }
+  RandomBatch data = random_batch(config, batch, rng);
+  state->bytes = std::move(data.bytes);
+  state->targets = std::move(data.targets);
+  state->pixels = std::move(data.pixels);
   Bench b;
   const std::string device = args.count("device") ? args["device"].as<std::string>() : "cpu";
   try {

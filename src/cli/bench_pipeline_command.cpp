@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "random_batch.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
@@ -84,23 +85,15 @@ int bench_pipeline(int argc, char** argv) {
     model.initialize(params, 1);
     Rng rng(2);
     const int tokens = model.config().tokens();
-    std::vector<std::int32_t> ids, targets, labels;
-    std::vector<float> pixels;
+    const RandomBatch data = random_batch(model.config(), batch, rng);
     parallel::GlobalBatch global;
     global.batch = batch;
     if (config.kind == model::TransformerKind::kGpt) {
-      for (long long i = 0; i < static_cast<long long>(batch) * tokens; ++i) {
-        ids.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
-        targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
-      }
-      global.bytes = ids;
-      global.targets = targets;
+      global.bytes = data.bytes;
+      global.targets = data.targets;
     } else {
-      for (long long i = 0; i < static_cast<long long>(batch) * config.image * config.image; ++i)
-        pixels.push_back(static_cast<float>(rng.normal()));
-      for (int i = 0; i < batch; ++i) labels.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
-      global.pixels = pixels;
-      global.labels = labels;
+      global.pixels = data.pixels;
+      global.labels = data.targets;
     }
     pipeline.step(params, global, grads);  // warm-up, and the profile when --stages is not given
     std::vector<double> step_times;

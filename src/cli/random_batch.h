@@ -1,0 +1,33 @@
+// Random data for one transformer step, for the benchmarks (bench step, bench pipeline):
+// gpt's token ids and next ids, or vit's normal pixels and class labels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "peertrain/core/rng.h"
+#include "peertrain/model/transformer.h"
+
+namespace peertrain::cli {
+
+struct RandomBatch {
+  std::vector<std::int32_t> bytes, targets;  // gpt: batch × tokens each; vit: targets are the labels
+  std::vector<float> pixels;                 // vit: batch × image²
+};
+
+inline RandomBatch random_batch(const model::TransformerConfig& config, int batch, Rng& rng) {
+  RandomBatch r;
+  if (config.kind == model::TransformerKind::kGpt) {
+    for (long long i = 0; i < static_cast<long long>(batch) * config.tokens(); ++i) {
+      r.bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+      r.targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.vocab)));
+    }
+  } else {
+    for (long long i = 0; i < static_cast<long long>(batch) * config.image * config.image; ++i)
+      r.pixels.push_back(static_cast<float>(rng.normal()));
+    for (int i = 0; i < batch; ++i) r.targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
+  }
+  return r;
+}
+
+}  // namespace peertrain::cli
