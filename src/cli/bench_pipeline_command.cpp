@@ -46,6 +46,8 @@ int bench_pipeline(int argc, char** argv) {
       "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
       cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: chunks per stage",
                                                             cxxopts::value<std::string>()->default_value("2"))(
+      "vocab-parallel", "gpt: none | vocab-1 | vocab-2 (the vocabulary split over the stages)",
+      cxxopts::value<std::string>()->default_value("none"))(
       "stages", "units per virtual stage, e.g. 2,1,1,2 (default: profiled)", cxxopts::value<std::string>())(
       "steps", "timed steps (the stats are the last one's)", cxxopts::value<std::string>()->default_value("3"))(
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))("h,help", "this help");
@@ -72,6 +74,7 @@ int bench_pipeline(int argc, char** argv) {
     engine.microbatches = number_flag<int>(args, "microbatches");
     engine.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
     engine.chunks = number_flag<int>(args, "chunks");
+    engine.vocab_parallel = parallel::parse_vocab_parallel(args["vocab-parallel"].as<std::string>());
     model::validate(config);
     model::Transformer model(config);
     if (args.count("stages")) {
@@ -136,6 +139,7 @@ int bench_pipeline(int argc, char** argv) {
           .add("pp", engine.pp)
           .add("microbatches", engine.microbatches)
           .add("schedule", parallel::to_string(engine.schedule))
+          .add("vocab_parallel", parallel::to_string(engine.vocab_parallel))
           .add("split", split)
           .add_raw("stages", array)
           .add("parameter_bytes_max_over_mean", max_over_mean(param_bytes))
@@ -150,10 +154,11 @@ int bench_pipeline(int argc, char** argv) {
       return 0;
     }
     std::printf(
-        "%s vocab %d, d %d, L %d, seq %d, batch %d; --pp %d --microbatches %d --schedule %s; units per virtual "
-        "stage %s\n\n",
+        "%s vocab %d, d %d, L %d, seq %d, batch %d; --pp %d --microbatches %d --schedule %s --vocab-parallel %s; "
+        "units per virtual stage %s\n\n",
         model_name.c_str(), config.vocab, config.d_model, config.layers, config.seq, batch, engine.pp,
-        engine.microbatches, std::string(parallel::to_string(engine.schedule)).c_str(), split.c_str());
+        engine.microbatches, std::string(parallel::to_string(engine.schedule)).c_str(),
+        std::string(parallel::to_string(engine.vocab_parallel)).c_str(), split.c_str());
     std::printf("%5s %5s %12s %12s %16s %14s\n", "stage", "units", "params MiB", "compute ms", "peak micro-b.",
                 "peak act. MiB");
     for (std::size_t p = 0; p < stats.stages.size(); ++p) {

@@ -50,6 +50,7 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "microbatches",
                                                  "schedule",
                                                  "chunks",
+                                                 "vocab-parallel",
                                                  "stages",
                                                  "sequence-split",
                                                  "ring-mode",
@@ -141,6 +142,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   try {
     e.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
     e.chunks = positive<int>(args, "chunks");
+    e.vocab_parallel = parallel::parse_vocab_parallel(args["vocab-parallel"].as<std::string>());
     e.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
     e.ring = parallel::parse_ring_mode(args["ring-mode"].as<std::string>());
     device_options(args, c);
@@ -149,6 +151,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
       return;
     }
     model::validate(m);
+    parallel::check_vocab_parallel(e.vocab_parallel, m, e.pp);
     if (args.count("stages")) {
       const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = e.pp, .interleave = e.chunks};
       e.stage_first_units =
@@ -225,6 +228,10 @@ void add_training_options(cxxopts::Options& options) {
                                                          "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
                                                          cxxopts::value<std::string>()->default_value("1f1b"))(
       "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
+      "vocab-parallel",
+      "gpt: none (the vocabulary whole on the first and last stages) | vocab-1 | vocab-2 (split over the --pp "
+      "stages, one or two barriers in the output layer)",
+      cxxopts::value<std::string>()->default_value("none"))(
       "stages",
       "units per virtual stage by hand, pp x chunks of them, e.g. 3,3 (units: embedding, each block, head); "
       "default: profiled",

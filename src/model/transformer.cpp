@@ -266,8 +266,15 @@ int group_size(const UnitContext& context) {
 template <typename Impl>
 struct TransformerKernels {
   static void embedding_forward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
-                                float* out, UnitActivations& saved) {
+                                const float* in, float* out, UnitActivations& saved, const UnitContext& context) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
+    if (c.kind == TransformerKind::kGpt && context.vocabulary_outside) {
+      saved.buffer.resize(0);
+      // wte[:, id] + wpe[:, t] as token_embedding_forward adds them, bit for bit.
+      if (out != in) std::memcpy(out, in, sizeof(float) * static_cast<std::size_t>(d) * n);
+      layers::add_positions(d, batch.batch, batch.tokens, batch.positions.data(), p + m.wpe, out);
+      return;
+    }
     if (c.kind == TransformerKind::kGpt) {
       saved.buffer.resize(0);
       layers::token_embedding_forward(d, batch.batch, batch.tokens, batch.bytes.data(), batch.positions.data(),
@@ -283,8 +290,13 @@ struct TransformerKernels {
   }
 
   static void embedding_backward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
-                                 const float* dout, const UnitActivations& saved, float* g) {
+                                 const float* dout, const UnitActivations& saved, float* g,
+                                 const UnitContext& context) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
+    if (c.kind == TransformerKind::kGpt && context.vocabulary_outside) {
+      layers::add_positions_backward(d, batch.batch, batch.tokens, batch.positions.data(), dout, g + m.wpe);
+      return;
+    }
     if (c.kind == TransformerKind::kGpt) {
       layers::token_embedding_backward(d, batch.batch, batch.tokens, batch.bytes.data(), batch.positions.data(), dout,
                                        g + m.wte, g + m.wpe);
@@ -355,15 +367,18 @@ struct TransformerKernels {
 
   // The head's B: the gradient w.r.t. ln_f's output (kept), then ln_f's input gradient.
   static void head_backward_input(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
-                                  float* din, UnitActivations& saved) {
+                                  const float* dout, float* din, UnitActivations& saved, const UnitContext& context) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
-    const HeadSaved at = head_saved(c, batch.batch, n);
+    const bool outside = c.kind == TransformerKind::kGpt && context.vocabulary_outside;
+    const HeadSaved at = head_saved(c, batch.batch, n, outside);
     PEERTRAIN_CHECK(saved.buffer.size() == at.total, "head backward: saved activations hold ", saved.buffer.size(),
                     " floats, this micro-batch needs ", at.total);
     const float* s = saved.buffer.data();
     saved.stash.resize(static_cast<std::size_t>(d) * n);
     float* dy = saved.stash.data();
-    if (c.kind == TransformerKind::kGpt) {
+    if (outside) {
+      std::memcpy(dy, dout, sizeof(float) * static_cast<std::size_t>(d) * n);
+    } else if (c.kind == TransformerKind::kGpt) {
       if (c.tied_head)
         m.gemm().run(false, false, d, n, c.vocab, p + m.wte, s + at.dlogits, dy, false);
       else
@@ -382,10 +397,13 @@ struct TransformerKernels {
   static void head_backward_weight(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
                                    const UnitActivations& saved, float* g, const UnitContext& context) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
-    const HeadSaved at = head_saved(c, batch.batch, n);
+    const bool outside = c.kind == TransformerKind::kGpt && context.vocabulary_outside;
+    const HeadSaved at = head_saved(c, batch.batch, n, outside);
     PEERTRAIN_CHECK(saved.stash.size() == static_cast<std::size_t>(d) * n, "head W pass before its B pass");
     const float* s = saved.buffer.data();
-    if (c.kind == TransformerKind::kGpt) {
+    if (outside) {
+      // The projection's gradient is the vocabulary-parallel output layer's.
+    } else if (c.kind == TransformerKind::kGpt) {
       if (c.tied_head)
         m.gemm().run(false, true, d, c.vocab, n, s + at.y, s + at.dlogits, g + m.wte, true);
       else
@@ -406,14 +424,15 @@ struct TransformerKernels {
   }
 
   // Floats that `unit` keeps for its backward; the blocks and the head keep their input first.
-  static std::size_t saved_floats(const TransformerConfig& c, int unit, const TokenBatch& batch) {
+  static std::size_t saved_floats(const TransformerConfig& c, int unit, const TokenBatch& batch, bool outside) {
     const std::size_t n = static_cast<std::size_t>(batch.batch) * batch.tokens;
     if (unit == 0) return c.kind == TransformerKind::kGpt ? 0 : static_cast<std::size_t>(c.patch) * c.patch * n;
-    if (unit == c.layers + 1) return head_saved(c, batch.batch, n).total;
+    if (unit == c.layers + 1) return head_saved(c, batch.batch, n, outside).total;
     return block_saved(c.d_model, c.mlp_ratio * c.d_model, c.heads, n).total;
   }
 
-  static HeadSaved head_saved(const TransformerConfig& c, int batch, std::size_t n) {
+  // outside: vocabulary parallelism keeps the logits elsewhere (UnitContext::vocabulary_outside).
+  static HeadSaved head_saved(const TransformerConfig& c, int batch, std::size_t n, bool outside = false) {
     const std::size_t d = c.d_model;
     HeadSaved s{};
     s.x_in = 0;
@@ -424,19 +443,27 @@ struct TransformerKernels {
     const bool vit = c.kind == TransformerKind::kVit;
     // vit keeps the pooled vectors and, after them, the all-reduced token count.
     s.dlogits = s.pooled + (vit ? d * batch + 1 : 0);
-    s.total = s.dlogits + (vit ? static_cast<std::size_t>(c.classes) * batch : static_cast<std::size_t>(c.vocab) * n);
+    s.total = s.dlogits + (vit       ? static_cast<std::size_t>(c.classes) * batch
+                           : outside ? 0
+                                     : static_cast<std::size_t>(c.vocab) * n);
     return s;
   }
 
   static float head_forward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
-                            const float* in, UnitActivations& saved, const UnitContext& context, LossSums* sums) {
+                            const float* in, float* out, UnitActivations& saved, const UnitContext& context,
+                            LossSums* sums) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
     const std::size_t dn = static_cast<std::size_t>(d) * n;
-    const HeadSaved at = head_saved(c, batch.batch, n);
+    const bool outside = c.kind == TransformerKind::kGpt && context.vocabulary_outside;
+    const HeadSaved at = head_saved(c, batch.batch, n, outside);
     saved.buffer.resize(at.total);
     float* s = saved.buffer.data();
     if (in != s + at.x_in) std::memcpy(s + at.x_in, in, sizeof(float) * dn);
     layers::layernorm_forward(d, n, s + at.x_in, p + m.lnf_w, p + m.lnf_b, s + at.y, s + at.mean, s + at.rstd);
+    if (outside) {
+      std::memcpy(out, s + at.y, sizeof(float) * dn);
+      return 0;
+    }
     const float grad_scale = static_cast<float>(1.0 / batch.loss_divisor);
     long long correct = 0;
     double loss_sum = 0;
@@ -465,15 +492,19 @@ struct TransformerKernels {
     return static_cast<float>(loss_sum / batch.loss_divisor / ranks);
   }
 
-  static void head_backward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch, float* din,
-                            const UnitActivations& saved, float* g, const UnitContext& context) {
+  static void head_backward(const TransformerConfig& c, Impl& m, const float* p, const TokenBatch& batch,
+                            const float* dout, float* din, const UnitActivations& saved, float* g,
+                            const UnitContext& context) {
     const int d = c.d_model, n = batch.batch * batch.tokens;
-    const HeadSaved at = head_saved(c, batch.batch, n);
+    const bool outside = c.kind == TransformerKind::kGpt && context.vocabulary_outside;
+    const HeadSaved at = head_saved(c, batch.batch, n, outside);
     PEERTRAIN_CHECK(saved.buffer.size() == at.total, "head backward: saved activations hold ", saved.buffer.size(),
                     " floats, this micro-batch needs ", at.total);
     const float* s = saved.buffer.data();
     float* dy = m.workspace(0, static_cast<std::size_t>(d) * n);
-    if (c.kind == TransformerKind::kGpt) {
+    if (outside) {
+      std::memcpy(dy, dout, sizeof(float) * static_cast<std::size_t>(d) * n);
+    } else if (c.kind == TransformerKind::kGpt) {
       const float* dlogits = s + at.dlogits;
       if (c.tied_head) {
         m.gemm().run(false, true, d, c.vocab, n, s + at.y, dlogits, g + m.wte, true);
@@ -515,11 +546,11 @@ float Transformer::forward(int unit, std::span<const float> params, const TokenB
   Impl& m = *impl_;
   AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
   if (unit == 0) {
-    TransformerKernels<Impl>::embedding_forward(config_, m, params.data(), batch, out, saved);
+    TransformerKernels<Impl>::embedding_forward(config_, m, params.data(), batch, in, out, saved, context);
     return 0;
   }
   if (unit == num_units() - 1)
-    return TransformerKernels<Impl>::head_forward(config_, m, params.data(), batch, in, saved, context, nullptr);
+    return TransformerKernels<Impl>::head_forward(config_, m, params.data(), batch, in, out, saved, context, nullptr);
   TransformerKernels<Impl>::block_forward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch,
                                           in, out, saved, attention);
   return 0;
@@ -533,9 +564,9 @@ void Transformer::backward(int unit, std::span<const float> params, const TokenB
   Impl& m = *impl_;
   AttentionCore& attention = context.attention != nullptr ? *context.attention : m.local_attention;
   if (unit == 0)
-    TransformerKernels<Impl>::embedding_backward(config_, m, params.data(), batch, dout, saved, grads.data());
+    TransformerKernels<Impl>::embedding_backward(config_, m, params.data(), batch, dout, saved, grads.data(), context);
   else if (unit == num_units() - 1)
-    TransformerKernels<Impl>::head_backward(config_, m, params.data(), batch, din, saved, grads.data(), context);
+    TransformerKernels<Impl>::head_backward(config_, m, params.data(), batch, dout, din, saved, grads.data(), context);
   else
     TransformerKernels<Impl>::block_backward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
                                              batch, dout, din, saved, grads.data(), attention);
@@ -551,7 +582,7 @@ void Transformer::backward_input(int unit, std::span<const float> params, const 
   if (unit == 0)
     TransformerKernels<Impl>::embedding_backward_input(config_, batch, dout, saved);
   else if (unit == num_units() - 1)
-    TransformerKernels<Impl>::head_backward_input(config_, m, params.data(), batch, din, saved);
+    TransformerKernels<Impl>::head_backward_input(config_, m, params.data(), batch, dout, din, saved, context);
   else
     TransformerKernels<Impl>::block_backward_input(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
                                                    batch, dout, din, saved, attention);
@@ -567,7 +598,7 @@ void Transformer::backward_weight(int unit, std::span<const float> params, const
   if (unit == 0) {
     PEERTRAIN_CHECK(!saved.stash.empty(), "embedding W pass before its B pass");
     TransformerKernels<Impl>::embedding_backward(config_, m, params.data(), batch, saved.stash.data(), saved,
-                                                 grads.data());
+                                                 grads.data(), context);
   } else if (unit == num_units() - 1) {
     TransformerKernels<Impl>::head_backward_weight(config_, m, params.data(), batch, saved, grads.data(), context);
   } else {
@@ -591,7 +622,7 @@ float Transformer::forward_backward(std::span<const float> params, const TokenBa
     float* out = nullptr;
     if (u + 1 < num_units()) {
       UnitActivations& next = m.saved[static_cast<std::size_t>(u + 1)];
-      next.buffer.resize(TransformerKernels<Impl>::saved_floats(config_, u + 1, batch));
+      next.buffer.resize(TransformerKernels<Impl>::saved_floats(config_, u + 1, batch, context.vocabulary_outside));
       out = next.buffer.data();
     }
     loss += forward(u, params, batch, x, out, m.saved[static_cast<std::size_t>(u)], context);
@@ -624,7 +655,7 @@ LossSums Transformer::evaluate(std::span<const float> params, const TokenBatch& 
     std::swap(x, y);
   }
   LossSums sums;
-  TransformerKernels<Impl>::head_forward(config_, *impl_, params.data(), batch, x, saved, local, &sums);
+  TransformerKernels<Impl>::head_forward(config_, *impl_, params.data(), batch, x, nullptr, saved, local, &sums);
   return sums;
 }
 

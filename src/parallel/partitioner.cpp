@@ -124,7 +124,7 @@ std::string format_stage_sizes(std::span<const int> first_units, int units) {
 }
 
 std::vector<double> profile_units(model::Transformer& model, std::span<const float> params,
-                                  const model::TokenBatch& sample, int repetitions) {
+                                  const model::TokenBatch& sample, int repetitions, const model::UnitContext& context) {
   PEERTRAIN_CHECK(repetitions >= 1, "repetitions ", repetitions);
   const int units = model.num_units();
   const std::size_t width = static_cast<std::size_t>(model.config().d_model) * sample.batch * sample.tokens;
@@ -134,7 +134,6 @@ std::vector<double> profile_units(model::Transformer& model, std::span<const flo
   std::vector<float> grad_a(width), grad_b(width);
   std::vector<float> grads(model.num_parameters(), 0.0f);
   std::vector<std::vector<double>> seconds(units);
-  const model::UnitContext context;
   using Clock = std::chrono::steady_clock;
   for (int run = 0; run <= repetitions; ++run) {  // run 0 warms the buffers up
     for (int u = 0; u < units; ++u) {

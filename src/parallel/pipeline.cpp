@@ -40,10 +40,12 @@ PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
                                                  " sequence ranks (", tokens, " tokens per sequence)"));
   if (config_.microbatches < 1)
     throw Error(ErrorKind::kInvalidArgument, str("--microbatches ", config_.microbatches, ": expected at least 1"));
+  check_vocab_parallel(config_.vocab_parallel, model_.config(), config_.pp);
   shape_ = ScheduleShape{.schedule = config_.schedule,
                          .stages = config_.pp,
                          .microbatches = config_.microbatches,
-                         .interleave = config_.chunks};
+                         .interleave = config_.chunks,
+                         .output_passes = config_.vocab_parallel != VocabParallel::kNone};
   schedule_ = build_schedule(shape_);  // validates: names --chunks, --microbatches
   const int virtual_stages = shape_.virtual_stages();
   if (virtual_stages > units)
@@ -118,7 +120,11 @@ void PipelineEngine::plan(std::span<const float> params, const GlobalBatch& batc
   RankBatches sample;
   sample.positions = workers_[0]->data.positions;
   build_microbatches(model_, batch, config_.microbatches, sample);
-  unit_costs_ = profile_units(model_, params, sample[0], config_.profile_repetitions);
+  // Under vocabulary parallelism the embedding and head units leave the vocabulary out: the
+  // stages share it evenly, so only the rest is balanced.
+  model::UnitContext context;
+  context.vocabulary_outside = config_.vocab_parallel != VocabParallel::kNone;
+  unit_costs_ = profile_units(model_, params, sample[0], config_.profile_repetitions, context);
   first_units_ = partition(unit_costs_, shape_.virtual_stages());
 }
 
@@ -205,9 +211,10 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
       const int k = shape_.virtual_stage(p, c);
       const int first = first_units_[static_cast<std::size_t>(k)];
       const int end = k + 1 < V ? first_units_[static_cast<std::size_t>(k) + 1] : units;
-      for (int u = first; u < end; ++u) st.parameter_bytes += sizeof(float) * model_.unit_parameters(u).size;
       st.units += end - first;
     }
+    for (const auto& r : workers_[static_cast<std::size_t>(p) * S]->ranges)
+      st.parameter_bytes += sizeof(float) * r.size;
     for (int s = 0; s < S; ++s) {
       const Worker& w = *workers_[static_cast<std::size_t>(p) * S + s];
       st.busy_s += w.busy_s / S;

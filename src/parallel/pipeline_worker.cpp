@@ -4,8 +4,11 @@
 
 #include <time.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <numeric>
+
+#include "peertrain/model/transformer_layout.h"
 
 namespace peertrain::parallel {
 namespace pipeline_detail {
@@ -52,11 +55,27 @@ void build_microbatches(const model::Transformer& model, const GlobalBatch& glob
 }
 
 std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model,
-                                                  const std::vector<std::pair<int, int>>& unit_runs) {
+                                                  const std::vector<std::pair<int, int>>& unit_runs,
+                                                  const VocabShard* shard) {
+  const auto& c = model.config();
+  const auto& at = model.layout();
+  const auto d = static_cast<std::size_t>(c.d_model);
   std::vector<model::ParameterRange> ranges;
-  for (auto [first_unit, end_unit] : unit_runs) {
-    for (int u = first_unit; u < end_unit; ++u) ranges.push_back(model.unit_parameters(u));
-    if (model.config().tied_head && end_unit == model.num_units()) ranges.push_back(model.unit_parameters(0));
+  for (auto [first_unit, end_unit] : unit_runs)
+    for (int u = first_unit; u < end_unit; ++u) {
+      if (shard && u == 0)
+        ranges.push_back({at.wpe, d * c.seq});
+      else if (shard && u + 1 == model.num_units())
+        ranges.push_back({at.lnf_w, 2 * d});
+      else
+        ranges.push_back(model.unit_parameters(u));
+      if (!shard && c.tied_head && u + 1 == model.num_units()) ranges.push_back(model.unit_parameters(0));
+    }
+  if (shard) {
+    ranges.push_back({at.wte + shard->first * d, shard->count * d});
+    if (!c.tied_head)
+      for (std::size_t j = 0; j < d; ++j)
+        ranges.push_back({at.head_w + j * c.vocab + shard->first, static_cast<std::size_t>(shard->count)});
   }
   std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   std::vector<model::ParameterRange> merged;
@@ -96,7 +115,9 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     }
     build_microbatches(*model, step.batch, M, data);
     ops = step.schedule[static_cast<std::size_t>(stage)];
-    ranges = touched_ranges(*model, runs);
+    shard.reset();
+    if (config.vocab_parallel != VocabParallel::kNone) shard = vocab_shard(model->config().vocab, P, stage);
+    ranges = touched_ranges(*model, runs, shard ? &*shard : nullptr);
     grads.resize(model->num_parameters());
     for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
     const std::size_t floats =
@@ -105,7 +126,13 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     scratch[0].resize(floats);
     scratch[1].resize(floats);
     local.clear();
-    pass_cpu_s.assign(3 * static_cast<std::size_t>(v) * M, 0.0);
+    if (shard) {
+      for (auto* buffers : {&token_vectors, &outputs, &output_grads, &token_grads}) {
+        buffers->resize(static_cast<std::size_t>(M));
+        for (auto& b : *buffers) b.resize(floats);
+      }
+    }
+    pass_cpu_s.assign(kPassKinds * static_cast<std::size_t>(v) * M, 0.0);
     loss = 0;
     busy_s = busy_cpu_s = wait_s = reduce_s = 0;
     peak_bytes = 0;
@@ -117,6 +144,7 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     context.attention = ring ? &*ring : nullptr;
     context.sequence_group = stage_group;
     context.timeout_s = config.timeout_s;
+    context.vocabulary_outside = shard.has_value();
     return true;
   } catch (...) {
     step.failure.record(std::current_exception(), where());
@@ -159,6 +187,17 @@ void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
   Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
   const int k = chunk.virtual_stage;
   if (k > 0) receive(step, k - 1, forward_tag(k, i, M), received);
+  float* tokens = nullptr;  // vocabulary parallelism: the looked-up token vectors, summed here
+  if (k == 0 && shard) {
+    tokens = token_vectors[static_cast<std::size_t>(i)].data();
+    for (int from = 1; from < step.config.pp; ++from) {
+      waiting([&] { pipe->recv(from, token_tag(i, M, V), received, step.config.timeout_s); });
+      busy(op, M, [&] {
+        Eigen::Map<Eigen::ArrayXf>(tokens, static_cast<Eigen::Index>(received.size())) +=
+            Eigen::Map<const Eigen::ArrayXf>(received.data(), static_cast<Eigen::Index>(received.size()));
+      });
+    }
+  }
   if (chunk.free_slots.empty()) {
     chunk.slots.emplace_back(chunk.units());
     chunk.free_slots.push_back(static_cast<int>(chunk.slots.size()) - 1);
@@ -173,14 +212,17 @@ void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
     for (int j = 0; j < chunk.units(); ++j) {
       const int unit = chunk.first_unit + j;
       const bool head = unit + 1 == step.units;
-      const float* in = unit == 0 ? nullptr : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
-      float* out = head ? nullptr : j + 1 == chunk.units() ? parcel->data.data() : scratch[j % 2].data();
+      const float* in = unit == 0 ? tokens : j == 0 ? received.data() : scratch[(j - 1) % 2].data();
+      float* out = head                     ? (shard ? outputs[static_cast<std::size_t>(i)].data() : nullptr)
+                   : j + 1 == chunk.units() ? parcel->data.data()
+                                            : scratch[j % 2].data();
       const float unit_loss =
           model->forward(unit, step.params, data[i], in, out, chunk.slots[static_cast<std::size_t>(slot)][j], context);
       if (head) loss += unit_loss;
     }
   });
   if (parcel) send(step, k + 1, forward_tag(k + 1, i, M), *parcel);
+  if (shard && k + 1 == V) send_to_all(step, output_tag(i, M, V), outputs[static_cast<std::size_t>(i)]);
   // What the stage now holds for the backward passes still to come.
   ++in_flight;
   peak_bytes = std::max(peak_bytes, held_bytes());
@@ -198,9 +240,13 @@ void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
   busy(op, M, [&] {
     for (int j = chunk.units() - 1; j >= 0; --j) {
       const int unit = chunk.first_unit + j;
-      const float* dout = unit + 1 == step.units   ? nullptr
+      const float* dout = unit + 1 == step.units ? (shard ? output_grads[static_cast<std::size_t>(i)].data() : nullptr)
                           : j + 1 == chunk.units() ? received.data()
                                                    : scratch[(j + 1) % 2].data();
+      if (unit == 0 && shard) {  // the token vectors' gradient, for every stage's rows
+        auto& to = token_grads[static_cast<std::size_t>(i)];
+        std::copy_n(dout, to.size(), to.data());
+      }
       float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
       auto& saved = chunk.slots[static_cast<std::size_t>(slot)][j];
       if (step.split_backward)
@@ -210,6 +256,7 @@ void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
     }
   });
   if (parcel) send(step, k - 1, backward_tag(k - 1, i, M), *parcel);
+  if (k == 0 && shard) send_to_all(step, token_grad_tag(i, M, V), token_grads[static_cast<std::size_t>(i)]);
   if (step.split_backward)
     peak_bytes = std::max(peak_bytes, held_bytes());  // B added what W needs
   else
@@ -229,6 +276,62 @@ void PipelineEngine::Worker::weight(StepShared& step, const PipelineOp& op) {
   release(chunk, i);
 }
 
+void PipelineEngine::Worker::send_to_all(StepShared& step, int tag, const AlignedVector<float>& data) {
+  for (int to = 0; to < step.config.pp; ++to) {
+    if (to == stage) continue;
+    Parcel& parcel = free_parcel(data.size());
+    std::copy(data.begin(), data.end(), parcel.data.begin());
+    parcel.request = pipe->isend(to, tag, parcel.data);
+  }
+}
+
+void PipelineEngine::Worker::look_up_tokens(StepShared& step) {
+  const int M = step.config.microbatches, V = step.shape.virtual_stages(), d = model->config().d_model;
+  const float* wte = step.params.data() + model->layout().wte;
+  for (int i = 0; i < M; ++i) {
+    // Stage 0 keeps its share to sum the others' into; the others send theirs there.
+    Parcel* parcel = stage == 0 ? nullptr : &free_parcel(received.size());
+    float* out = parcel ? parcel->data.data() : token_vectors[static_cast<std::size_t>(i)].data();
+    busy(ops.front(), M, [&] { vocab_embedding_forward(*shard, d, data[i].bytes, wte, out); });
+    if (parcel) parcel->request = pipe->isend(0, token_tag(i, M, V), parcel->data);
+  }
+}
+
+void PipelineEngine::Worker::output(StepShared& step, const PipelineOp& op) {
+  const int M = step.config.microbatches, V = step.shape.virtual_stages(), i = op.microbatch;
+  const int head = step.shape.stage_of(V - 1);
+  const auto& c = model->config();
+  const model::TokenBatch& batch = data[i];
+  const float* y = outputs[static_cast<std::size_t>(i)].data();
+  if (stage != head) {
+    waiting([&] { pipe->recv(head, output_tag(i, M, V), received, step.config.timeout_s); });
+    y = received.data();
+  }
+  // Only the head stage's dy feeds a backward; the others' is the same and dropped.
+  float* dy = stage == head ? output_grads[static_cast<std::size_t>(i)].data() : scratch[0].data();
+  const std::size_t w = c.tied_head ? model->layout().wte : model->layout().head_w;
+  busy(op, M, [&] {
+    const double loss_sum = vocab_parallel_cross_entropy(
+        *pipe, step.config.vocab_parallel, *shard, c.vocab, c.d_model, c.tied_head, step.params.data() + w, y,
+        batch.batch * batch.tokens, batch.targets, static_cast<float>(1.0 / batch.loss_divisor), dy, grads.data() + w,
+        nullptr, step.config.timeout_s);
+    if (stage == head) loss += static_cast<float>(loss_sum / batch.loss_divisor);
+  });
+}
+
+void PipelineEngine::Worker::add_token_gradients(StepShared& step) {
+  const int M = step.config.microbatches, V = step.shape.virtual_stages(), d = model->config().d_model;
+  float* dwte = grads.data() + model->layout().wte;
+  for (int i = 0; i < M; ++i) {
+    const float* dout = token_grads[static_cast<std::size_t>(i)].data();
+    if (stage != 0) {
+      waiting([&] { pipe->recv(0, token_grad_tag(i, M, V), received, step.config.timeout_s); });
+      dout = received.data();
+    }
+    busy(ops.back(), M, [&] { vocab_embedding_backward(*shard, d, data[i].bytes, dout, dwte); });
+  }
+}
+
 void PipelineEngine::Worker::release(Chunk& chunk, int i) {
   chunk.free_slots.push_back(chunk.slot_of[static_cast<std::size_t>(i)]);
   chunk.slot_of[static_cast<std::size_t>(i)] = -1;
@@ -238,14 +341,18 @@ void PipelineEngine::Worker::release(Chunk& chunk, int i) {
 void PipelineEngine::Worker::run(StepShared& step) {
   const double timeout_s = step.config.timeout_s;
   try {
+    if (shard) look_up_tokens(step);
     for (const PipelineOp& op : ops) {
       if (op.kind == PassKind::kForward)
         forward(step, op);
       else if (op.kind == PassKind::kBackward)
         backward(step, op);
-      else
+      else if (op.kind == PassKind::kWeight)
         weight(step, op);
+      else
+        output(step, op);
     }
+    if (shard) add_token_gradients(step);
     waiting([&] {
       for (auto& parcel : outbox) {
         parcel.request.wait(timeout_s);

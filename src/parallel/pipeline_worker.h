@@ -37,6 +37,16 @@ double thread_cpu_seconds();
 // backward.
 inline int forward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch); }
 inline int backward_tag(int k, int microbatch, int microbatches) { return 2 * (k * microbatches + microbatch) + 1; }
+// Vocabulary parallelism's messages, numbered after those: a stage's share of micro-batch
+// i's token vectors to stage 0, stage 0's gradient of them back to every stage, the head
+// stage's ln_f output to every stage.
+inline int token_tag(int i, int microbatches, int virtual_stages) { return 2 * virtual_stages * microbatches + i; }
+inline int token_grad_tag(int i, int microbatches, int virtual_stages) {
+  return (2 * virtual_stages + 1) * microbatches + i;
+}
+inline int output_tag(int i, int microbatches, int virtual_stages) {
+  return (2 * virtual_stages + 2) * microbatches + i;
+}
 inline std::size_t pass_index(const PipelineOp& op, int chunks, int microbatches) {
   return (static_cast<std::size_t>(op.kind) * chunks + op.chunk) * microbatches + op.microbatch;
 }
@@ -87,10 +97,13 @@ std::vector<int> rank_positions(int tokens, int sp, int rank, SequenceSplit spli
 void build_microbatches(const model::Transformer& model, const GlobalBatch& global, int microbatches,
                         RankBatches& rank);
 // The parameter ranges a stage's backward adds into: its chunks' units', and the
-// embedding's when it holds a tied head. Overlapping and adjacent ranges are merged, so
-// each parameter appears once and the all-reduce makes few calls.
+// embedding's when it holds a tied head. Under vocabulary parallelism (shard non-null) the
+// embedding unit keeps only wpe and the head only ln_f, and every stage adds its shard:
+// wte's columns and, untied, lm_head's rows (d strided runs). Overlapping and adjacent
+// ranges are merged, so each parameter appears once and the all-reduce makes few calls.
 std::vector<model::ParameterRange> touched_ranges(const model::Transformer& model,
-                                                  const std::vector<std::pair<int, int>>& unit_runs);
+                                                  const std::vector<std::pair<int, int>>& unit_runs,
+                                                  const VocabShard* shard = nullptr);
 
 }  // namespace pipeline_detail
 
@@ -118,6 +131,12 @@ struct PipelineEngine::Worker {
   std::vector<Chunk> chunks;
   // Messages between two chunks of this same worker (the V's turn, or p = 1), by tag.
   std::map<int, AlignedVector<float>> local;
+
+  // Vocabulary parallelism: this stage's rows, and per micro-batch the token vectors
+  // (stage 0: summed over the stages), the ln_f output and its gradient (the head stage),
+  // the gradient of the token vectors (stage 0, for every stage).
+  std::optional<VocabShard> shard;
+  std::vector<AlignedVector<float>> token_vectors, outputs, output_grads, token_grads;
 
   // The flat layout, so units write where they always do; only `ranges` are used, which
   // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
@@ -160,6 +179,14 @@ struct PipelineEngine::Worker {
   void forward(StepShared& step, const PipelineOp& op);
   void backward(StepShared& step, const PipelineOp& op);  // the whole backward, or B when split
   void weight(StepShared& step, const PipelineOp& op);    // W: the parameter gradients, after B
+  // Vocabulary parallelism: the output layer of one micro-batch, with every stage; this
+  // stage's share of the token lookup (before the schedule) and of the embedding's
+  // gradient (after it).
+  void output(StepShared& step, const PipelineOp& op);
+  void look_up_tokens(StepShared& step);
+  void add_token_gradients(StepShared& step);
+  // Sends a copy of `data` to every other stage.
+  void send_to_all(StepShared& step, int tag, const AlignedVector<float>& data);
   void release(Chunk& chunk, int microbatch);             // its activations are no longer needed
   // Receives into `into` the message `tag` from the worker of virtual stage k (this one's
   // local box when it is this stage), and sends `parcel` there.

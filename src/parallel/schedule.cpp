@@ -247,8 +247,56 @@ void validate(const ScheduleShape& s) {
   }
 }
 
+namespace {
+
+// The nominal pass times that the greedy generator assumes and the output passes are
+// placed by: one unit per chunk pass, a fused backward two.
+double nominal_seconds(const ScheduleShape& s, const PipelineOp& op) {
+  return op.kind == PassKind::kBackward && !s.split_backward() ? 2.0 : 1.0;
+}
+
+std::vector<std::vector<PipelineOp>> base_schedule(const ScheduleShape& s);
+
+std::vector<std::vector<PipelineOp>> with_output_passes(const ScheduleShape& s,
+                                                        std::vector<std::vector<PipelineOp>> base) {
+  const int p = s.stages, last = s.virtual_stages() - 1;
+  ScheduleShape plain = s;
+  plain.output_passes = false;
+  const Replay nominal =
+      replay_schedule(plain, base, [&](int, const PipelineOp& op) { return nominal_seconds(s, op); });
+  // When each micro-batch's output layer can run: its last forward's end.
+  std::vector<std::pair<double, int>> outputs;
+  const int head = s.stage_of(last);
+  for (std::size_t k = 0; k < base[head].size(); ++k) {
+    const PipelineOp& op = base[head][k];
+    if (op.kind == PassKind::kForward && s.virtual_stage(head, op.chunk) == last)
+      outputs.emplace_back(nominal.stages[head].pass_start_s[k] + nominal_seconds(s, op), op.microbatch);
+  }
+  std::sort(outputs.begin(), outputs.end());
+  std::vector<std::vector<PipelineOp>> ops(p);
+  for (int st = 0; st < p; ++st) {
+    std::size_t next = 0;
+    for (std::size_t k = 0; k < base[st].size(); ++k) {
+      for (; next < outputs.size() && outputs[next].first <= nominal.stages[st].pass_start_s[k] + 1e-9; ++next)
+        ops[st].push_back({PassKind::kOutput, outputs[next].second, 0});
+      ops[st].push_back(base[st][k]);
+    }
+    for (; next < outputs.size(); ++next) ops[st].push_back({PassKind::kOutput, outputs[next].second, 0});
+  }
+  return ops;
+}
+
+}  // namespace
+
 std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
   validate(s);
+  auto base = base_schedule(s);
+  return s.output_passes ? with_output_passes(s, std::move(base)) : base;
+}
+
+namespace {
+
+std::vector<std::vector<PipelineOp>> base_schedule(const ScheduleShape& s) {
   const int p = s.stages, m = s.microbatches;
   std::vector<std::vector<PipelineOp>> ops(p);
   switch (s.schedule) {
@@ -288,6 +336,8 @@ std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
   PEERTRAIN_CHECK(!best.empty(), "no greedy ", to_string(s.schedule), " schedule fits its memory");
   return best;
 }
+
+}  // namespace
 
 std::vector<PipelineOp> stage_schedule(const ScheduleShape& shape, int stage) {
   PEERTRAIN_CHECK(stage >= 0 && stage < shape.stages, "stage ", stage, " of ", shape.stages);
@@ -363,13 +413,29 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
   const int p = shape.stages, m = shape.microbatches, V = shape.virtual_stages(), v = shape.chunks();
   PEERTRAIN_CHECK(static_cast<int>(ops.size()) == p, ops.size(), " stage lists for ", p, " stages");
   // end[kind][virtual stage][micro-batch]; negative: not run yet.
-  std::vector<std::vector<std::vector<double>>> end(3, std::vector<std::vector<double>>(V, std::vector<double>(m, -1)));
+  std::vector<std::vector<std::vector<double>>> end(kPassKinds,
+                                                    std::vector<std::vector<double>>(V, std::vector<double>(m, -1)));
   std::vector<std::size_t> next(p, 0);
   std::vector<double> free_at(p, 0);
   std::vector<int> held(p, 0), peak(p, 0);
+  // A kOutput's arrivals: when each stage could start it (negative: not there yet).
+  std::vector<std::vector<double>> arrived(m, std::vector<double>(p, -1));
   const PassKind release = shape.split_backward() ? PassKind::kWeight : PassKind::kBackward;
   Replay replay;
   replay.stages.resize(p);
+  auto run = [&](int st, double ready) {
+    const PipelineOp& op = ops[st][next[st]];
+    const double seconds = duration(st, op);
+    if (next[st] == 0) replay.stages[st].start_s = ready;
+    replay.stages[st].pass_start_s.push_back(ready);
+    free_at[st] = ready + seconds;
+    end[static_cast<int>(op.kind)][shape.virtual_stage(st, op.chunk)][op.microbatch] = free_at[st];
+    if (op.kind == PassKind::kForward) peak[st] = std::max(peak[st], ++held[st]);
+    if (op.kind == release) --held[st];
+    replay.stages[st].busy_s += seconds;
+    replay.stages[st].end_s = free_at[st];
+    ++next[st];
+  };
   // Sweep the stages until none can advance: a pass waits only on passes that some stage's
   // list runs earlier, so for a valid schedule this ends with every pass run.
   for (bool advanced = true; advanced;) {
@@ -390,17 +456,18 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
         if (op.kind == PassKind::kBackward)
           can = vs + 1 < V ? after(PassKind::kBackward, vs + 1) : after(PassKind::kForward, vs);
         if (op.kind == PassKind::kWeight) can = after(PassKind::kBackward, vs);
+        if (op.kind == PassKind::kOutput) {
+          if (!after(PassKind::kForward, V - 1)) break;
+          auto& at = arrived[static_cast<std::size_t>(op.microbatch)];
+          at[st] = ready;
+          if (std::any_of(at.begin(), at.end(), [](double t) { return t < 0; })) break;  // the others come later
+          const double start = *std::max_element(at.begin(), at.end());
+          for (int other = 0; other < p; ++other) run(other, start);
+          advanced = true;
+          continue;
+        }
         if (!can) break;
-        const double seconds = duration(st, op);
-        if (next[st] == 0) replay.stages[st].start_s = ready;
-        replay.stages[st].pass_start_s.push_back(ready);
-        free_at[st] = ready + seconds;
-        end[static_cast<int>(op.kind)][vs][op.microbatch] = free_at[st];
-        if (op.kind == PassKind::kForward) peak[st] = std::max(peak[st], ++held[st]);
-        if (op.kind == release) --held[st];
-        replay.stages[st].busy_s += seconds;
-        replay.stages[st].end_s = free_at[st];
-        ++next[st];
+        run(st, ready);
         advanced = true;
       }
     }

@@ -43,6 +43,40 @@ VocabShard vocab_shard(int vocab, int ranks, int rank) {
   return {rank * (vocab / ranks), vocab / ranks};
 }
 
+void vocab_embedding_forward(VocabShard shard, int d, std::span<const std::int32_t> ids, const float* wte, float* out) {
+  for (std::size_t j = 0; j < ids.size(); ++j) {
+    float* column = out + j * d;
+    const int id = ids[j];
+    if (id >= shard.first && id < shard.first + shard.count)
+      std::copy_n(wte + static_cast<std::ptrdiff_t>(id) * d, d, column);
+    else
+      std::fill_n(column, d, 0.0f);
+  }
+}
+
+void vocab_embedding_backward(VocabShard shard, int d, std::span<const std::int32_t> ids, const float* dout,
+                              float* dwte) {
+  for (std::size_t j = 0; j < ids.size(); ++j) {
+    const int id = ids[j];
+    if (id < shard.first || id >= shard.first + shard.count) continue;
+    Eigen::Map<Eigen::ArrayXf>(dwte + static_cast<std::ptrdiff_t>(id) * d, d) +=
+        Eigen::Map<const Eigen::ArrayXf>(dout + j * d, d);
+  }
+}
+
+void check_vocab_parallel(VocabParallel mode, const model::TransformerConfig& model, int stages) {
+  if (mode == VocabParallel::kNone) return;
+  const auto name = to_string(mode);
+  if (model.kind != model::TransformerKind::kGpt)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--vocab-parallel ", name, ": splits gpt's vocabulary; --model vit has none"));
+  if (stages < 2)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--vocab-parallel ", name, " with --pp ", stages,
+                    ": splits the vocabulary over the pipeline's stages, needs 2 or more"));
+  vocab_shard(model.vocab, stages, 0);  // names --vocab-size and --pp when p does not divide V
+}
+
 double vocab_parallel_cross_entropy(comm::Group& group, VocabParallel mode, VocabShard shard, int vocab, int d,
                                     bool tied, const float* w, const float* y, int n,
                                     std::span<const std::int32_t> targets, float grad_scale, float* dy, float* dw,
@@ -50,39 +84,43 @@ double vocab_parallel_cross_entropy(comm::Group& group, VocabParallel mode, Voca
   PEERTRAIN_CHECK(mode != VocabParallel::kNone, "vocab_parallel_cross_entropy without a mode");
   PEERTRAIN_CHECK(static_cast<int>(targets.size()) == n, targets.size(), " targets for ", n, " columns");
   const int p = group.size(), rows = shard.count;
+  // Buffers kept per thread: at 32k/4 rows × 128 columns each call would otherwise take
+  // ~16 MB of fresh pages, a page fault every 4 KB.
+  thread_local Eigen::MatrixXf weights, e;
+  thread_local AlignedVector<float> send, all;
   // This rank's rows of W as a rows × d matrix, copied once (a strided view multiplies
   // slowly): rows [first, first + rows) of lm_head (V × d, so a row stride of V), or
   // columns of wte (d × V) transposed for a tied head.
-  const Eigen::MatrixXf weights =
-      tied
-          ? Eigen::MatrixXf(
-                Strided(w + static_cast<std::ptrdiff_t>(shard.first) * d, d, rows, Eigen::OuterStride<>(d)).transpose())
-          : Eigen::MatrixXf(Strided(w + shard.first, rows, d, Eigen::OuterStride<>(vocab)));
+  if (tied)
+    weights = Strided(w + static_cast<std::ptrdiff_t>(shard.first) * d, d, rows, Eigen::OuterStride<>(d)).transpose();
+  else
+    weights = Strided(w + shard.first, rows, d, Eigen::OuterStride<>(vocab));
   const ConstMatrix Y(y, d, n);
-  Eigen::MatrixXf logits = weights * Y;  // rows × n
+  e.resize(rows, n);
+  e.noalias() = weights * Y;  // the logits, then in place e^(L − m), then the logits' gradient
   const std::size_t dn = static_cast<std::size_t>(d) * n;
   // What this rank sends: kStats floats per column (see above), and for vocab-1 also
   // A = Wᵀ·e^(L − m) and B = Wᵀ·onehot, the forward and the input gradient fused before
   // the one barrier.
   const std::size_t part = static_cast<std::size_t>(kStats) * n + (mode == VocabParallel::kVocab1 ? 2 * dn : 0);
-  AlignedVector<float> send(part), all(part * static_cast<std::size_t>(p));
-  Eigen::MatrixXf shifted(rows, n);  // e^(L − m), the local maximum m of each column
+  send.resize(part);
+  all.resize(part * static_cast<std::size_t>(p));
   for (int j = 0; j < n; ++j) {
     Eigen::Index argmax = 0;
-    const float m = logits.col(j).maxCoeff(&argmax);
-    shifted.col(j) = (logits.col(j).array() - m).exp().matrix();
+    const float m = e.col(j).maxCoeff(&argmax);
     const int t = targets[static_cast<std::size_t>(j)] - shard.first;
     const bool here = t >= 0 && t < rows;
     float* st = send.data() + static_cast<std::ptrdiff_t>(kStats) * j;
     st[0] = m;
-    st[1] = shifted.col(j).sum();
-    st[2] = here ? logits(t, j) : 0.0f;
+    st[2] = here ? e(t, j) : 0.0f;
     st[3] = here ? 1.0f : 0.0f;
     st[4] = static_cast<float>(argmax + shard.first);
+    e.col(j) = (e.col(j).array() - m).exp().matrix();
+    st[1] = e.col(j).sum();
   }
   if (mode == VocabParallel::kVocab1) {
     float* a_part = send.data() + static_cast<std::ptrdiff_t>(kStats) * n;
-    Matrix(a_part, d, n).noalias() = weights.transpose() * shifted;
+    Matrix(a_part, d, n).noalias() = weights.transpose() * e;
     // Wᵀ·onehot is the target's row of W where this rank holds the target, else zero.
     Matrix b_part(a_part + dn, d, n);
     for (int j = 0; j < n; ++j) {
@@ -119,26 +157,22 @@ double vocab_parallel_cross_entropy(comm::Group& group, VocabParallel mode, Voca
     right += static_cast<int>(best_id) == targets[static_cast<std::size_t>(j)];
   }
   if (correct != nullptr) *correct += right;
-  // The gradient of the logits: (softmax − onehot)·grad_scale on this rank's rows.
-  Eigen::MatrixXf g(rows, n);
+  // The gradient of the logits, (softmax − onehot)·grad_scale on this rank's rows:
+  // e^(L − m) rescaled by e^(m − M)/S, no second exponential.
   for (int j = 0; j < n; ++j) {
-    g.col(j) =
-        ((logits.col(j).array() - M[static_cast<std::size_t>(j)]).exp() * (grad_scale / S[static_cast<std::size_t>(j)]))
-            .matrix();
+    const float local_max = send[static_cast<std::size_t>(kStats) * j];
+    e.col(j) *= grad_scale * std::exp(local_max - M[static_cast<std::size_t>(j)]) / S[static_cast<std::size_t>(j)];
     const int t = targets[static_cast<std::size_t>(j)] - shard.first;
-    if (t >= 0 && t < rows) g(t, j) -= grad_scale;
+    if (t >= 0 && t < rows) e(t, j) -= grad_scale;
   }
-  // The weight gradient of this rank's rows: g·yᵀ (rows × d).
-  const Eigen::MatrixXf dw_rows = g * Y.transpose();
-  if (tied) {
-    MutableStrided(dw + static_cast<std::ptrdiff_t>(shard.first) * d, d, rows, Eigen::OuterStride<>(d)) +=
-        dw_rows.transpose();
-  } else {
-    MutableStrided(dw + shard.first, rows, d, Eigen::OuterStride<>(vocab)) += dw_rows;
-  }
+  // The weight gradient of this rank's rows, g·yᵀ, added in place.
+  if (tied)
+    Matrix(dw + static_cast<std::ptrdiff_t>(shard.first) * d, d, rows).noalias() += Y * e.transpose();
+  else
+    MutableStrided(dw + shard.first, rows, d, Eigen::OuterStride<>(vocab)).noalias() += e * Y.transpose();
   Matrix DY(dy, d, n);
   if (mode == VocabParallel::kVocab2) {
-    DY.noalias() = weights.transpose() * g;
+    DY.noalias() = weights.transpose() * e;
     group.all_reduce(std::span<float>(dy, dn), timeout_s);  // the second barrier
   } else {
     DY.setZero();

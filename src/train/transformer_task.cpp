@@ -96,8 +96,11 @@ class TransformerTask final : public Task {
       s += str(", ", tokenizer_->describe(), ", ", ratio, " bytes per token");
     }
     if (engine_config_.pp > 1)
-      s +=
-          str(" (", parallel::to_string(engine_config_.schedule), ", ", engine_config_.microbatches, " micro-batches)");
+      s += str(" (", parallel::to_string(engine_config_.schedule), ", ", engine_config_.microbatches, " micro-batches",
+               engine_config_.vocab_parallel == parallel::VocabParallel::kNone
+                   ? ""
+                   : str(", vocabulary split ", parallel::to_string(engine_config_.vocab_parallel)),
+               ")");
     s += ", on " + engine_->describe();
     return s;
   }

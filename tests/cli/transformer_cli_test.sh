@@ -100,6 +100,20 @@ read -r n w <<<"$worst"
 echo "gpt --tokenizer sentencepiece --vocab-size 8000: $n losses, worst relative difference pp 2 vs pp 1: $w"
 [[ $n -eq 80 ]] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }' && ok || fail "sentencepiece pp 2: $n compared, worst $w"
 grep -q '"val_bits_per_byte"' "$work/spm2/summary.json" 2>/dev/null && ok || fail "sentencepiece run lacks val_bits_per_byte"
+# Vocabulary parallelism: the embedding and the output layer split over the 2 stages,
+# vocab-1 under 1F1B and vocab-2 under V-Half, follow --pp 1 as well.
+for vp in "vocab-1 1f1b" "vocab-2 v-half"; do
+  read -r mode schedule <<<"$vp"
+  "$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --tokenizer sentencepiece --vocab-size 8000 --pp 2 \
+    --microbatches 2 --schedule "$schedule" --vocab-parallel "$mode" --max-steps 20 --eval-every 1 \
+    --out "$work/spm-$mode" >"$work/spm-$mode.log" 2>&1 && ok ||
+    { fail "gpt --pp 2 --vocab-parallel $mode launch failed"; tail -20 "$work/spm-$mode.log"; }
+  grep -q "vocabulary split $mode" "$work/spm-$mode/peer-0.log" && ok || fail "peer log does not name --vocab-parallel $mode"
+  worst=$(compare_losses "$work/spm1/metrics.csv" "$work/spm-$mode/metrics.csv")
+  read -r n w <<<"$worst"
+  echo "gpt sentencepiece 8000 --pp 2 --vocab-parallel $mode --schedule $schedule: $n losses, worst relative difference from pp 1: $w"
+  [[ $n -eq 80 ]] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }' && ok || fail "--vocab-parallel $mode: $n compared, worst $w"
+done
 # bench schedule replays every schedule; ZB-H2 has no bubble in the papers' measure.
 out=$("$bin" bench schedule --pp 4 --microbatches 8 --format json 2>&1)
 grep -q '"schedule":"zb-h2", "stages":4, "microbatches":8, "chunks":1, "bubble":0,' <<<"$out" && ok ||
@@ -143,6 +157,12 @@ expect_error "--vocab-size 100" "${tiny[@]}" --tokenizer sentencepiece --vocab-s
 expect_error "--tokenizer bytes has 256" "${tiny[@]}" --vocab-size 8000
 expect_error "--tokenizer 'wordpiece'" "${tiny[@]}" --tokenizer wordpiece
 expect_error "--tokenizer sentencepiece needs --model gpt" --model vit --tokenizer sentencepiece
+expect_error "--vocab-parallel vocab-1 with --pp 1" "${tiny[@]}" --vocab-parallel vocab-1
+expect_error "--vocab-size 8001 does not split evenly over --pp 2" "${tiny[@]}" --tokenizer sentencepiece \
+  --vocab-size 8001 --pp 2 --microbatches 2 --vocab-parallel vocab-2
+expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --pp 2 --vocab-parallel vocab-3
+expect_error "--vocab-parallel vocab-1: splits gpt's vocabulary" --model vit --d-model 32 --layers 2 --heads 2 \
+  --pp 2 --vocab-parallel vocab-1
 expect_error "gpt or vit" --sp 2
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda

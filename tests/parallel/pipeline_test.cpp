@@ -125,7 +125,8 @@ struct Case {
 
 std::string describe(const Case& k) {
   return str(k.model.kind == TransformerKind::kGpt ? (k.model.tied_head ? "gpt tied" : "gpt") : "vit", " sp ",
-             k.engine.sp, " pp ", k.engine.pp, " m ", k.engine.microbatches, " ", to_string(k.engine.schedule));
+             k.engine.sp, " pp ", k.engine.pp, " m ", k.engine.microbatches, " ", to_string(k.engine.schedule),
+             " vocab ", to_string(k.engine.vocab_parallel));
 }
 
 // Runs one step of the engine and checks it against the unsplit model; returns the engine
@@ -334,6 +335,37 @@ TEST(PipelineEngine, ZeroBubbleSchedulesKeepTheirMemoryBudget) {
   }
 }
 
+// Vocabulary parallelism: the embedding and the output layer split over the stages, under
+// schedules with one chunk and two, fused and split backward, sequence ranks or not.
+TEST(PipelineEngine, VocabularyParallelMatchesTheUnsplitModel) {
+  std::uint64_t seed = 300;
+  for (VocabParallel mode : {VocabParallel::kVocab1, VocabParallel::kVocab2})
+    for (bool tied : {false, true})
+      for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kInterleaved, Schedule::kZbH1,
+                                Schedule::kZbH2, Schedule::kZbV, Schedule::kVHalf})
+        for (int pp : {2, 3}) {
+          const bool chunked = ScheduleShape{.schedule = schedule, .stages = pp}.chunks() > 1;
+          if (chunked && pp == 3) continue;  // 6 virtual stages, 6 units: fine, but slow to add nothing
+          Case k;
+          k.model = small_gpt(tied);
+          k.model.vocab = 96;  // 32 or 48 rows a stage; not a power of two
+          k.engine.pp = pp;
+          k.engine.sp = pp == 2 && schedule == Schedule::kOneFOneB ? 2 : 1;
+          k.engine.microbatches = 4;
+          k.batch = 8;
+          k.engine.schedule = schedule;
+          k.engine.vocab_parallel = mode;
+          k.seed = ++seed;
+          StepStats stats;
+          expect_matches_unsplit(k, &stats);
+          // Every parameter is held by exactly one stage: the shards partition wte and
+          // lm_head, no stage keeps a whole copy (a tied head's included).
+          std::size_t held = 0;
+          for (const auto& stage : stats.stages) held += stage.parameter_bytes;
+          EXPECT_EQ(held, sizeof(float) * model::Transformer(k.model).num_parameters());
+        }
+}
+
 TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
   model::Transformer model(small_gpt());
   auto expect_error = [&](EngineConfig config, const std::string& flag) {
@@ -378,6 +410,21 @@ TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
   expect_error(c, "--sp");
   c.sp = 3;  // zigzag needs 2·SP to divide the 16 tokens
   expect_error(c, "--sp");
+  c = {};
+  c.vocab_parallel = VocabParallel::kVocab1;
+  expect_error(c, "--vocab-parallel vocab-1 with --pp 1");
+  c.pp = 3;  // 256 rows do not split 3 ways
+  expect_error(c, "--vocab-size 256 does not split evenly over --pp 3");
+  {
+    model::Transformer vit(small_vit());
+    c.pp = 2;
+    try {
+      PipelineEngine engine(vit, c);
+      ADD_FAILURE() << "vocabulary parallelism accepted for vit";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--vocab-parallel vocab-1"), std::string::npos) << e.what();
+    }
+  }
 
   // A batch that the micro-batches do not divide.
   EngineConfig ok;

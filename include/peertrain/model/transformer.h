@@ -92,6 +92,12 @@ struct UnitContext {
   AttentionCore* attention = nullptr;     // null: a LocalAttention owned by the model
   comm::Group* sequence_group = nullptr;  // null or size 1: this rank holds whole sequences
   double timeout_s = 60;
+  // gpt under vocabulary parallelism (parallel/vocab_parallel.h): the token lookup and the
+  // output layer with its loss run outside, split over the pipeline's stages. Unit 0's
+  // forward then reads the looked-up token vectors from `in` and adds the positions, and
+  // its backward gives only wpe's gradient; the last unit stops at ln_f, writing its
+  // output y to `out` and returning 0, and its backward starts from dout = ∂loss/∂y.
+  bool vocabulary_outside = false;
 };
 
 struct ParameterRange {

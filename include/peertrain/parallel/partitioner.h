@@ -46,6 +46,7 @@ std::string format_stage_sizes(std::span<const int> first_units, int units);
 // it, local attention), the median of `repetitions` timed runs after one warm-up run.
 // Gradients go to a scratch buffer; params is only read.
 std::vector<double> profile_units(model::Transformer& model, std::span<const float> params,
-                                  const model::TokenBatch& sample, int repetitions = 3);
+                                  const model::TokenBatch& sample, int repetitions = 3,
+                                  const model::UnitContext& context = {});
 
 }  // namespace peertrain::parallel

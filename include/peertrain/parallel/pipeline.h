@@ -21,6 +21,7 @@
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
+#include "peertrain/parallel/vocab_parallel.h"
 
 namespace peertrain::parallel {
 
@@ -29,6 +30,10 @@ struct EngineConfig {
   int pp = 1;            // pipeline stages (--pp)
   int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
   Schedule schedule = Schedule::kOneFOneB;
+  // gpt: the input embedding and the output layer with its loss split over the pp stages,
+  // V/pp vocabulary rows each (vocab_parallel.h); none keeps them whole on the first and
+  // the last stage.
+  VocabParallel vocab_parallel = VocabParallel::kNone;
   int chunks = 2;  // interleaved: chunks per stage (--chunks); zb-v and v-half have 2, the others 1
   // First unit of each virtual stage, pp · chunks of them in the model's order (--stages);
   // empty: profile the units and partition them.
@@ -60,7 +65,7 @@ struct StageStats {
   double wait_s = 0;      // wall time blocked on a neighbour stage: receives, and sends at the end of the step
   double idle_s = 0;      // pipeline_s − busy_s: wait_s, and the fill and drain around its passes
   double reduce_s = 0;    // the gradient all-reduce over the sequence ranks
-  std::size_t parameter_bytes = 0;        // of its chunks' units (floats × 4)
+  std::size_t parameter_bytes = 0;  // the parameters it holds: its chunks' units, its vocabulary shard (floats × 4)
   std::size_t peak_activation_bytes = 0;  // Σ activation_bytes() of the micro-batches in flight, at its largest
   int peak_in_flight = 0;                 // micro-batches in flight at most
   double bubble() const { return busy_s + idle_s > 0 ? idle_s / (busy_s + idle_s) : 0.0; }

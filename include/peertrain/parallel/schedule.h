@@ -43,8 +43,12 @@ Schedule parse_schedule(std::string_view text, std::string_view flag = "--schedu
 std::string_view to_string(Schedule schedule);
 std::vector<Schedule> all_schedules();
 
-// kBackward is the whole backward where the schedule does not split it, else B.
-enum class PassKind { kForward, kBackward, kWeight };
+// kBackward is the whole backward where the schedule does not split it, else B. kOutput is
+// vocabulary parallelism's output layer for one micro-batch (vocab_parallel.h): every stage
+// runs it together — a collective over the stages — after the last virtual stage's
+// forward of that micro-batch, whose backward then starts from its result.
+enum class PassKind { kForward, kBackward, kWeight, kOutput };
+inline constexpr int kPassKinds = 4;
 
 struct PipelineOp {
   PassKind kind = PassKind::kForward;
@@ -58,6 +62,8 @@ struct ScheduleShape {
   int stages = 1;
   int microbatches = 1;
   int interleave = 2;  // interleaved's chunks per stage (--chunks)
+  // Vocabulary parallelism: every stage's list gains a kOutput per micro-batch.
+  bool output_passes = false;
 
   int chunks() const;  // chunks per stage
   bool split_backward() const;
@@ -75,7 +81,13 @@ struct ScheduleShape {
 void validate(const ScheduleShape& shape);
 
 // Every stage's passes in order: each (micro-batch, chunk) once forward, once backward and,
-// when split, once W after its B.
+// when split, once W after its B; with output passes, each micro-batch's kOutput once on
+// every stage. A kOutput goes into every list at the same time of the base schedule
+// replayed with nominal passes — when the last virtual stage's forward of its micro-batch
+// ends — before the passes that start then or later. Every pass then waits only on
+// passes, and every collective only on stages, that come earlier in that time, so the
+// lists cannot deadlock: what the vocabulary-parallel paper does with its S and T passes,
+// here with the output layer's barrier(s) inside one pass.
 std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& shape);
 
 // One stage's list (build_schedule(shape)[stage]).
@@ -122,8 +134,9 @@ struct Replay {
 
 // Runs the lists on an ideal machine: a pass starts once its stage is free and its inputs
 // are there (a forward after the forward of the virtual stage before; a backward after the
-// backward of the virtual stage after, or its own forward on the last; a W after its B),
-// taking duration(stage, op) seconds.
+// backward of the virtual stage after, or its own forward on the last; a W after its B; a
+// kOutput after the last virtual stage's forward and, being a collective, when every stage
+// has reached it), taking duration(stage, op) seconds.
 Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& ops,
                        const std::function<double(int stage, const PipelineOp& op)>& duration);
 Replay replay_schedule(const ScheduleShape& shape,

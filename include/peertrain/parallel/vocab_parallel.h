@@ -42,6 +42,20 @@ struct VocabShard {
 };
 VocabShard vocab_shard(int vocab, int ranks, int rank);
 
+// Whether `mode` fits the model and the pipeline: none always; vocab-1 and vocab-2 need gpt,
+// at least 2 stages and a vocabulary they divide. Throws Error(kInvalidArgument) naming
+// --vocab-parallel (and --model, --pp or --vocab-size) otherwise.
+void check_vocab_parallel(VocabParallel mode, const model::TransformerConfig& model, int stages);
+
+// The input embedding split the same way: rank r holds wte's columns of its shard. out (d ×
+// n) gets wte[:, ids[j]] in column j where the id is in the shard and 0 elsewhere, so the
+// ranks' outputs summed are the whole lookup exactly (one non-zero term per column).
+void vocab_embedding_forward(VocabShard shard, int d, std::span<const std::int32_t> ids, const float* wte, float* out);
+// dwte[:, ids[j]] += dout[:, j] for the columns whose id is in the shard (dwte: the whole
+// d × V layout, only the shard's columns written).
+void vocab_embedding_backward(VocabShard shard, int d, std::span<const std::int32_t> ids, const float* dout,
+                              float* dwte);
+
 // The softmax cross-entropy of logits W·y over the group, rank `group.rank()` holding rows
 // `shard` of W (V × d, column-major: the model's lm_head.weight; or wteᵀ for a tied head,
 // which is d × V — pass tied = true). n columns of y (d × n); targets: n ids in [0, V).
