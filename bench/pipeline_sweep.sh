@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pipeline sweep of docs/parallel.md: every schedule × vocabulary size × vocabulary
-# parallelism (none, vocab-1, vocab-2; V = 256 without) with `peertrain bench pipeline`
+# parallelism (none, vocab-1, vocab-2; V = 256 and pipedream without) with `peertrain bench pipeline`
 # (gpt d128 L6, seq 128, batch 8, p = 4, m = 8), one JSON line each, then a markdown table
 # and two plots (gnuplot).
 # Usage: bench/pipeline_sweep.sh [PEERTRAIN] [OUT_DIR]   (defaults: build/peertrain, runs/pipeline_sweep)
@@ -9,11 +9,12 @@ bin=${1:-build/peertrain}
 out=${2:-runs/pipeline_sweep}
 mkdir -p "$out"
 : >"$out/sweep.jsonl"
-schedules=(gpipe 1f1b interleaved zb-h1 zb-h2 zb-v v-half)
+schedules=(gpipe 1f1b interleaved zb-h1 zb-h2 zb-v v-half pipedream)
 for v in 256 8000 32000 64000; do
   for vp in none vocab-1 vocab-2; do
     [[ $v == 256 && $vp != none ]] && continue
     for s in "${schedules[@]}"; do
+      [[ $s == pipedream && $vp != none ]] && continue  # refused: it carries passes across steps
       echo "vocab $v, $vp, $s" >&2
       "$bin" bench pipeline --vocab-size "$v" --d-model 128 --layers 6 --heads 4 --seq 128 --batch 8 --pp 4 \
         --microbatches 8 --schedule "$s" --vocab-parallel "$vp" --steps 2 --format json | tr -d '\n' >>"$out/sweep.jsonl"
@@ -37,7 +38,7 @@ for r in rows:
                  f"{'-' if r['vocab_parallel'] == 'none' else f'{100 * gain:+.0f} %'} | {peaks} |")
 open(f"{out}/table.md", "w").write("\n".join(lines) + "\n")
 with open(f"{out}/plot.dat", "w") as f:
-    for s in ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half"]:
+    for s in ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "pipedream"]:
         f.write(f'"{s}"\n')
         for r in rows:
             if r["schedule"] == s and r["vocab_parallel"] == "none":
@@ -63,10 +64,10 @@ set xlabel "vocabulary size"
 set key top left
 set ylabel "replayed bubble"
 set yrange [0:0.8]
-plot for [i=0:6] "$out/plot.dat" index i using 1:4 with linespoints title columnheader(1)
+plot for [i=0:7] "$out/plot.dat" index i using 1:4 with linespoints title columnheader(1)
 set ylabel "compute max/mean over stages"
 set yrange [1:4]
-plot for [i=0:6] "$out/plot.dat" index i using 1:3 with linespoints title columnheader(1)
+plot for [i=0:7] "$out/plot.dat" index i using 1:3 with linespoints title columnheader(1)
 unset multiplot
 set output "$out/pipeline_vocab_parallel.png"
 set multiplot layout 1,2 title "vocabulary parallelism: gpt d128 L6, p = 4, m = 8 (replayed with a core per worker)"

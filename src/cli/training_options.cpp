@@ -152,6 +152,11 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
     }
     model::validate(m);
     parallel::check_vocab_parallel(e.vocab_parallel, m, e.pp);
+    parallel::validate(parallel::ScheduleShape{.schedule = e.schedule,
+                                               .stages = e.pp,
+                                               .microbatches = e.microbatches,
+                                               .interleave = e.chunks,
+                                               .output_passes = e.vocab_parallel != parallel::VocabParallel::kNone});
     if (args.count("stages")) {
       const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = e.pp, .interleave = e.chunks};
       e.stage_first_units =
@@ -224,10 +229,10 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>()->default_value("1"))("pp", "pipeline stages",
                                                          cxxopts::value<std::string>()->default_value("1"))(
       "microbatches", "micro-batches per step (must divide --batch)",
-      cxxopts::value<std::string>()->default_value("1"))("schedule",
-                                                         "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half",
-                                                         cxxopts::value<std::string>()->default_value("1f1b"))(
-      "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
+      cxxopts::value<std::string>()->default_value("1"))(
+      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
+      cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: model chunks per stage",
+                                                            cxxopts::value<std::string>()->default_value("2"))(
       "vocab-parallel",
       "gpt: none (the vocabulary whole on the first and last stages) | vocab-1 | vocab-2 (split over the --pp "
       "stages, one or two barriers in the output layer)",

@@ -138,7 +138,23 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
 
   const int P = config_.pp, S = config_.sp, M = config_.microbatches;
   const int units = model_.num_units();
-  StepShared shared(params, batch, config_, shape_, schedule_, first_units_, units);
+  // PipeDream reads the last step's micro-batches in this one: the engine keeps its own copy
+  // of the last two batches.
+  const bool pipedream = config_.schedule == Schedule::kPipeDream;
+  GlobalBatch kept = batch;
+  if (pipedream) {
+    OwnedBatch& own = owned_[steps_ % 2];
+    own.batch = batch.batch;
+    own.bytes.assign(batch.bytes.begin(), batch.bytes.end());
+    own.targets.assign(batch.targets.begin(), batch.targets.end());
+    own.labels.assign(batch.labels.begin(), batch.labels.end());
+    own.pixels.assign(batch.pixels.begin(), batch.pixels.end());
+    kept = GlobalBatch{own.batch, own.bytes, own.targets, own.pixels, own.labels};
+  }
+  StepShared shared(params, kept, config_, shape_, schedule_, first_units_, units);
+  shared.version = steps_;
+  shared.carrying = carrying_;
+  carrying_ = false;  // until this step has succeeded
   if (S > 1)
     for (int p = 0; p < P; ++p) {
       shared.stage_groups.push_back(std::make_unique<comm::ThreadGroup>(S, str("stage ", p, " sequence group")));
@@ -177,6 +193,8 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
     for (auto& t : threads) t.join();
   }
   shared.failure.rethrow();
+  carrying_ = pipedream && P > 1;
+  ++steps_;
 
   // Sum the stages' ranges (after the all-reduce every rank of a stage holds the same);
   // only the tied embedding has two stages adding into it.
@@ -193,6 +211,10 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
 
   stats_ = StepStats{};
   stats_.loss = loss;
+  for (int p = 0; p < P; ++p) {
+    const auto& mine = workers_[static_cast<std::size_t>(p) * S]->stashed;
+    stats_.stashed.insert(stats_.stashed.end(), mine.begin(), mine.end());
+  }
   stats_.theoretical_bubble = theoretical_bubble(shape_);
   auto begin = workers_[0]->begin;
   auto end = workers_[0]->end;

@@ -95,6 +95,7 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
   const EngineConfig& config = step.config;
   const int P = config.pp, M = config.microbatches, V = step.shape.virtual_stages();
   const int v = step.shape.chunks();
+  const bool pipedream = step.shape.schedule == Schedule::kPipeDream;
   try {
     model = &engine_model;
     if (static_cast<int>(chunks.size()) != v) chunks.assign(static_cast<std::size_t>(v), {});
@@ -104,14 +105,27 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
       const int k = step.shape.virtual_stage(stage, c);
       const int first = step.first_units[static_cast<std::size_t>(k)];
       const int end = k + 1 < V ? step.first_units[static_cast<std::size_t>(k) + 1] : step.units;
-      if (chunk.first_unit != first || chunk.end_unit != end) chunk.slots.clear();  // a new split
+      const bool same_split = chunk.first_unit == first && chunk.end_unit == end;
+      PEERTRAIN_CHECK(same_split || !step.carrying, where(), ": the split changed with micro-batches in flight");
+      if (!same_split) chunk.slots.clear();
       chunk.virtual_stage = k;
       chunk.first_unit = first;
       chunk.end_unit = end;
+      // PipeDream's micro-batches in flight since the last step keep their slots.
+      if (step.carrying)
+        chunk.carried_slot_of = chunk.slot_of;
+      else
+        chunk.carried_slot_of.assign(static_cast<std::size_t>(M), -1);
       chunk.free_slots.clear();
-      for (int slot = 0; slot < static_cast<int>(chunk.slots.size()); ++slot) chunk.free_slots.push_back(slot);
+      for (int slot = 0; slot < static_cast<int>(chunk.slots.size()); ++slot)
+        if (std::find(chunk.carried_slot_of.begin(), chunk.carried_slot_of.end(), slot) == chunk.carried_slot_of.end())
+          chunk.free_slots.push_back(slot);
       chunk.slot_of.assign(static_cast<std::size_t>(M), -1);
       runs.emplace_back(first, end);
+    }
+    if (step.carrying) {  // the last step's micro-batches stay for the carried backwards
+      std::swap(data, data_last);
+      data.positions = data_last.positions;
     }
     build_microbatches(*model, step.batch, M, data);
     ops = step.schedule[static_cast<std::size_t>(stage)];
@@ -133,10 +147,27 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
       }
     }
     pass_cpu_s.assign(kPassKinds * static_cast<std::size_t>(v) * M, 0.0);
+    stashed.clear();
+    if (pipedream) {
+      // Weight stashing: this step's weights kept for its micro-batches still in flight at
+      // its end; the last step's for those carried into this one.
+      if (step.carrying) {
+        std::swap(weights, weights_last);
+        weights_last_version = weights_version;
+      }
+      weights.resize(model->num_parameters());
+      for (const auto& r : ranges) std::copy_n(step.params.begin() + r.offset, r.size, weights.begin() + r.offset);
+      weights_version = step.version;
+      carried_gradient.resize(floats);
+    }
     loss = 0;
     busy_s = busy_cpu_s = wait_s = reduce_s = 0;
     peak_bytes = 0;
-    in_flight = peak_in_flight = 0;
+    in_flight = 0;
+    for (const Chunk& c : chunks)
+      in_flight += static_cast<int>(
+          std::count_if(c.carried_slot_of.begin(), c.carried_slot_of.end(), [](int slot) { return slot >= 0; }));
+    peak_in_flight = in_flight;
     stage_group = config.sp > 1 ? &step.stage_groups[stage]->member(rank) : nullptr;
     pipe = P > 1 ? &step.pipeline_groups[rank]->member(stage) : nullptr;
     if (stage_group) ring.emplace(*stage_group, config.ring, config.timeout_s);
@@ -176,9 +207,10 @@ void PipelineEngine::Worker::send(StepShared& step, int k, int tag, Parcel& parc
 std::size_t PipelineEngine::Worker::held_bytes() const {
   std::size_t bytes = 0;
   for (const Chunk& chunk : chunks)
-    for (int held : chunk.slot_of)
-      if (held >= 0)
-        for (const auto& saved : chunk.slots[static_cast<std::size_t>(held)]) bytes += saved.activation_bytes();
+    for (const auto* of : {&chunk.slot_of, &chunk.carried_slot_of})
+      for (int held : *of)
+        if (held >= 0)
+          for (const auto& saved : chunk.slots[static_cast<std::size_t>(held)]) bytes += saved.activation_bytes();
   return bytes;
 }
 
@@ -205,6 +237,8 @@ void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
   const int slot = chunk.free_slots.back();
   chunk.free_slots.pop_back();
   chunk.slot_of[static_cast<std::size_t>(i)] = slot;
+  if (chunk.slot_version.size() < chunk.slots.size()) chunk.slot_version.resize(chunk.slots.size());
+  chunk.slot_version[static_cast<std::size_t>(slot)] = step.version;
   Parcel* parcel = k + 1 < V ? &free_parcel(received.size()) : nullptr;
   busy(op, M, [&] {
     // Units chain through two scratch buffers; the first reads what arrived, the last
@@ -231,17 +265,28 @@ void PipelineEngine::Worker::forward(StepShared& step, const PipelineOp& op) {
 
 void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
   const int V = step.shape.virtual_stages(), M = step.config.microbatches, i = op.microbatch;
+  if (op.carried && !step.carrying) return;  // PipeDream's first step: nothing in flight yet
   Chunk& chunk = chunks[static_cast<std::size_t>(op.chunk)];
   const int k = chunk.virtual_stage;
-  if (k + 1 < V) receive(step, k + 1, backward_tag(k, i, M), received);
-  const int slot = chunk.slot_of[static_cast<std::size_t>(i)];
+  // A carried backward (PipeDream) runs on the last step's micro-batch and weights; the
+  // gradient of the first of them came at the end of the last step.
+  const model::TokenBatch& batch = op.carried ? data_last[i] : data[i];
+  const std::span<const float> params = op.carried ? std::span<const float>(weights_last) : step.params;
+  const bool from_last_step = op.carried && i == M - (step.config.pp - stage - 1);
+  if (!from_last_step && k + 1 < V) receive(step, k + 1, backward_tag(k, i, M), received);
+  // After the receive, which may swap buffers.
+  const float* incoming = from_last_step ? carried_gradient.data() : received.data();
+  const int slot = (op.carried ? chunk.carried_slot_of : chunk.slot_of)[static_cast<std::size_t>(i)];
   PEERTRAIN_CHECK(slot >= 0, "backward of micro-batch ", i, " before its forward on stage ", stage);
+  if (step.shape.schedule == Schedule::kPipeDream)
+    stashed.push_back({stage, i, op.carried, chunk.slot_version[static_cast<std::size_t>(slot)],
+                       op.carried ? weights_last_version : step.version});
   Parcel* parcel = k > 0 ? &free_parcel(received.size()) : nullptr;
   busy(op, M, [&] {
     for (int j = chunk.units() - 1; j >= 0; --j) {
       const int unit = chunk.first_unit + j;
       const float* dout = unit + 1 == step.units ? (shard ? output_grads[static_cast<std::size_t>(i)].data() : nullptr)
-                          : j + 1 == chunk.units() ? received.data()
+                          : j + 1 == chunk.units() ? incoming
                                                    : scratch[(j + 1) % 2].data();
       if (unit == 0 && shard) {  // the token vectors' gradient, for every stage's rows
         auto& to = token_grads[static_cast<std::size_t>(i)];
@@ -250,9 +295,9 @@ void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
       float* din = unit == 0 ? nullptr : j == 0 ? parcel->data.data() : scratch[j % 2].data();
       auto& saved = chunk.slots[static_cast<std::size_t>(slot)][j];
       if (step.split_backward)
-        model->backward_input(unit, step.params, data[i], dout, din, saved, context);
+        model->backward_input(unit, params, batch, dout, din, saved, context);
       else
-        model->backward(unit, step.params, data[i], dout, din, saved, grads, context);
+        model->backward(unit, params, batch, dout, din, saved, grads, context);
     }
   });
   if (parcel) send(step, k - 1, backward_tag(k - 1, i, M), *parcel);
@@ -260,7 +305,7 @@ void PipelineEngine::Worker::backward(StepShared& step, const PipelineOp& op) {
   if (step.split_backward)
     peak_bytes = std::max(peak_bytes, held_bytes());  // B added what W needs
   else
-    release(chunk, i);
+    release(chunk, i, op.carried);
 }
 
 void PipelineEngine::Worker::weight(StepShared& step, const PipelineOp& op) {
@@ -332,9 +377,10 @@ void PipelineEngine::Worker::add_token_gradients(StepShared& step) {
   }
 }
 
-void PipelineEngine::Worker::release(Chunk& chunk, int i) {
-  chunk.free_slots.push_back(chunk.slot_of[static_cast<std::size_t>(i)]);
-  chunk.slot_of[static_cast<std::size_t>(i)] = -1;
+void PipelineEngine::Worker::release(Chunk& chunk, int i, bool carried) {
+  auto& slot_of = carried ? chunk.carried_slot_of : chunk.slot_of;
+  chunk.free_slots.push_back(slot_of[static_cast<std::size_t>(i)]);
+  slot_of[static_cast<std::size_t>(i)] = -1;
   --in_flight;
 }
 
@@ -353,6 +399,13 @@ void PipelineEngine::Worker::run(StepShared& step) {
         output(step, op);
     }
     if (shard) add_token_gradients(step);
+    // PipeDream: the stage after has just sent the gradient of this stage's first micro-batch
+    // left in flight; it is the input of the next step's first carried backward.
+    const int in_flight_here = step.config.pp - stage - 1;
+    if (step.shape.schedule == Schedule::kPipeDream && in_flight_here > 0) {
+      const int M = step.config.microbatches;
+      receive(step, stage + 1, backward_tag(stage, M - in_flight_here, M), carried_gradient);
+    }
     waiting([&] {
       for (auto& parcel : outbox) {
         parcel.request.wait(timeout_s);

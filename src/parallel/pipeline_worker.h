@@ -87,6 +87,10 @@ struct StepShared {
   // next to a step.
   std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;     // [pp], sp ranks each
   std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;  // [sp], pp ranks each
+  // PipeDream: this step's number (its weights' version), and whether the last step left
+  // micro-batches in flight (else the carried backwards are skipped).
+  long long version = 0;
+  bool carrying = false;
   comm::FailureLatch failure;
   std::latch start;  // so that every worker's clock starts together
 };
@@ -126,6 +130,8 @@ struct PipelineEngine::Worker {
     std::vector<std::vector<model::UnitActivations>> slots;
     std::vector<int> free_slots;
     std::vector<int> slot_of;  // per micro-batch; −1 when not in flight
+    std::vector<int> carried_slot_of;     // PipeDream: the last step's micro-batches still in flight
+    std::vector<long long> slot_version;  // PipeDream: the weights' version each slot's forward ran on
     int units() const { return end_unit - first_unit; }
   };
   std::vector<Chunk> chunks;
@@ -137,6 +143,15 @@ struct PipelineEngine::Worker {
   // the gradient of the token vectors (stage 0, for every stage).
   std::optional<VocabShard> shard;
   std::vector<AlignedVector<float>> token_vectors, outputs, output_grads, token_grads;
+
+  // PipeDream: the last step's micro-batches and weights (this stage's ranges of a
+  // full-size buffer), for the carried backwards; the gradient that the stage after sent
+  // at the end of the last step for the first of them; the stashes' checks.
+  RankBatches data_last;
+  AlignedVector<float> weights, weights_last;
+  long long weights_version = -1, weights_last_version = -1;
+  AlignedVector<float> carried_gradient;
+  std::vector<StepStats::StashedPass> stashed;
 
   // The flat layout, so units write where they always do; only `ranges` are used, which
   // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
@@ -187,7 +202,7 @@ struct PipelineEngine::Worker {
   void add_token_gradients(StepShared& step);
   // Sends a copy of `data` to every other stage.
   void send_to_all(StepShared& step, int tag, const AlignedVector<float>& data);
-  void release(Chunk& chunk, int microbatch);             // its activations are no longer needed
+  void release(Chunk& chunk, int microbatch, bool carried = false);  // its activations are no longer needed
   // Receives into `into` the message `tag` from the worker of virtual stage k (this one's
   // local box when it is this stage), and sends `parcel` there.
   void receive(StepShared& step, int k, int tag, AlignedVector<float>& into);

@@ -17,9 +17,9 @@ struct Named {
   std::string_view name;
 };
 constexpr Named kNames[] = {
-    {Schedule::kGpipe, "gpipe"}, {Schedule::kOneFOneB, "1f1b"}, {Schedule::kInterleaved, "interleaved"},
-    {Schedule::kZbH1, "zb-h1"},  {Schedule::kZbH2, "zb-h2"},    {Schedule::kZbV, "zb-v"},
-    {Schedule::kVHalf, "v-half"}};
+    {Schedule::kGpipe, "gpipe"},  {Schedule::kOneFOneB, "1f1b"},      {Schedule::kInterleaved, "interleaved"},
+    {Schedule::kZbH1, "zb-h1"},   {Schedule::kZbH2, "zb-h2"},         {Schedule::kZbV, "zb-v"},
+    {Schedule::kVHalf, "v-half"}, {Schedule::kPipeDream, "pipedream"}};
 
 Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
 
@@ -35,6 +35,22 @@ std::vector<PipelineOp> one_f_one_b(int stages, int stage, int microbatches) {
     ops.push_back({PassKind::kBackward, i - warmup});
   }
   for (int i = microbatches - warmup; i < microbatches; ++i) ops.push_back({PassKind::kBackward, i});
+  return ops;
+}
+
+// PipeDream's asynchronous 1F1B, one step of it: F(i) then the backward of the micro-batch
+// w = p − s − 1 earlier in the endless stream, which for i < w is the previous step's
+// micro-batch M − w + i (carried). Needs M ≥ w.
+std::vector<PipelineOp> pipedream(int stages, int stage, int microbatches) {
+  const int w = stages - stage - 1;
+  std::vector<PipelineOp> ops;
+  for (int i = 0; i < microbatches; ++i) {
+    ops.push_back({PassKind::kForward, i});
+    if (i < w)
+      ops.push_back({PassKind::kBackward, microbatches - w + i, 0, /*carried=*/true});
+    else
+      ops.push_back({PassKind::kBackward, i - w});
+  }
   return ops;
 }
 
@@ -186,7 +202,7 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
 Schedule parse_schedule(std::string_view text, std::string_view flag) {
   for (const Named& n : kNames)
     if (n.name == text) return n.schedule;
-  throw invalid(str(flag, " '", text, "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or v-half"));
+  throw invalid(str(flag, " '", text, "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half or pipedream"));
 }
 
 std::string_view to_string(Schedule schedule) {
@@ -239,6 +255,13 @@ void validate(const ScheduleShape& s) {
     if (s.microbatches % s.stages != 0)
       throw invalid(str("--schedule interleaved: --microbatches ", s.microbatches, " must be a multiple of --pp ",
                         s.stages, " (micro-batches go round the stages in groups of p)"));
+  } else if (s.schedule == Schedule::kPipeDream && s.output_passes) {
+    throw invalid(
+        "--schedule pipedream with --vocab-parallel: the vocabulary's collectives need every stage's passes of a "
+        "micro-batch in one step, and PipeDream carries backwards into the next; use --vocab-parallel none");
+  } else if (s.schedule == Schedule::kPipeDream && s.microbatches < s.stages - 1) {
+    throw invalid(str("--schedule pipedream: --microbatches ", s.microbatches, " is too few for --pp ", s.stages,
+                      ": stage 0 carries p − 1 = ", s.stages - 1, " micro-batches into the next step"));
   } else if (s.interleave != 2 && s.schedule != Schedule::kInterleaved) {
     // --chunks belongs to interleaved; the V schedules have exactly 2 per stage.
     if (s.schedule == Schedule::kZbV || s.schedule == Schedule::kVHalf)
@@ -315,6 +338,9 @@ std::vector<std::vector<PipelineOp>> base_schedule(const ScheduleShape& s) {
     case Schedule::kZbH1:
       for (int st = 0; st < p; ++st) ops[st] = zero_bubble_h1(p, st, m);
       return ops;
+    case Schedule::kPipeDream:
+      for (int st = 0; st < p; ++st) ops[st] = pipedream(p, st, m);
+      return ops;
     default:
       break;
   }
@@ -349,8 +375,10 @@ std::vector<PipelineOp> stage_schedule(Schedule schedule, int stages, int stage,
 }
 
 double peak_in_flight(std::span<const PipelineOp> ops, int chunks, bool split_backward) {
-  int now = 0, peak = 0;
   const PassKind release = split_backward ? PassKind::kWeight : PassKind::kBackward;
+  int now = static_cast<int>(
+      std::count_if(ops.begin(), ops.end(), [&](const PipelineOp& op) { return op.carried && op.kind == release; }));
+  int peak = now;
   for (const auto& op : ops) {
     if (op.kind == PassKind::kForward) ++now;
     if (op.kind == release) --now;
@@ -385,6 +413,8 @@ double theoretical_bubble(const ScheduleShape& s, double f, double b, double w) 
       break;
     case Schedule::kVHalf:
       return std::nan("");
+    case Schedule::kPipeDream:
+      return 0;
   }
   return bubble / (bubble + work);
 }
@@ -397,6 +427,7 @@ double theoretical_peak(const ScheduleShape& s) {
     case Schedule::kOneFOneB:
     case Schedule::kZbH1:
     case Schedule::kZbV:
+    case Schedule::kPipeDream:
       return std::min<double>(p, s.microbatches);
     case Schedule::kZbH2:
       return std::min<double>(2 * p - 1, s.microbatches);
@@ -420,6 +451,14 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
   std::vector<int> held(p, 0), peak(p, 0);
   // A kOutput's arrivals: when each stage could start it (negative: not there yet).
   std::vector<std::vector<double>> arrived(m, std::vector<double>(p, -1));
+  // Carried backwards (PipeDream): which virtual stages run one this step, and when it ends.
+  std::vector<std::vector<double>> carried_end(V, std::vector<double>(m, 0));
+  for (int st = 0; st < p; ++st)
+    for (const PipelineOp& op : ops[st])
+      if (op.carried) {
+        carried_end[shape.virtual_stage(st, op.chunk)][op.microbatch] = -1;
+        peak[st] = ++held[st];  // held since the last step
+      }
   const PassKind release = shape.split_backward() ? PassKind::kWeight : PassKind::kBackward;
   Replay replay;
   replay.stages.resize(p);
@@ -429,7 +468,8 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
     if (next[st] == 0) replay.stages[st].start_s = ready;
     replay.stages[st].pass_start_s.push_back(ready);
     free_at[st] = ready + seconds;
-    end[static_cast<int>(op.kind)][shape.virtual_stage(st, op.chunk)][op.microbatch] = free_at[st];
+    const int vs = shape.virtual_stage(st, op.chunk);
+    (op.carried ? carried_end[vs][op.microbatch] : end[static_cast<int>(op.kind)][vs][op.microbatch]) = free_at[st];
     if (op.kind == PassKind::kForward) peak[st] = std::max(peak[st], ++held[st]);
     if (op.kind == release) --held[st];
     replay.stages[st].busy_s += seconds;
@@ -452,6 +492,13 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
           return true;
         };
         bool can = true;
+        if (op.carried) {  // its forward ran last step; the gradient from the stage after maybe too
+          const double e = vs + 1 < V ? carried_end[vs + 1][op.microbatch] : 0;
+          if (e < 0) break;
+          run(st, std::max(ready, e));
+          advanced = true;
+          continue;
+        }
         if (op.kind == PassKind::kForward && vs > 0) can = after(PassKind::kForward, vs - 1);
         if (op.kind == PassKind::kBackward)
           can = vs + 1 < V ? after(PassKind::kBackward, vs + 1) : after(PassKind::kForward, vs);

@@ -366,6 +366,88 @@ TEST(PipelineEngine, VocabularyParallelMatchesTheUnsplitModel) {
         }
 }
 
+// The gradient of micro-batch i of M of `d` on the unsplit model (its share of the whole
+// batch's mean loss).
+std::vector<float> microbatch_gradient(const model::TransformerConfig& c, std::span<const float> params, const Data& d,
+                                       int i, int microbatches) {
+  model::Transformer model(c);
+  const int per = d.batch / microbatches;
+  const std::size_t span = static_cast<std::size_t>(per) * c.seq;
+  std::vector<int> positions(c.tokens());
+  std::iota(positions.begin(), positions.end(), 0);
+  model::TokenBatch tb;
+  tb.batch = per;
+  tb.tokens = c.seq;
+  tb.positions = positions;
+  tb.bytes = std::span<const std::int32_t>(d.bytes).subspan(i * span, span);
+  tb.targets = std::span<const std::int32_t>(d.targets).subspan(i * span, span);
+  tb.loss_divisor = static_cast<double>(d.batch) * c.seq;
+  std::vector<float> grads(model.num_parameters(), 0.0f);
+  model.forward_backward(params, tb, grads);
+  return grads;
+}
+
+// PipeDream: every backward runs on the weights its forward ran on (the stash's version,
+// checked per micro-batch), and a step's gradient on stage s is its serial twin: the first
+// M − w micro-batches at this step's weights plus the last step's last w = p − s − 1 at
+// the last step's weights. The loss is this step's at this step's weights.
+TEST(PipelineEngine, PipeDreamBackwardsRunOnTheirForwardsWeights) {
+  const auto config = small_gpt();
+  model::Transformer model(config);
+  constexpr int P = 3, M = 4, kBatch = 8;
+  EngineConfig ec;
+  ec.pp = P;
+  ec.microbatches = M;
+  ec.schedule = Schedule::kPipeDream;
+  ec.stage_first_units = {0, 2, 4};  // of 6 units
+  PipelineEngine engine(model, ec);
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, 5);
+  std::vector<std::vector<float>> versions;
+  std::vector<Data> batches;
+  for (int t = 0; t < 3; ++t) {
+    SCOPED_TRACE(str("step ", t));
+    batches.push_back(random_data(config, kBatch, 200 + t));
+    versions.push_back(params);
+    std::vector<float> grads(params.size(), 1e3f);
+    const float loss = engine.step(params, batches[t].view(), grads);
+    const Reference synchronous = unsplit(config, params, batches[t]);
+    EXPECT_NEAR(loss, synchronous.loss, kTolerance * std::abs(synchronous.loss));
+
+    std::vector<float> expected(params.size(), 0.0f);
+    int carried = 0;
+    for (const auto& pass : engine.last_stats().stashed) {
+      EXPECT_EQ(pass.forward_version, pass.backward_version)
+          << "stage " << pass.stage << " micro-batch " << pass.microbatch;
+      EXPECT_EQ(pass.backward_version, pass.carried ? t - 1 : t);
+      carried += pass.carried;
+    }
+    for (int s = 0; s < P; ++s) {
+      const int w = P - s - 1;
+      const int end_unit = s + 1 < P ? ec.stage_first_units[s + 1] : model.num_units();
+      auto add = [&](const std::vector<float>& g) {
+        for (int u = ec.stage_first_units[s]; u < end_unit; ++u) {
+          const auto r = model.unit_parameters(u);
+          for (std::size_t k = r.offset; k < r.offset + r.size; ++k) expected[k] += g[k];
+        }
+      };
+      for (int i = 0; i < M - w; ++i) add(microbatch_gradient(config, versions[t], batches[t], i, M));
+      if (t > 0)
+        for (int j = M - w; j < M; ++j) add(microbatch_gradient(config, versions[t - 1], batches[t - 1], j, M));
+    }
+    EXPECT_EQ(static_cast<int>(engine.last_stats().stashed.size()), t == 0 ? P * M - (0 + 1 + 2) : P * M);
+    EXPECT_EQ(carried, t == 0 ? 0 : 1 + 2);  // stage 0 carries 2, stage 1 one
+    EXPECT_LE(normalized_error(grads, expected), kTolerance);
+    // The one schedule that changes the numbers: not the synchronous gradient.
+    EXPECT_GT(normalized_error(grads, synchronous.grads), 1e-3);
+    // The next version of the weights: a step and a perturbation, so that the versions
+    // differ well beyond the tolerance.
+    Rng noise(300 + t);
+    for (std::size_t k = 0; k < params.size(); ++k)
+      params[k] -= 0.5f * grads[k] + 0.01f * static_cast<float>(noise.normal());
+  }
+}
+
 TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
   model::Transformer model(small_gpt());
   auto expect_error = [&](EngineConfig config, const std::string& flag) {
@@ -410,6 +492,14 @@ TEST(PipelineEngine, BadConfigurationsNameTheirFlag) {
   expect_error(c, "--sp");
   c.sp = 3;  // zigzag needs 2·SP to divide the 16 tokens
   expect_error(c, "--sp");
+  c = {};
+  c.pp = 4;
+  c.microbatches = 2;
+  c.schedule = Schedule::kPipeDream;
+  expect_error(c, "--schedule pipedream: --microbatches 2 is too few for --pp 4");
+  c.microbatches = 4;
+  c.vocab_parallel = VocabParallel::kVocab1;
+  expect_error(c, "--schedule pipedream with --vocab-parallel");
   c = {};
   c.vocab_parallel = VocabParallel::kVocab1;
   expect_error(c, "--vocab-parallel vocab-1 with --pp 1");

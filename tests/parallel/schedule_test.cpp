@@ -178,7 +178,7 @@ TEST(Schedule, EverySchedulePassesEachMicroBatchChunkOnceAndReplays) {
     for (int p : {1, 2, 3, 4, 5})
       for (int m : {1, 2, 4, 5, 8, 12}) {
         ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = m, .interleave = 2};
-        if (schedule == Schedule::kInterleaved && m % p != 0) {
+        if ((schedule == Schedule::kInterleaved && m % p != 0) || (schedule == Schedule::kPipeDream && m < p - 1)) {
           EXPECT_THROW(build_schedule(shape), Error);
           continue;
         }
@@ -195,11 +195,18 @@ TEST(Schedule, EverySchedulePassesEachMicroBatchChunkOnceAndReplays) {
             int& at = seen[static_cast<int>(op.kind)][op.chunk][op.microbatch];
             ASSERT_EQ(at, -1) << "pass run twice";
             at = k;
+            // PipeDream carries exactly the last p − s − 1 micro-batches' backwards into
+            // the next step; nothing else carries.
+            const bool carry =
+                schedule == Schedule::kPipeDream && op.kind == PassKind::kBackward && op.microbatch >= m - (p - s - 1);
+            EXPECT_EQ(op.carried, carry) << "pass " << k;
           }
           for (int c = 0; c < v; ++c)
             for (int i = 0; i < m; ++i) {
               EXPECT_GE(seen[0][c][i], 0);
-              EXPECT_GT(seen[1][c][i], seen[0][c][i]);
+              if (!ops[s][static_cast<std::size_t>(seen[1][c][i])].carried) {
+                EXPECT_GT(seen[1][c][i], seen[0][c][i]);
+              }
               if (shape.split_backward())
                 EXPECT_GT(seen[2][c][i], seen[1][c][i]);
               else
@@ -273,6 +280,8 @@ TEST(Schedule, PeakMemoryWithinEachSchedulesBudget) {
       for (double x : peaks(Schedule::kZbH2)) EXPECT_LE(x, 2 * pd - 1);
       for (double x : peaks(Schedule::kZbV)) EXPECT_LE(x, pd);
       for (double x : peaks(Schedule::kVHalf)) EXPECT_LE(x, (pd + 1) / 2);
+      // PipeDream holds 1F1B's p − s: its carried micro-batches and one more.
+      for (int s = 0; s < p; ++s) EXPECT_EQ(peaks(Schedule::kPipeDream)[s], static_cast<double>(p - s));
     }
 }
 
@@ -285,6 +294,11 @@ TEST(Schedule, OutputPassesJoinEveryListInOneOrder) {
     for (int p : {2, 3, 4}) {
       ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = 2 * p};
       SCOPED_TRACE(str(to_string(schedule), " p ", p));
+      if (schedule == Schedule::kPipeDream) {  // carries passes into the next step: refused
+        shape.output_passes = true;
+        EXPECT_THROW(build_schedule(shape), Error);
+        continue;
+      }
       const auto base = build_schedule(shape);
       shape.output_passes = true;
       const auto lists = build_schedule(shape);

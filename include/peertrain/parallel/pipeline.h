@@ -9,6 +9,17 @@
 // A step splits the peer's batch into M micro-batches, runs the schedule, and yields the
 // gradient of the step's mean loss: the same numbers, up to float rounding, as the unsplit
 // Transformer::forward_backward over the whole batch (tests/parallel/pipeline_test.cpp).
+//
+// Except under PipeDream (--schedule pipedream), which changes the numbers: the pipeline
+// does not drain at the end of a step, so stage s keeps its last w = p − s − 1 micro-batches
+// in flight and runs their backwards in the next step, on the weights their forward used
+// (weight stashing: the engine keeps a copy of each stage's parameters from the step
+// before). A step's gradient on stage s is then the gradient of its first M − w
+// micro-batches at this step's weights plus that of the previous step's last w at the
+// previous step's weights: those w micro-batches' gradients are one update stale when the
+// optimizer applies them, stage 0's p − 1 of every M the most, the last stage's none. The
+// loss is this step's, at this step's weights. The first step has nothing carried, and the
+// last step's in-flight micro-batches never run their backward.
 #pragma once
 
 #include <cstddef>
@@ -86,6 +97,14 @@ struct StepStats {
   double replayed_bubble = 0;
   double replayed_step_s = 0;     // that replay's makespan: the step's time with a core per worker
   double theoretical_bubble = 0;  // the papers' closed form for the schedule (schedule.h)
+  // PipeDream: each backward of this step on stage 0's sequence rank 0 … on every stage,
+  // with the version (step number) of the weights its forward ran on and of those it used.
+  struct StashedPass {
+    int stage = 0, microbatch = 0;
+    bool carried = false;
+    long long forward_version = 0, backward_version = 0;
+  };
+  std::vector<StashedPass> stashed;
 };
 
 class PipelineEngine {
@@ -121,6 +140,16 @@ class PipelineEngine {
 
   model::Transformer& model_;
   EngineConfig config_;
+  // PipeDream: the step's batch copied (the carried micro-batches read the last one's in the
+  // next step), and the steps run so far (the weights' version).
+  struct OwnedBatch {
+    int batch = 0;
+    std::vector<std::int32_t> bytes, targets, labels;
+    std::vector<float> pixels;
+  };
+  OwnedBatch owned_[2];
+  long long steps_ = 0;
+  bool carrying_ = false;  // the last step left micro-batches in flight
   ScheduleShape shape_;
   std::vector<std::vector<PipelineOp>> schedule_;  // each stage's passes, fixed at construction
   std::vector<int> first_units_;

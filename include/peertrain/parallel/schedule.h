@@ -20,6 +20,12 @@
 //     stage in a V (virtual stages s and 2p − 1 − s on stage s), B and W apart, 1F1B's peak
 //     memory (p micro-batches), near-zero bubble.
 //   V-Half (same paper): the V with about half of 1F1B's memory.
+//   PipeDream (Narayanan et al., SOSP 2019): asynchronous 1F1B. The pipeline never drains:
+//     a step's list is a cut of 1F1B's endless steady state, F(i) then B(i − w) with w =
+//     p − s − 1, so stage s's last w micro-batches stay in flight and their backwards run
+//     first thing in the next step, "carried", on the weights their forward used (weight
+//     stashing; pipeline.h). No bubble in the papers' measure; the step's barrier leaves
+//     stage s idle s forwards at its start and p − 1 − s at its end.
 // ZB-H1 is 1F1B's order with stage s's W's trailing its B's by s micro-batches. ZB-H2 and
 // the V schedules are built by a greedy list scheduler over nominal pass times (T_F = T_B
 // = T_W): an idle stage runs a ready B, else a ready F its memory limit allows (the deeper
@@ -35,9 +41,9 @@
 
 namespace peertrain::parallel {
 
-enum class Schedule { kGpipe, kOneFOneB, kInterleaved, kZbH1, kZbH2, kZbV, kVHalf };
+enum class Schedule { kGpipe, kOneFOneB, kInterleaved, kZbH1, kZbH2, kZbV, kVHalf, kPipeDream };
 
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "v-half"; anything
+// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "v-half" | "pipedream"; anything
 // else throws Error(kInvalidArgument) naming `flag` and the choices.
 Schedule parse_schedule(std::string_view text, std::string_view flag = "--schedule");
 std::string_view to_string(Schedule schedule);
@@ -54,6 +60,8 @@ struct PipelineOp {
   PassKind kind = PassKind::kForward;
   int microbatch = 0;
   int chunk = 0;  // which of the stage's chunks
+  // PipeDream: the backward of the previous step's micro-batch, whose forward that step ran.
+  bool carried = false;
   bool operator==(const PipelineOp&) const = default;
 };
 
@@ -95,7 +103,8 @@ std::vector<PipelineOp> stage_schedule(const ScheduleShape& shape, int stage);
 std::vector<PipelineOp> stage_schedule(Schedule schedule, int stages, int stage, int microbatches);
 
 // The most micro-batches held along `ops` (a chunk's activations count 1/chunks): from a
-// forward until its backward, or its W when the backward is split.
+// forward until its backward, or its W when the backward is split; carried backwards are
+// held from the start.
 double peak_in_flight(std::span<const PipelineOp> ops, int chunks = 1, bool split_backward = false);
 
 // The papers' bubble rate, bubble time over bubble time plus m(T_F + T_B + T_W), for the
@@ -104,10 +113,13 @@ double peak_in_flight(std::span<const PipelineOp> ops, int chunks = 1, bool spli
 //   zb-h1        (p − 1)(F + B − W)           zb-h2        max(0, (p − 1)(F + B − 2W))
 //   zb-v         max(0, (p − 1)(F + B − 2W))/2 (H2's with half-size passes)
 //   v-half       no closed form in the paper: NaN.
+//   pipedream    0 (its steady state; the step barrier's (p − 1)F start offset is outside
+//                the papers' measure, span_bubble below).
 double theoretical_bubble(const ScheduleShape& shape, double forward = 1, double backward = 1, double weight = 1);
 double theoretical_bubble(int stages, int microbatches);  // (p − 1)/(m + p − 1)
-// The papers' peak activation memory of the busiest stage, in micro-batches: 1f1b, zb-h1
-// and zb-v p, zb-h2 2p − 1, gpipe m, interleaved p + (p − 1)/v, v-half NaN (≈ p/2).
+// The papers' peak activation memory of the busiest stage, in micro-batches: 1f1b, zb-h1,
+// zb-v and pipedream p, zb-h2 2p − 1, gpipe m, interleaved p + (p − 1)/v, v-half NaN
+// (≈ p/2). PipeDream also stashes up to 2 versions of the stage's weights.
 double theoretical_peak(const ScheduleShape& shape);
 
 // One stage's share of a replayed step.
