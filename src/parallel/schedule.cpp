@@ -124,6 +124,9 @@ struct GreedyKnobs {
   // room for all its chunks there; kOne, an entering micro-batch leaves room for one more
   // chunk (the V's first micro-batch can always go on); kNone, only the budget.
   enum class Reserve { kAll, kOne, kNone } reserve = Reserve::kAll;
+  // Non-zero: break the rule now and then, at random (seeded, so reproducible) — a W or an
+  // F before a ready B, the other chunk's F first — as a search around the rule.
+  std::uint64_t seed = 0;
 };
 
 std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs knobs) {
@@ -138,6 +141,13 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
   std::vector<int> reserved(p, 0), held(p, 0);
   const std::size_t per_stage = static_cast<std::size_t>(3 * m * v);
   auto ended = [&](PassKind kind, int vs, int i, long t) { return end[static_cast<int>(kind)][vs][i] <= t; };
+  std::uint64_t state = knobs.seed;
+  auto coin = [&](int sides) {  // xorshift64
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return static_cast<int>(state % static_cast<std::uint64_t>(sides));
+  };
   for (long t = 0;; ++t) {
     bool done = true;
     for (int st = 0; st < p; ++st) done = done && ops[st].size() == per_stage;
@@ -146,14 +156,17 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
     for (int st = 0; st < p; ++st) {
       if (free_at[st] > t || ops[st].size() == per_stage) continue;
       std::optional<PipelineOp> pick;
-      // B: a micro-batch's backward of chunk c once the virtual stage after has sent it.
-      for (int i = 0; i < m && !pick; ++i)
-        for (int c = v; c-- > 0 && !pick;) {
-          const int vs = s.virtual_stage(st, c);
-          if (end[1][vs][i] != kNotYet || !ended(PassKind::kForward, vs, i, t)) continue;
-          if (vs + 1 < V ? ended(PassKind::kBackward, vs + 1, i, t) : true)
-            pick = PipelineOp{PassKind::kBackward, i, c};
-        }
+      const int deviation = knobs.seed != 0 ? coin(8) : -1;  // 0: W first, 1: F first, 2: the other chunk's F first
+      auto backward = [&] {
+        // B: a micro-batch's backward of chunk c once the virtual stage after has sent it.
+        for (int i = 0; i < m && !pick; ++i)
+          for (int c = v; c-- > 0 && !pick;) {
+            const int vs = s.virtual_stage(st, c);
+            if (end[1][vs][i] != kNotYet || !ended(PassKind::kForward, vs, i, t)) continue;
+            if (vs + 1 < V ? ended(PassKind::kBackward, vs + 1, i, t) : true)
+              pick = PipelineOp{PassKind::kBackward, i, c};
+          }
+      };
       const int limit = memory_limit(s);
       // The first B reaches stage j after the first micro-batch's forward went down to the
       // last virtual stage and its backward came back: 2(V − k) − 1 chunk passes after
@@ -170,19 +183,26 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
               pick = PipelineOp{PassKind::kWeight, i, c};
           }
       };
-      if (knobs.weight_before_forward) weight();
       const bool capped = knobs.cap_warmup && before_first_b && static_cast<int>(ops[st].size()) >= warmup_cap;
-      for (int c = v; c-- > 0 && !pick && !capped;)
-        for (int i = 0; i < m && !pick; ++i) {
-          const int vs = s.virtual_stage(st, c);
-          if (end[0][vs][i] != kNotYet) continue;
-          if (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t)) continue;
-          const bool full = knobs.reserve == GreedyKnobs::Reserve::kAll   ? c == 0 && reserved[st] + v > limit
-                            : knobs.reserve == GreedyKnobs::Reserve::kOne ? held[st] + (c == 0 ? v : 1) > limit
-                                                                          : held[st] + 1 > limit;
-          if (full) continue;
-          pick = PipelineOp{PassKind::kForward, i, c};
-        }
+      auto forward = [&] {
+        for (int n = 0; n < v && !pick && !capped; ++n)
+          for (int i = 0; i < m && !pick; ++i) {
+            const int c = deviation == 2 ? n : v - 1 - n;
+            const int vs = s.virtual_stage(st, c);
+            if (end[0][vs][i] != kNotYet) continue;
+            if (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t)) continue;
+            const bool full = knobs.reserve == GreedyKnobs::Reserve::kAll   ? c == 0 && reserved[st] + v > limit
+                              : knobs.reserve == GreedyKnobs::Reserve::kOne ? held[st] + (c == 0 ? v : 1) > limit
+                                                                            : held[st] + 1 > limit;
+            if (full) continue;
+            pick = PipelineOp{PassKind::kForward, i, c};
+          }
+      };
+      if (deviation == 0) weight();
+      if (deviation == 1) forward();
+      backward();
+      if (knobs.weight_before_forward) weight();
+      forward();
       weight();
       if (!pick) continue;
       const int vs = s.virtual_stage(st, pick->chunk);
@@ -350,15 +370,16 @@ std::vector<std::vector<PipelineOp>> base_schedule(const ScheduleShape& s) {
   double best_bubble = 0;
   for (bool weight_first : {false, true})
     for (bool cap : {false, true})
-      for (auto reserve : {GreedyKnobs::Reserve::kAll, GreedyKnobs::Reserve::kOne, GreedyKnobs::Reserve::kNone}) {
-        auto candidate = greedy(s, {weight_first, cap, reserve});
-        if (candidate.empty()) continue;
-        const double bubble = replay_schedule(s, candidate, [&](int, const PipelineOp&) { return 1.0; }).span_bubble;
-        if (best.empty() || bubble < best_bubble - 1e-9) {
-          best = std::move(candidate);
-          best_bubble = bubble;
+      for (auto reserve : {GreedyKnobs::Reserve::kAll, GreedyKnobs::Reserve::kOne, GreedyKnobs::Reserve::kNone})
+        for (std::uint64_t seed = 0; seed <= (s.schedule == Schedule::kZbV ? 64u : 0u); ++seed) {
+          auto candidate = greedy(s, {weight_first, cap, reserve, seed * 0x9E3779B97F4A7C15ull});
+          if (candidate.empty()) continue;
+          const double bubble = replay_schedule(s, candidate, [&](int, const PipelineOp&) { return 1.0; }).span_bubble;
+          if (best.empty() || bubble < best_bubble - 1e-9) {
+            best = std::move(candidate);
+            best_bubble = bubble;
+          }
         }
-      }
   PEERTRAIN_CHECK(!best.empty(), "no greedy ", to_string(s.schedule), " schedule fits its memory");
   return best;
 }

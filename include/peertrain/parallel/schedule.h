@@ -29,7 +29,8 @@
 // ZB-H1 is 1F1B's order with stage s's W's trailing its B's by s micro-batches. ZB-H2 and
 // the V schedules are built by a greedy list scheduler over nominal pass times (T_F = T_B
 // = T_W): an idle stage runs a ready B, else a ready F its memory limit allows (the deeper
-// chunk first), else a pending W — the heuristic of the papers' own generators. The order
+// chunk first), else a pending W — the heuristic of the papers' own generators; ZB-V also
+// tries 64 seeded runs that break the rule now and then, keeping the best. The order
 // is then fixed data; replay_schedule times it with measured passes.
 #pragma once
 
