@@ -127,7 +127,8 @@ int bench_pipeline(int argc, char** argv) {
             .add("parameter_bytes", st.parameter_bytes)
             .add("compute_s", st.busy_cpu_s)
             .add("peak_microbatches", static_cast<double>(st.peak_in_flight) / chunks)
-            .add("peak_activation_bytes", st.peak_activation_bytes);
+            .add("peak_activation_bytes", st.peak_activation_bytes)
+            .add("peak_output_states", st.peak_output_states);
         stages.push_back(o.dump(0));
       }
       std::string array = "[";
@@ -159,13 +160,13 @@ int bench_pipeline(int argc, char** argv) {
         model_name.c_str(), config.vocab, config.d_model, config.layers, config.seq, batch, engine.pp,
         engine.microbatches, std::string(parallel::to_string(engine.schedule)).c_str(),
         std::string(parallel::to_string(engine.vocab_parallel)).c_str(), split.c_str());
-    std::printf("%5s %5s %12s %12s %16s %14s\n", "stage", "units", "params MiB", "compute ms", "peak micro-b.",
-                "peak act. MiB");
+    std::printf("%5s %5s %12s %12s %16s %14s %14s\n", "stage", "units", "params MiB", "compute ms", "peak micro-b.",
+                "output states", "peak act. MiB");
     for (std::size_t p = 0; p < stats.stages.size(); ++p) {
       const auto& st = stats.stages[p];
-      std::printf("%5zu %5d %12.2f %12.2f %16.1f %14.2f\n", p, st.units,
+      std::printf("%5zu %5d %12.2f %12.2f %16.1f %14d %14.2f\n", p, st.units,
                   static_cast<double>(st.parameter_bytes) / (1 << 20), st.busy_cpu_s * 1e3,
-                  static_cast<double>(st.peak_in_flight) / chunks,
+                  static_cast<double>(st.peak_in_flight) / chunks, st.peak_output_states,
                   static_cast<double>(st.peak_activation_bytes) / (1 << 20));
     }
     std::printf("\nmax/mean over stages: parameters %.2f, compute %.2f\n", max_over_mean(param_bytes),

@@ -156,7 +156,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
                                                .stages = e.pp,
                                                .microbatches = e.microbatches,
                                                .interleave = e.chunks,
-                                               .output_passes = e.vocab_parallel != parallel::VocabParallel::kNone});
+                                               .output_barriers = parallel::output_barriers(e.vocab_parallel)});
     if (args.count("stages")) {
       const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = e.pp, .interleave = e.chunks};
       e.stage_first_units =

@@ -45,7 +45,7 @@ PipelineEngine::PipelineEngine(model::Transformer& model, EngineConfig config)
                          .stages = config_.pp,
                          .microbatches = config_.microbatches,
                          .interleave = config_.chunks,
-                         .output_passes = config_.vocab_parallel != VocabParallel::kNone};
+                         .output_barriers = output_barriers(config_.vocab_parallel)};
   schedule_ = build_schedule(shape_);  // validates: names --chunks, --microbatches
   const int virtual_stages = shape_.virtual_stages();
   if (virtual_stages > units)
@@ -245,6 +245,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
       st.reduce_s += w.reduce_s / S;
       st.peak_activation_bytes = std::max(st.peak_activation_bytes, w.peak_bytes);
       st.peak_in_flight = std::max(st.peak_in_flight, w.peak_in_flight);
+      st.peak_output_states = std::max(st.peak_output_states, w.peak_outputs_held);
     }
     // Idle includes the fill before a stage's first input and the drain after its last
     // pass, which no receive measures but the theoretical bubble counts.

@@ -145,7 +145,10 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
         buffers->resize(static_cast<std::size_t>(M));
         for (auto& b : *buffers) b.resize(floats);
       }
+      output_states.resize(static_cast<std::size_t>(M));
     }
+    output_live.assign(static_cast<std::size_t>(M), 0);
+    outputs_held = peak_outputs_held = 0;
     pass_cpu_s.assign(kPassKinds * static_cast<std::size_t>(v) * M, 0.0);
     stashed.clear();
     if (pipedream) {
@@ -211,6 +214,8 @@ std::size_t PipelineEngine::Worker::held_bytes() const {
       for (int held : *of)
         if (held >= 0)
           for (const auto& saved : chunk.slots[static_cast<std::size_t>(held)]) bytes += saved.activation_bytes();
+  for (std::size_t i = 0; i < output_live.size(); ++i)
+    if (output_live[i]) bytes += output_states[i].bytes();
   return bytes;
 }
 
@@ -342,7 +347,7 @@ void PipelineEngine::Worker::look_up_tokens(StepShared& step) {
   }
 }
 
-void PipelineEngine::Worker::output(StepShared& step, const PipelineOp& op) {
+void PipelineEngine::Worker::output_s(StepShared& step, const PipelineOp& op) {
   const int M = step.config.microbatches, V = step.shape.virtual_stages(), i = op.microbatch;
   const int head = step.shape.stage_of(V - 1);
   const auto& c = model->config();
@@ -352,16 +357,41 @@ void PipelineEngine::Worker::output(StepShared& step, const PipelineOp& op) {
     waiting([&] { pipe->recv(head, output_tag(i, M, V), received, step.config.timeout_s); });
     y = received.data();
   }
-  // Only the head stage's dy feeds a backward; the others' is the same and dropped.
-  float* dy = stage == head ? output_grads[static_cast<std::size_t>(i)].data() : scratch[0].data();
+  // Vocab-1 has dy after S; only the head stage's feeds a backward, the others' (the same)
+  // is dropped.
+  float* dy = step.config.vocab_parallel != VocabParallel::kVocab1 ? nullptr
+              : stage == head                                      ? output_grads[static_cast<std::size_t>(i)].data()
+                                                                   : scratch[0].data();
   const std::size_t w = c.tied_head ? model->layout().wte : model->layout().head_w;
+  auto& state = output_states[static_cast<std::size_t>(i)];
   busy(op, M, [&] {
-    const double loss_sum = vocab_parallel_cross_entropy(
-        *pipe, step.config.vocab_parallel, *shard, c.vocab, c.d_model, c.tied_head, step.params.data() + w, y,
-        batch.batch * batch.tokens, batch.targets, static_cast<float>(1.0 / batch.loss_divisor), dy, grads.data() + w,
-        nullptr, step.config.timeout_s);
+    const double loss_sum =
+        vocab_output_forward(*pipe, step.config.vocab_parallel, *shard, c.vocab, c.d_model, c.tied_head,
+                             step.params.data() + w, y, batch.batch * batch.tokens, batch.targets,
+                             static_cast<float>(1.0 / batch.loss_divisor), state, dy, nullptr, step.config.timeout_s);
     if (stage == head) loss += static_cast<float>(loss_sum / batch.loss_divisor);
   });
+  output_live[static_cast<std::size_t>(i)] = 1;
+  peak_outputs_held = std::max(peak_outputs_held, ++outputs_held);
+  peak_bytes = std::max(peak_bytes, held_bytes());
+}
+
+void PipelineEngine::Worker::output_t(StepShared& step, const PipelineOp& op) {
+  const int M = step.config.microbatches, V = step.shape.virtual_stages(), i = op.microbatch;
+  const auto& c = model->config();
+  PEERTRAIN_CHECK(output_live[static_cast<std::size_t>(i)], where(), ": T pass of micro-batch ", i, " before its S");
+  // Vocab-2's dy comes here; only the head stage's feeds a backward.
+  float* dy = step.config.vocab_parallel != VocabParallel::kVocab2 ? nullptr
+              : stage == step.shape.stage_of(V - 1)                ? output_grads[static_cast<std::size_t>(i)].data()
+                                                                   : scratch[0].data();
+  const std::size_t w = c.tied_head ? model->layout().wte : model->layout().head_w;
+  busy(op, M, [&] {
+    vocab_output_backward(*pipe, step.config.vocab_parallel, *shard, c.vocab, c.d_model, c.tied_head,
+                          step.params.data() + w, data[i].targets, static_cast<float>(1.0 / data[i].loss_divisor),
+                          output_states[static_cast<std::size_t>(i)], dy, grads.data() + w, step.config.timeout_s);
+  });
+  output_live[static_cast<std::size_t>(i)] = 0;
+  --outputs_held;
 }
 
 void PipelineEngine::Worker::add_token_gradients(StepShared& step) {
@@ -395,8 +425,10 @@ void PipelineEngine::Worker::run(StepShared& step) {
         backward(step, op);
       else if (op.kind == PassKind::kWeight)
         weight(step, op);
+      else if (op.kind == PassKind::kOutputS)
+        output_s(step, op);
       else
-        output(step, op);
+        output_t(step, op);
     }
     if (shard) add_token_gradients(step);
     // PipeDream: the stage after has just sent the gradient of this stage's first micro-batch

@@ -143,6 +143,10 @@ struct PipelineEngine::Worker {
   // the gradient of the token vectors (stage 0, for every stage).
   std::optional<VocabShard> shard;
   std::vector<AlignedVector<float>> token_vectors, outputs, output_grads, token_grads;
+  // Each micro-batch's output layer between its S and T passes; how many are held.
+  std::vector<VocabOutputState> output_states;
+  std::vector<char> output_live;
+  int outputs_held = 0, peak_outputs_held = 0;
 
   // PipeDream: the last step's micro-batches and weights (this stage's ranges of a
   // full-size buffer), for the carried backwards; the gradient that the stage after sent
@@ -194,10 +198,12 @@ struct PipelineEngine::Worker {
   void forward(StepShared& step, const PipelineOp& op);
   void backward(StepShared& step, const PipelineOp& op);  // the whole backward, or B when split
   void weight(StepShared& step, const PipelineOp& op);    // W: the parameter gradients, after B
-  // Vocabulary parallelism: the output layer of one micro-batch, with every stage; this
-  // stage's share of the token lookup (before the schedule) and of the embedding's
-  // gradient (after it).
-  void output(StepShared& step, const PipelineOp& op);
+  // Vocabulary parallelism: the output layer of one micro-batch with every stage, its S
+  // pass (logits, statistics, the barrier) and its T pass (the gradients); this stage's
+  // share of the token lookup (before the schedule) and of the embedding's gradient (after
+  // it).
+  void output_s(StepShared& step, const PipelineOp& op);
+  void output_t(StepShared& step, const PipelineOp& op);
   void look_up_tokens(StepShared& step);
   void add_token_gradients(StepShared& step);
   // Sends a copy of `data` to every other stage.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "peertrain/core/error.h"
 
@@ -275,7 +276,7 @@ void validate(const ScheduleShape& s) {
     if (s.microbatches % s.stages != 0)
       throw invalid(str("--schedule interleaved: --microbatches ", s.microbatches, " must be a multiple of --pp ",
                         s.stages, " (micro-batches go round the stages in groups of p)"));
-  } else if (s.schedule == Schedule::kPipeDream && s.output_passes) {
+  } else if (s.schedule == Schedule::kPipeDream && s.output_barriers > 0) {
     throw invalid(
         "--schedule pipedream with --vocab-parallel: the vocabulary's collectives need every stage's passes of a "
         "micro-batch in one step, and PipeDream carries backwards into the next; use --vocab-parallel none");
@@ -304,27 +305,38 @@ std::vector<std::vector<PipelineOp>> with_output_passes(const ScheduleShape& s,
                                                         std::vector<std::vector<PipelineOp>> base) {
   const int p = s.stages, last = s.virtual_stages() - 1;
   ScheduleShape plain = s;
-  plain.output_passes = false;
+  plain.output_barriers = 0;
   const Replay nominal =
       replay_schedule(plain, base, [&](int, const PipelineOp& op) { return nominal_seconds(s, op); });
-  // When each micro-batch's output layer can run: its last forward's end.
-  std::vector<std::pair<double, int>> outputs;
+  // When each micro-batch's S and T run, from the head stage's passes of it.
+  struct Event {
+    double time;
+    PassKind kind;
+    int microbatch;
+    bool operator<(const Event& o) const {
+      return std::tie(time, kind, microbatch) < std::tie(o.time, o.kind, o.microbatch);
+    }
+  };
+  std::vector<Event> events;
   const int head = s.stage_of(last);
   for (std::size_t k = 0; k < base[head].size(); ++k) {
     const PipelineOp& op = base[head][k];
-    if (op.kind == PassKind::kForward && s.virtual_stage(head, op.chunk) == last)
-      outputs.emplace_back(nominal.stages[head].pass_start_s[k] + nominal_seconds(s, op), op.microbatch);
+    if (s.virtual_stage(head, op.chunk) != last) continue;
+    const double start = nominal.stages[head].pass_start_s[k], end = start + nominal_seconds(s, op);
+    if (op.kind == PassKind::kForward) events.push_back({end, PassKind::kOutputS, op.microbatch});
+    if (op.kind == PassKind::kBackward)
+      events.push_back({s.output_barriers == 2 ? start : end, PassKind::kOutputT, op.microbatch});
   }
-  std::sort(outputs.begin(), outputs.end());
+  std::sort(events.begin(), events.end());
   std::vector<std::vector<PipelineOp>> ops(p);
   for (int st = 0; st < p; ++st) {
     std::size_t next = 0;
     for (std::size_t k = 0; k < base[st].size(); ++k) {
-      for (; next < outputs.size() && outputs[next].first <= nominal.stages[st].pass_start_s[k] + 1e-9; ++next)
-        ops[st].push_back({PassKind::kOutput, outputs[next].second, 0});
+      for (; next < events.size() && events[next].time <= nominal.stages[st].pass_start_s[k] + 1e-9; ++next)
+        ops[st].push_back({events[next].kind, events[next].microbatch, 0});
       ops[st].push_back(base[st][k]);
     }
-    for (; next < outputs.size(); ++next) ops[st].push_back({PassKind::kOutput, outputs[next].second, 0});
+    for (; next < events.size(); ++next) ops[st].push_back({events[next].kind, events[next].microbatch, 0});
   }
   return ops;
 }
@@ -334,7 +346,8 @@ std::vector<std::vector<PipelineOp>> with_output_passes(const ScheduleShape& s,
 std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& s) {
   validate(s);
   auto base = base_schedule(s);
-  return s.output_passes ? with_output_passes(s, std::move(base)) : base;
+  PEERTRAIN_CHECK(s.output_barriers >= 0 && s.output_barriers <= 2, "output barriers ", s.output_barriers);
+  return s.output_barriers > 0 ? with_output_passes(s, std::move(base)) : base;
 }
 
 namespace {
@@ -470,8 +483,10 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
   std::vector<std::size_t> next(p, 0);
   std::vector<double> free_at(p, 0);
   std::vector<int> held(p, 0), peak(p, 0);
-  // A kOutput's arrivals: when each stage could start it (negative: not there yet).
-  std::vector<std::vector<double>> arrived(m, std::vector<double>(p, -1));
+  // A collective output pass's arrivals, [S or T][micro-batch][stage]: when each stage could
+  // start it (negative: not there yet).
+  std::vector<std::vector<std::vector<double>>> arrived(
+      2, std::vector<std::vector<double>>(m, std::vector<double>(p, -1)));
   // Carried backwards (PipeDream): which virtual stages run one this step, and when it ends.
   std::vector<std::vector<double>> carried_end(V, std::vector<double>(m, 0));
   for (int st = 0; st < p; ++st)
@@ -524,9 +539,9 @@ Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector
         if (op.kind == PassKind::kBackward)
           can = vs + 1 < V ? after(PassKind::kBackward, vs + 1) : after(PassKind::kForward, vs);
         if (op.kind == PassKind::kWeight) can = after(PassKind::kBackward, vs);
-        if (op.kind == PassKind::kOutput) {
-          if (!after(PassKind::kForward, V - 1)) break;
-          auto& at = arrived[static_cast<std::size_t>(op.microbatch)];
+        if (op.kind == PassKind::kOutputS && !after(PassKind::kForward, V - 1)) break;
+        if (op.kind == PassKind::kOutputS || (op.kind == PassKind::kOutputT && shape.output_barriers == 2)) {
+          auto& at = arrived[op.kind == PassKind::kOutputT][static_cast<std::size_t>(op.microbatch)];
           at[st] = ready;
           if (std::any_of(at.begin(), at.end(), [](double t) { return t < 0; })) break;  // the others come later
           const double start = *std::max_element(at.begin(), at.end());

@@ -285,66 +285,71 @@ TEST(Schedule, PeakMemoryWithinEachSchedulesBudget) {
     }
 }
 
-// Vocabulary parallelism's output passes: each micro-batch's once on every stage, in the
-// same order everywhere (a collective), after the last virtual stage's forward and before
-// its backward on the head stage; the base passes keep their order; the replay runs each
-// output pass at one time on every stage and does not stall.
+// Vocabulary parallelism's S and T passes: each micro-batch's once on every stage, in the
+// same order everywhere (S is a collective, and vocab-2's T), S after the last virtual
+// stage's forward and before its backward on the head stage, T after S, and before that
+// backward under vocab-2 (it gives its dy) but after it under vocab-1 (off the critical
+// path); the base passes keep their order; the replay runs every collective at one time on
+// every stage and does not stall.
 TEST(Schedule, OutputPassesJoinEveryListInOneOrder) {
-  for (Schedule schedule : all_schedules())
-    for (int p : {2, 3, 4}) {
-      ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = 2 * p};
-      SCOPED_TRACE(str(to_string(schedule), " p ", p));
-      if (schedule == Schedule::kPipeDream) {  // carries passes into the next step: refused
-        shape.output_passes = true;
-        EXPECT_THROW(build_schedule(shape), Error);
-        continue;
-      }
-      const auto base = build_schedule(shape);
-      shape.output_passes = true;
-      const auto lists = build_schedule(shape);
-      const int last = shape.virtual_stages() - 1, head = shape.stage_of(last);
-      std::vector<int> order0;
-      for (int st = 0; st < p; ++st) {
-        std::vector<int> order;
-        std::vector<PipelineOp> rest;
-        for (const auto& op : lists[st]) {
-          if (op.kind == PassKind::kOutput)
-            order.push_back(op.microbatch);
-          else
-            rest.push_back(op);
+  for (int barriers : {1, 2})
+    for (Schedule schedule : all_schedules())
+      for (int p : {2, 3, 4}) {
+        ScheduleShape shape{.schedule = schedule, .stages = p, .microbatches = 2 * p};
+        SCOPED_TRACE(str(to_string(schedule), " p ", p, " barriers ", barriers));
+        if (schedule == Schedule::kPipeDream) {  // carries passes into the next step: refused
+          shape.output_barriers = barriers;
+          EXPECT_THROW(build_schedule(shape), Error);
+          continue;
         }
-        EXPECT_EQ(rest, base[st]);
-        std::vector<int> sorted = order;
-        std::sort(sorted.begin(), sorted.end());
-        std::vector<int> every(shape.microbatches);
-        std::iota(every.begin(), every.end(), 0);
-        EXPECT_EQ(sorted, every);
-        if (st == 0) order0 = order;
-        EXPECT_EQ(order, order0) << "stage " << st;
-      }
-      auto position = [&](PassKind kind, int i, int chunk) {
-        const auto& ops = lists[head];
-        return std::find(ops.begin(), ops.end(), PipelineOp{kind, i, chunk}) - ops.begin();
-      };
-      for (int i = 0; i < shape.microbatches; ++i) {
-        const int chunk = shape.chunk_of(last);
-        EXPECT_LT(position(PassKind::kForward, i, chunk), position(PassKind::kOutput, i, 0));
-        EXPECT_LT(position(PassKind::kOutput, i, 0), position(PassKind::kBackward, i, chunk));
-      }
-      const Replay replay = replay_schedule(shape, lists, [](int stage, const PipelineOp& op) {
-        return op.kind == PassKind::kOutput ? 0.5 + 0.1 * stage : 1.0;
-      });
-      // The output pass of a micro-batch starts at the same time on every stage.
-      for (int i = 0; i < shape.microbatches; ++i) {
-        std::vector<double> starts;
+        const auto base = build_schedule(shape);
+        shape.output_barriers = barriers;
+        const auto lists = build_schedule(shape);
+        const int last = shape.virtual_stages() - 1, head = shape.stage_of(last);
+        std::vector<PipelineOp> order0;
         for (int st = 0; st < p; ++st) {
-          const auto& ops = lists[st];
-          const auto k = std::find(ops.begin(), ops.end(), PipelineOp{PassKind::kOutput, i, 0}) - ops.begin();
-          starts.push_back(replay.stages[st].pass_start_s[static_cast<std::size_t>(k)]);
+          std::vector<PipelineOp> order, rest;
+          for (const auto& op : lists[st])
+            (op.kind == PassKind::kOutputS || op.kind == PassKind::kOutputT ? order : rest).push_back(op);
+          EXPECT_EQ(rest, base[st]);
+          EXPECT_EQ(static_cast<int>(order.size()), 2 * shape.microbatches);
+          if (st == 0) order0 = order;
+          EXPECT_EQ(order, order0) << "stage " << st;
         }
-        EXPECT_EQ(*std::min_element(starts.begin(), starts.end()), *std::max_element(starts.begin(), starts.end()));
+        for (int st = 0; st < p; ++st) {
+          auto position = [&](PassKind kind, int i, int chunk) {
+            const auto& ops = lists[st];
+            return std::find(ops.begin(), ops.end(), PipelineOp{kind, i, chunk}) - ops.begin();
+          };
+          for (int i = 0; i < shape.microbatches; ++i) {
+            EXPECT_LT(position(PassKind::kOutputS, i, 0), position(PassKind::kOutputT, i, 0));
+            if (st != head) continue;
+            const int chunk = shape.chunk_of(last);
+            EXPECT_LT(position(PassKind::kForward, i, chunk), position(PassKind::kOutputS, i, 0));
+            EXPECT_LT(position(PassKind::kOutputS, i, 0), position(PassKind::kBackward, i, chunk));
+            if (barriers == 2)
+              EXPECT_LT(position(PassKind::kOutputT, i, 0), position(PassKind::kBackward, i, chunk));
+            else
+              EXPECT_GT(position(PassKind::kOutputT, i, 0), position(PassKind::kBackward, i, chunk));
+          }
+        }
+        const Replay replay = replay_schedule(shape, lists, [](int stage, const PipelineOp& op) {
+          return op.kind == PassKind::kOutputS || op.kind == PassKind::kOutputT ? 0.5 + 0.1 * stage : 1.0;
+        });
+        // Every collective pass of a micro-batch starts at the same time on every stage.
+        for (PassKind kind : {PassKind::kOutputS, PassKind::kOutputT}) {
+          if (kind == PassKind::kOutputT && barriers == 1) continue;
+          for (int i = 0; i < shape.microbatches; ++i) {
+            std::vector<double> starts;
+            for (int st = 0; st < p; ++st) {
+              const auto& ops = lists[st];
+              const auto k = std::find(ops.begin(), ops.end(), PipelineOp{kind, i, 0}) - ops.begin();
+              starts.push_back(replay.stages[st].pass_start_s[static_cast<std::size_t>(k)]);
+            }
+            EXPECT_EQ(*std::min_element(starts.begin(), starts.end()), *std::max_element(starts.begin(), starts.end()));
+          }
+        }
       }
-    }
 }
 
 TEST(Schedule, BadShapesNameTheirFlag) {

@@ -79,6 +79,9 @@ struct StageStats {
   std::size_t parameter_bytes = 0;  // the parameters it holds: its chunks' units, its vocabulary shard (floats × 4)
   std::size_t peak_activation_bytes = 0;  // Σ activation_bytes() of the micro-batches in flight, at its largest
   int peak_in_flight = 0;                 // micro-batches in flight at most
+  // Vocabulary parallelism: micro-batches whose output layer it held between S and T at
+  // most (their state counts in peak_activation_bytes too).
+  int peak_output_states = 0;
   double bubble() const { return busy_s + idle_s > 0 ? idle_s / (busy_s + idle_s) : 0.0; }
 };
 

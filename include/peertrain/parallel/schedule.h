@@ -50,12 +50,13 @@ Schedule parse_schedule(std::string_view text, std::string_view flag = "--schedu
 std::string_view to_string(Schedule schedule);
 std::vector<Schedule> all_schedules();
 
-// kBackward is the whole backward where the schedule does not split it, else B. kOutput is
-// vocabulary parallelism's output layer for one micro-batch (vocab_parallel.h): every stage
-// runs it together — a collective over the stages — after the last virtual stage's
-// forward of that micro-batch, whose backward then starts from its result.
-enum class PassKind { kForward, kBackward, kWeight, kOutput };
-inline constexpr int kPassKinds = 4;
+// kBackward is the whole backward where the schedule does not split it, else B. kOutputS
+// and kOutputT are vocabulary parallelism's output layer for one micro-batch, its S and T
+// passes (vocab_parallel.h), which every stage runs: S — the shard's logits and the
+// statistics' barrier — after the last virtual stage's forward of the micro-batch; T — the
+// weight gradient, and for vocab-2 the input gradient with its second barrier — later.
+enum class PassKind { kForward, kBackward, kWeight, kOutputS, kOutputT };
+inline constexpr int kPassKinds = 5;
 
 struct PipelineOp {
   PassKind kind = PassKind::kForward;
@@ -71,8 +72,9 @@ struct ScheduleShape {
   int stages = 1;
   int microbatches = 1;
   int interleave = 2;  // interleaved's chunks per stage (--chunks)
-  // Vocabulary parallelism: every stage's list gains a kOutput per micro-batch.
-  bool output_passes = false;
+  // Vocabulary parallelism: 0, none; 1, vocab-1 (S a barrier, T local); 2, vocab-2 (both
+  // barriers). Every stage's list gains an S and a T pass per micro-batch.
+  int output_barriers = 0;
 
   int chunks() const;  // chunks per stage
   bool split_backward() const;
@@ -90,13 +92,13 @@ struct ScheduleShape {
 void validate(const ScheduleShape& shape);
 
 // Every stage's passes in order: each (micro-batch, chunk) once forward, once backward and,
-// when split, once W after its B; with output passes, each micro-batch's kOutput once on
-// every stage. A kOutput goes into every list at the same time of the base schedule
-// replayed with nominal passes — when the last virtual stage's forward of its micro-batch
-// ends — before the passes that start then or later. Every pass then waits only on
-// passes, and every collective only on stages, that come earlier in that time, so the
-// lists cannot deadlock: what the vocabulary-parallel paper does with its S and T passes,
-// here with the output layer's barrier(s) inside one pass.
+// when split, once W after its B; with output barriers, each micro-batch's S and T passes
+// once on every stage. They go into every list at fixed times of the base schedule
+// replayed with nominal passes, before the passes that start then or later: S when the
+// last virtual stage's forward of its micro-batch ends; T, vocab-2, when that micro-batch's
+// backward starts on the head stage (it needs T's dy), vocab-1 when it ends (it needs only
+// S's, so T stays off the critical path). Every pass then waits only on passes, and every
+// collective only on stages, that come earlier in that time, so the lists cannot deadlock.
 std::vector<std::vector<PipelineOp>> build_schedule(const ScheduleShape& shape);
 
 // One stage's list (build_schedule(shape)[stage]).
@@ -148,7 +150,8 @@ struct Replay {
 // Runs the lists on an ideal machine: a pass starts once its stage is free and its inputs
 // are there (a forward after the forward of the virtual stage before; a backward after the
 // backward of the virtual stage after, or its own forward on the last; a W after its B; a
-// kOutput after the last virtual stage's forward and, being a collective, when every stage
+// kOutputS after the last virtual stage's forward and, being a collective, when every
+// stage has reached it; a kOutputT after its S, and under vocab-2 also when every stage
 // has reached it), taking duration(stage, op) seconds.
 Replay replay_schedule(const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& ops,
                        const std::function<double(int stage, const PipelineOp& op)>& duration);

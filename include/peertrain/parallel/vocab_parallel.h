@@ -19,9 +19,14 @@
 // gradient of its own rows of the weight.
 #pragma once
 
+#include <Eigen/Core>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
+
+#include "peertrain/core/aligned.h"
 
 #include "peertrain/comm/group.h"
 #include "peertrain/model/transformer.h"
@@ -33,6 +38,10 @@ enum class VocabParallel { kNone, kVocab1, kVocab2 };
 // "none" | "vocab-1" | "vocab-2"; anything else throws Error(kInvalidArgument) naming `flag`.
 VocabParallel parse_vocab_parallel(std::string_view text, std::string_view flag = "--vocab-parallel");
 std::string_view to_string(VocabParallel mode);
+// The schedule's ScheduleShape::output_barriers for the mode: 0, 1 or 2.
+inline int output_barriers(VocabParallel mode) {
+  return mode == VocabParallel::kVocab1 ? 1 : mode == VocabParallel::kVocab2 ? 2 : 0;
+}
 
 // Rank r's rows [first, first + count) of a V-row output layer split over `ranks`: V/p each.
 // Throws Error(kInvalidArgument) naming --vocab-size and --pp when p does not divide V.
@@ -56,8 +65,32 @@ void vocab_embedding_forward(VocabShard shard, int d, std::span<const std::int32
 void vocab_embedding_backward(VocabShard shard, int d, std::span<const std::int32_t> ids, const float* dout,
                               float* dwte);
 
-// The softmax cross-entropy of logits W·y over the group, rank `group.rank()` holding rows
-// `shard` of W (V × d, column-major: the model's lm_head.weight; or wteᵀ for a tied head,
+// The output layer in two passes, as the paper places them in the schedule:
+//   S, vocab_output_forward: the logits of the shard, their statistics, the barrier (the
+//     all-gather); returns the loss summed over the columns (the same on every rank) and,
+//     for vocab-1, writes dy (d × n) already — the forward and the input gradient fused.
+//   T, vocab_output_backward: the logits' gradient and the shard's weight gradient (ADDED
+//     into dw); for vocab-2 also dy, with the second barrier (the all-reduce).
+// Between them `state` holds what T needs: e^(L − m) of the shard's rows (rows × n), the
+// input y, the local and global statistics. Vocab-1's T has no barrier and nothing
+// downstream waits for it; vocab-2's T gives the head stage's backward its dy.
+struct VocabOutputState {
+  Eigen::MatrixXf e;
+  AlignedVector<float> y;
+  std::vector<float> local_max, M, S;
+  int n = 0;
+  std::size_t bytes() const;
+};
+double vocab_output_forward(comm::Group& group, VocabParallel mode, VocabShard shard, int vocab, int d, bool tied,
+                            const float* w, const float* y, int n, std::span<const std::int32_t> targets,
+                            float grad_scale, VocabOutputState& state, float* dy, long long* correct = nullptr,
+                            double timeout_s = comm::kDefaultTimeoutS);
+void vocab_output_backward(comm::Group& group, VocabParallel mode, VocabShard shard, int vocab, int d, bool tied,
+                           const float* w, std::span<const std::int32_t> targets, float grad_scale,
+                           VocabOutputState& state, float* dy, float* dw, double timeout_s = comm::kDefaultTimeoutS);
+
+// S then T at once: the softmax cross-entropy of logits W·y over the group, rank
+// `group.rank()` holding rows `shard` of W (V × d, column-major: the model's lm_head.weight; or wteᵀ for a tied head,
 // which is d × V — pass tied = true). n columns of y (d × n); targets: n ids in [0, V).
 // Returns the loss summed over the columns (the same on every rank); writes dy (d × n) =
 // ∂(grad_scale · loss)/∂y, the same on every rank; ADDS grad_scale · ∂loss/∂W for the
