@@ -27,11 +27,13 @@ import json, sys
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/sweep.jsonl") if l.strip()]
 cell = lambda x: "-" if x is None else f"{x:.3f}"
-lines = ["| vocab | vocab-parallel | schedule | units per virtual stage | bubble (replayed) | theory | params max/mean | compute max/mean | tokens/s here | tokens/s, core per worker | gain over none (core per worker) | peak micro-batches by stage |",
+lines = ["| vocab | vocab-parallel | schedule | units per virtual stage | bubble (replayed) | theory | params max/mean | compute max/mean | tokens/s here | tokens/s, core per worker | gain over none (core per worker) | peak micro-batches by stage (+ output states) |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 none = {(r["vocab"], r["schedule"]): r["replayed_tokens_per_s"] for r in rows if r["vocab_parallel"] == "none"}
 for r in rows:
     peaks = " ".join(f"{s['peak_microbatches']:g}" for s in r["stages"])
+    outs = max(s.get("peak_output_states", 0) for s in r["stages"])
+    if outs: peaks += f" (+{outs})"
     gain = r["replayed_tokens_per_s"] / none[(r["vocab"], r["schedule"])] - 1
     lines.append(f"| {r['vocab']} | {r['vocab_parallel']} | {r['schedule']} | {r['split']} | {r['replayed_bubble']:.3f} | {cell(r['theoretical_bubble'])} | "
                  f"{r['parameter_bytes_max_over_mean']:.2f} | {r['compute_max_over_mean']:.2f} | {r['tokens_per_s']:.0f} | {r['replayed_tokens_per_s']:.0f} | "
