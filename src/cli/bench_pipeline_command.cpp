@@ -53,7 +53,7 @@ int bench_pipeline(int argc, char** argv) {
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))("h,help", "this help");
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
-  try {
+  return exit_code_of("bench pipeline", [&] {
     model::TransformerConfig config;
     const std::string model_name = args["model"].as<std::string>();
     if (model_name != "gpt" && model_name != "vit")
@@ -177,14 +177,8 @@ int bench_pipeline(int argc, char** argv) {
         "throughput: %.0f tokens/s on this machine (%.1f ms a step, median of %d), %.0f tokens/s replayed with "
         "a core per worker\n",
         step_tokens / step_s, step_s * 1e3, steps, step_tokens / stats.replayed_step_s);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "error: %s (see 'peertrain bench pipeline --help')\n", e.what());
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return e.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
-  }
-  return 0;
+    return 0;
+  });
 }
 
 }  // namespace peertrain::cli

@@ -80,7 +80,7 @@ int bench_schedule(int argc, char** argv) {
                            "bubble and peak activation memory against the papers' values");
   options.add_options()("pp", "pipeline stages p", cxxopts::value<std::string>()->default_value("4"))(
       "microbatches", "micro-batches m per step", cxxopts::value<std::string>()->default_value("8"))(
-      "schedule", "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, or all",
+      "schedule", "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, pipedream, or all",
       cxxopts::value<std::string>()->default_value("all"))("chunks", "interleaved: chunks per stage v",
                                                            cxxopts::value<std::string>()->default_value("2"))(
       "times", "F,B,W: a stage's forward, input-gradient and weight-gradient times",

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <string>
 
+#include "peertrain/core/error.h"
+
 namespace peertrain::cli {
 
 // Parses; returns the exit code to stop with (0 after --help, 2 on a bad flag), or nothing
@@ -56,6 +58,22 @@ T number_flag(const cxxopts::ParseResult& args, const std::string& name) {
     throw UsageError("--" + name + " '" + text + "' is not " +
                      (std::is_integral_v<T> ? "an integer in range" : "a number"));
   return value;
+}
+
+// Runs a bench command's body and turns its errors into the exit codes: a wrong command
+// line or bad input 2 ("error: …", with where to find help for usage errors), a failure
+// at run time 1.
+template <typename Body>
+int exit_code_of(const char* command, Body&& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s (see 'peertrain %s --help')\n", e.what(), command);
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
+  }
 }
 
 }  // namespace peertrain::cli

@@ -142,6 +142,14 @@ ratio=$(grep -o '"parameter_bytes_max_over_mean": [0-9.]*' <<<"$out" | cut -d' '
 awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.0) }' && ok || fail "bench pipeline: parameter max/mean ${ratio:-?}"
 out=$("$bin" bench pipeline --pp 9 --layers 2 --d-model 32 --heads 2 --seq 16 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --pp 9" <<<"$out" && ok || fail "bench pipeline --pp 9: $out"
+# bench reshard plans the paper's cases; where the destination replicates, broadcast or
+# local all-gather beats send-recv, and a layout the mesh cannot split is named.
+out=$("$bin" bench reshard 2>&1)
+[[ $(grep -c "send-recv\|broadcast\|local-allgather" <<<"$out") -eq 24 ]] && ok || fail "bench reshard: $out"
+grep -q "1 -> 4, replicate              broadcast .* 1.00$" <<<"$out" && ok || fail "bench reshard 1 -> 4 broadcast: $out"
+out=$("$bin" bench reshard --source 2 --destination 3 --source-layout S0,R --destination-layout S0,R --shape 4x4 2>&1)
+[[ $? -eq 2 ]] && grep -q "error: the destination mesh: dimension 0 (4) does not split evenly over axis 0" <<<"$out" &&
+  ok || fail "bench reshard bad layout: $out"
 out=$("$bin" bench schedule --schedule interleaved --pp 4 --microbatches 6 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --schedule interleaved: --microbatches 6" <<<"$out" && ok || fail "bench schedule interleaved m 6: $out"
 
