@@ -8,14 +8,12 @@
 
 #include "peertrain/core/aligned.h"
 #include "peertrain/core/error.h"
+#include "matrix_views.h"
 
 namespace peertrain::parallel {
 namespace {
 
-using Strided = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
-using MutableStrided = Eigen::Map<Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
-using Matrix = Eigen::Map<Eigen::MatrixXf>;
-using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
+using namespace views;
 
 // The statistics of one column on one rank, relative to its local maximum: the maximum
 // m, Σ e^(logit − m), the target's logit (0 elsewhere), 1 where the target is here, and the
