@@ -265,8 +265,18 @@ for _ in $(seq 1 100); do  # until the four peers are up (at most 20 s)
 done
 sleep 1
 kill -KILL "$launcher"; wait "$launcher" 2>/dev/null
-sleep 2
-left=0; for k in "${kids[@]}"; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
+# A peer counts as alive until it is gone or a zombie: the orphans are reparented, and a
+# busy machine's reaper may leave a dead one a zombie for a while (kill -0 still succeeds
+# on it, which made this check flaky). Wait up to 10 s for the kernel's SIGTERM to land.
+alive() {
+  local n=0 state
+  for k in "${kids[@]}"; do
+    state=$(ps -o stat= -p "$k" 2>/dev/null)
+    [[ -n $state && $state != Z* ]] && n=$((n + 1))
+  done
+  echo $n
+}
+for _ in $(seq 1 50); do left=$(alive); [[ $left -eq 0 ]] && break; sleep 0.2; done
 [[ ${#kids[@]} -eq 4 && $left -eq 0 ]] && ok || { fail "after launch was killed, $left of ${#kids[@]} peers live on: $(tail -3 "$work/orphans.log")"; kill -KILL "${kids[@]}" 2>/dev/null; }
 "$bin" launch --topology "$work/ring4.yaml" --max-steps 5 "${small[@]}" --out "$work/after-orphans" >/dev/null 2>&1 && ok ||
   fail "the run after a killed launch did not start: $(tail -2 "$work/after-orphans/peer-0.log")"
