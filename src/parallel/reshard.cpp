@@ -13,6 +13,11 @@ namespace {
 
 Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
 
+// What identifies a group of destinations that can share one transfer: the same slice
+// from the same holders.
+using SliceKey = std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::vector<int>>;
+SliceKey slice_key(const ReshardTask& task) { return {task.slice.lo, task.slice.hi, task.holders}; }
+
 std::string box_text(const Box& box) {
   std::string text = "[";
   for (std::size_t d = 0; d < box.lo.size(); ++d) text += str(d ? ", " : "", box.lo[d], ":", box.hi[d]);
@@ -186,9 +191,9 @@ ReshardSchedule schedule_reshard(const std::vector<ReshardTask>& tasks, ReshardS
     std::vector<int> holders, receivers;
   };
   std::vector<Group> groups;
-  std::map<std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::vector<int>>, std::size_t> index;
+  std::map<SliceKey, std::size_t> index;
   for (const ReshardTask& task : tasks) {
-    const auto key = std::make_tuple(task.slice.lo, task.slice.hi, task.holders);
+    const SliceKey key = slice_key(task);
     auto it = strategy == ReshardStrategy::kSendRecv ? index.end() : index.find(key);
     if (it == index.end()) {
       if (strategy != ReshardStrategy::kSendRecv) index[key] = groups.size();
@@ -290,12 +295,11 @@ ReshardCost reshard_cost(const std::vector<ReshardTask>& tasks, const ReshardSch
                                     links.latency_s);
   }
   // How many destinations need each (slice, holders), for the bound.
-  std::map<std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::vector<int>>, int> sharing;
-  for (const ReshardTask& t : tasks) ++sharing[std::make_tuple(t.slice.lo, t.slice.hi, t.holders)];
+  std::map<SliceKey, int> sharing;
+  for (const ReshardTask& t : tasks) ++sharing[slice_key(t)];
   std::vector<double> least(schedule.destination_received.size(), 0.0);
   for (const ReshardTask& t : tasks)
-    least[static_cast<std::size_t>(t.destination)] +=
-        static_cast<double>(t.slice.elements()) / sharing[std::make_tuple(t.slice.lo, t.slice.hi, t.holders)];
+    least[static_cast<std::size_t>(t.destination)] += static_cast<double>(t.slice.elements()) / sharing[slice_key(t)];
   // And every distinct slice must leave the source mesh once: a slice only one worker holds
   // from that worker, and all of them from the source workers together.
   std::vector<double> must_send(schedule.source_sent.size(), 0.0);
