@@ -90,6 +90,8 @@ struct DeviceBlockOps {
     if (db != nullptr) kernels::add_row_sums(stream, out, n, dy, db);
     if (dx != nullptr) blas.gemm(true, false, in, n, out, w, dy, dx, false);
   }
+  // The device model splits no block over tensor-parallel ranks (block_shape's tp is 1).
+  void all_reduce(float*, std::size_t) { PEERTRAIN_CHECK(false, "device model: no tensor parallelism"); }
   void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse) {
     if (ring != nullptr)
       ring->forward(dims, positions, q, k, v, out, lse);

@@ -27,6 +27,7 @@
 
 #include "layers.h"
 #include "peertrain/model/block_composition.h"
+#include "peertrain/model/tensor_shard.h"
 #include "peertrain/model/transformer_layout.h"
 #include "peertrain/comm/group.h"
 #include "peertrain/core/error.h"
@@ -74,6 +75,7 @@ namespace {
 struct ThreadWorkspace {
   layers::Gemm gemm;
   AlignedVector<float> slots[5];
+  AlignedVector<float> shard_params, shard_grads;  // tensor parallelism: this rank's block
   std::vector<UnitActivations> saved;
   AlignedVector<float> act_a, act_b;
 };
@@ -90,6 +92,8 @@ struct CpuBlockOps {
   AttentionCore& attention;
   AttentionShape shape;
   std::span<const int> positions;
+  comm::Group* tensor_group = nullptr;
+  double timeout_s = 60;
 
   float* scratch(int slot, std::size_t floats) {
     AlignedVector<float>& v = w.slots[slot];
@@ -133,6 +137,7 @@ struct CpuBlockOps {
   void gelu_backward(A... a) {
     layers::gelu_backward(a...);
   }
+  void all_reduce(float* x, std::size_t floats) { tensor_group->all_reduce({x, floats}, timeout_s); }
   void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse) {
     attention.forward(shape, positions, q, k, v, out, lse);
   }
@@ -309,31 +314,73 @@ struct TransformerKernels {
     layers::add_positions_backward(d, batch.batch, batch.tokens, batch.positions.data(), dout, g + m.wpe);
   }
 
-  static AttentionShape shape(const TransformerConfig& c, const TokenBatch& batch) {
-    return {.batch = batch.batch,
-            .heads = c.heads,
-            .head_dim = c.d_model / c.heads,
-            .tokens = batch.tokens,
-            .causal = c.kind == TransformerKind::kGpt};
-  }
+  // The block as this rank runs it: whole, or under tensor parallelism its shard, gathered
+  // into the thread's workspace (tensor_shard.h), with a gradient buffer of the shard's
+  // size that finish() adds back into the flat layout.
+  struct BlockRun {
+    BlockShape shape;
+    BlockOffsets offsets;
+    const float* params;
+    float* grads;  // null when the pass adds no gradient
+    CpuBlockOps ops;
+
+    BlockRun(const TransformerConfig& c, const BlockOffsets& o, const float* p, float* g, const TokenBatch& batch,
+             AttentionCore& attention, const UnitContext& context)
+        : shape(block_shape(c, batch, tensor_size(context), tensor_rank(context))),
+          offsets(o),
+          params(p),
+          grads(g),
+          ops{thread_workspace(), attention, {}, batch.positions, context.tensor_group, context.timeout_s} {
+      ops.shape = {.batch = batch.batch,
+                   .heads = shape.heads,
+                   .head_dim = shape.head_dim,
+                   .tokens = batch.tokens,
+                   .causal = c.kind == TransformerKind::kGpt};
+      if (shape.tp_size == 1) return;
+      shard = tensor_shard(c, o, shape.tp_size, shape.tp_rank);
+      offsets = shard.offsets;
+      ops.w.shard_params.resize(shard.floats);
+      gather_shard(shard, p, ops.w.shard_params.data());
+      params = ops.w.shard_params.data();
+      if (g != nullptr) {
+        ops.w.shard_grads.assign(shard.floats, 0.0f);
+        grads = ops.w.shard_grads.data();
+        full_grads = g;
+      }
+    }
+    // Adds the shard's gradient into the flat layout.
+    void finish() {
+      if (full_grads != nullptr) add_shard(shard, grads, full_grads);
+    }
+
+   private:
+    static int tensor_size(const UnitContext& context) {
+      return context.tensor_group == nullptr ? 1 : context.tensor_group->size();
+    }
+    static int tensor_rank(const UnitContext& context) {
+      return context.tensor_group == nullptr ? 0 : context.tensor_group->rank();
+    }
+    TensorShard shard;
+    float* full_grads = nullptr;
+  };
 
   static void block_forward(const TransformerConfig& c, const BlockOffsets& o, const float* p, const TokenBatch& batch,
-                            const float* in, float* out, UnitActivations& saved, AttentionCore& attention) {
-    const BlockShape bs = model::block_shape(c, batch);
-    saved.buffer.resize(bs.saved().total);
-    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
-    model::block_forward(ops, bs, o, p, in, saved.buffer.data(), out);
+                            const float* in, float* out, UnitActivations& saved, AttentionCore& attention,
+                            const UnitContext& context) {
+    BlockRun run(c, o, p, nullptr, batch, attention, context);
+    saved.buffer.resize(run.shape.saved().total);
+    model::block_forward(run.ops, run.shape, run.offsets, run.params, in, saved.buffer.data(), out);
   }
 
   // dout and din may be the same buffer.
   static void block_backward(const TransformerConfig& c, const BlockOffsets& o, const float* p, const TokenBatch& batch,
                              const float* dout, float* din, const UnitActivations& saved, float* g,
-                             AttentionCore& attention) {
-    const BlockShape bs = model::block_shape(c, batch);
-    PEERTRAIN_CHECK(saved.buffer.size() == bs.saved().total, "block backward: saved activations hold ",
-                    saved.buffer.size(), " floats, this micro-batch needs ", bs.saved().total);
-    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
-    model::block_backward(ops, bs, o, p, saved.buffer.data(), dout, din, g);
+                             AttentionCore& attention, const UnitContext& context) {
+    BlockRun run(c, o, p, g, batch, attention, context);
+    PEERTRAIN_CHECK(saved.buffer.size() == run.shape.saved().total, "block backward: saved activations hold ",
+                    saved.buffer.size(), " floats, this micro-batch needs ", run.shape.saved().total);
+    model::block_backward(run.ops, run.shape, run.offsets, run.params, saved.buffer.data(), dout, din, run.grads);
+    run.finish();
   }
 
   // The split backward of the embedding: B has no input gradient to give, so it only keeps
@@ -347,22 +394,23 @@ struct TransformerKernels {
 
   static void block_backward_input(const TransformerConfig& c, const BlockOffsets& o, const float* p,
                                    const TokenBatch& batch, const float* dout, float* din, UnitActivations& saved,
-                                   AttentionCore& attention) {
-    const BlockShape bs = model::block_shape(c, batch);
-    PEERTRAIN_CHECK(saved.buffer.size() == bs.saved().total, "block backward: saved activations hold ",
-                    saved.buffer.size(), " floats, this micro-batch needs ", bs.saved().total);
-    saved.stash.resize(block_stash(bs).total);
-    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
-    model::block_backward_input(ops, bs, o, p, saved.buffer.data(), dout, din, saved.stash.data());
+                                   AttentionCore& attention, const UnitContext& context) {
+    BlockRun run(c, o, p, nullptr, batch, attention, context);
+    PEERTRAIN_CHECK(saved.buffer.size() == run.shape.saved().total, "block backward: saved activations hold ",
+                    saved.buffer.size(), " floats, this micro-batch needs ", run.shape.saved().total);
+    saved.stash.resize(block_stash(run.shape).total);
+    model::block_backward_input(run.ops, run.shape, run.offsets, run.params, saved.buffer.data(), dout, din,
+                                saved.stash.data());
   }
 
   static void block_backward_weight(const TransformerConfig& c, const BlockOffsets& o, const float* p,
                                     const TokenBatch& batch, const UnitActivations& saved, float* g,
-                                    AttentionCore& attention) {
-    const BlockShape bs = model::block_shape(c, batch);
-    PEERTRAIN_CHECK(saved.stash.size() == block_stash(bs).total, "block W pass before its B pass");
-    CpuBlockOps ops{thread_workspace(), attention, shape(c, batch), batch.positions};
-    model::block_backward_weight(ops, bs, o, p, saved.buffer.data(), saved.stash.data(), g);
+                                    AttentionCore& attention, const UnitContext& context) {
+    BlockRun run(c, o, p, g, batch, attention, context);
+    PEERTRAIN_CHECK(saved.stash.size() == block_stash(run.shape).total, "block W pass before its B pass");
+    model::block_backward_weight(run.ops, run.shape, run.offsets, run.params, saved.buffer.data(), saved.stash.data(),
+                                 run.grads);
+    run.finish();
   }
 
   // The head's B: the gradient w.r.t. ln_f's output (kept), then ln_f's input gradient.
@@ -428,7 +476,7 @@ struct TransformerKernels {
     const std::size_t n = static_cast<std::size_t>(batch.batch) * batch.tokens;
     if (unit == 0) return c.kind == TransformerKind::kGpt ? 0 : static_cast<std::size_t>(c.patch) * c.patch * n;
     if (unit == c.layers + 1) return head_saved(c, batch.batch, n, outside).total;
-    return block_saved(c.d_model, c.mlp_ratio * c.d_model, c.heads, n).total;
+    return block_saved(c.d_model, c.d_model, c.mlp_ratio * c.d_model, c.heads, n).total;
   }
 
   // outside: vocabulary parallelism keeps the logits elsewhere (UnitContext::vocabulary_outside).
@@ -552,7 +600,7 @@ float Transformer::forward(int unit, std::span<const float> params, const TokenB
   if (unit == num_units() - 1)
     return TransformerKernels<Impl>::head_forward(config_, m, params.data(), batch, in, out, saved, context, nullptr);
   TransformerKernels<Impl>::block_forward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(), batch,
-                                          in, out, saved, attention);
+                                          in, out, saved, attention, context);
   return 0;
 }
 
@@ -569,7 +617,7 @@ void Transformer::backward(int unit, std::span<const float> params, const TokenB
     TransformerKernels<Impl>::head_backward(config_, m, params.data(), batch, dout, din, saved, grads.data(), context);
   else
     TransformerKernels<Impl>::block_backward(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
-                                             batch, dout, din, saved, grads.data(), attention);
+                                             batch, dout, din, saved, grads.data(), attention, context);
 }
 
 void Transformer::backward_input(int unit, std::span<const float> params, const TokenBatch& batch, const float* dout,
@@ -585,7 +633,7 @@ void Transformer::backward_input(int unit, std::span<const float> params, const 
     TransformerKernels<Impl>::head_backward_input(config_, m, params.data(), batch, dout, din, saved, context);
   else
     TransformerKernels<Impl>::block_backward_input(config_, m.blocks[static_cast<std::size_t>(unit - 1)], params.data(),
-                                                   batch, dout, din, saved, attention);
+                                                   batch, dout, din, saved, attention, context);
 }
 
 void Transformer::backward_weight(int unit, std::span<const float> params, const TokenBatch& batch,
@@ -603,7 +651,7 @@ void Transformer::backward_weight(int unit, std::span<const float> params, const
     TransformerKernels<Impl>::head_backward_weight(config_, m, params.data(), batch, saved, grads.data(), context);
   } else {
     TransformerKernels<Impl>::block_backward_weight(config_, m.blocks[static_cast<std::size_t>(unit - 1)],
-                                                    params.data(), batch, saved, grads.data(), attention);
+                                                    params.data(), batch, saved, grads.data(), attention, context);
   }
   saved.stash.clear();  // the micro-batch is done with; the capacity stays for the next
 }

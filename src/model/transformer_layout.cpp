@@ -56,8 +56,9 @@ TransformerLayout transformer_layout(const TransformerConfig& config) {
   return m;
 }
 
-BlockSaved block_saved(int d_model, int hidden, int heads, std::size_t columns) {
+BlockSaved block_saved(int d_model, int attention, int hidden, int heads, std::size_t columns) {
   const std::size_t d = static_cast<std::size_t>(d_model), f = static_cast<std::size_t>(hidden), n = columns;
+  const std::size_t a = static_cast<std::size_t>(attention);
   BlockSaved s{};
   std::size_t at = 0;
   auto take = [&](std::size_t size) {
@@ -69,10 +70,10 @@ BlockSaved block_saved(int d_model, int hidden, int heads, std::size_t columns) 
   s.ln1 = take(d * n);
   s.mean1 = take(n);
   s.rstd1 = take(n);
-  s.q = take(d * n);
-  s.k = take(d * n);
-  s.v = take(d * n);
-  s.att = take(d * n);
+  s.q = take(a * n);
+  s.k = take(a * n);
+  s.v = take(a * n);
+  s.att = take(a * n);
   s.lse = take(static_cast<std::size_t>(heads) * n);
   s.x_mid = take(d * n);
   s.ln2 = take(d * n);

@@ -49,21 +49,26 @@ Layout parse_layout(std::string_view text, std::string_view what) {
     const std::string_view item = text.substr(start, comma - start);
     if (item == "R") {
       layout.split_axis.push_back(-1);
-    } else if (item.size() == 2 && item[0] == 'S' && item[1] >= '0' && item[1] <= '9') {
+    } else if (item.size() == 2 && (item[0] == 'S' || item[0] == 'Z') && item[1] >= '0' && item[1] <= '9') {
       layout.split_axis.push_back(item[1] - '0');
+      layout.zigzag.resize(layout.split_axis.size(), 0);
+      layout.zigzag.back() = item[0] == 'Z';
     } else {
       throw invalid(str(what, " '", text, "': '", item,
-                        "' is neither R (not split) nor S<axis> (split over that mesh axis), e.g. S0,R"));
+                        "' is neither R (not split), S<axis> (split over that mesh axis) nor Z<axis> (split "
+                        "zigzag), e.g. S0,R"));
     }
     start = comma + 1;
   }
+  layout.zigzag.resize(layout.split_axis.size(), 0);
   return layout;
 }
 
 std::string to_string(const Layout& layout) {
   std::string text;
   for (std::size_t d = 0; d < layout.split_axis.size(); ++d)
-    text += str(d ? "," : "", layout.split_axis[d] < 0 ? std::string("R") : str("S", layout.split_axis[d]));
+    text += str(d ? "," : "", layout.split_axis[d] < 0 ? std::string("R")
+                                                       : str(layout.is_zigzag(d) ? "Z" : "S", layout.split_axis[d]));
   return text;
 }
 
@@ -106,24 +111,49 @@ void check_layout(const Mesh& mesh, const Layout& layout, std::span<const std::i
           str(what, ": dimension ", d, " is split over axis ", a, ", but the mesh has ", mesh.axes.size(), " axes"));
     if (used[a]) throw invalid(str(what, ": axis ", a, " splits two dimensions"));
     used[a] = true;
-    if (shape[d] % mesh.axes[a] != 0)
+    const int pieces = layout.is_zigzag(d) ? 2 * mesh.axes[a] : mesh.axes[a];
+    if (shape[d] % pieces != 0)
       throw invalid(str(what, ": dimension ", d, " (", shape[d], ") does not split evenly over axis ", a, " (",
-                        mesh.axes[a], " workers)"));
+                        mesh.axes[a], " workers", layout.is_zigzag(d) ? str(", ", pieces, " zigzag pieces") : "", ")"));
   }
 }
 
-Box tile(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape, int worker) {
+std::vector<Box> tiles(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape, int worker) {
   PEERTRAIN_CHECK(worker >= 0 && worker < mesh.workers(), "worker ", worker, " of ", mesh.workers());
   const auto at = mesh.coordinates(worker);
-  Box box;
+  std::vector<Box> boxes{Box{}};
   for (std::size_t d = 0; d < shape.size(); ++d) {
     const int a = layout.split_axis[d];
-    const std::int64_t part = a < 0 ? shape[d] : shape[d] / mesh.axes[a];
-    const std::int64_t index = a < 0 ? 0 : at[a];
-    box.lo.push_back(index * part);
-    box.hi.push_back((index + 1) * part);
+    // The intervals of dimension d this worker holds: one, or a zigzag pair.
+    std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+    if (a < 0) {
+      spans.push_back({0, shape[d]});
+    } else if (!layout.is_zigzag(d)) {
+      const std::int64_t part = shape[d] / mesh.axes[a];
+      spans.push_back({at[a] * part, (at[a] + 1) * part});
+    } else {
+      const std::int64_t k = mesh.axes[a], part = shape[d] / (2 * k);
+      for (std::int64_t piece : {static_cast<std::int64_t>(at[a]), 2 * k - 1 - at[a]})
+        spans.push_back({piece * part, (piece + 1) * part});
+    }
+    std::vector<Box> next;
+    for (const Box& b : boxes)
+      for (auto [lo, hi] : spans) {
+        Box c = b;
+        c.lo.push_back(lo);
+        c.hi.push_back(hi);
+        next.push_back(std::move(c));
+      }
+    boxes = std::move(next);
   }
-  return box;
+  return boxes;
+}
+
+Box tile(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape, int worker) {
+  auto boxes = tiles(mesh, layout, shape, worker);
+  PEERTRAIN_CHECK(boxes.size() == 1, "layout ", to_string(layout), " gives worker ", worker, " ", boxes.size(),
+                  " boxes: call tiles()");
+  return boxes.front();
 }
 
 std::vector<ReshardTask> plan_reshard(const Mesh& source, const Layout& source_layout, const Mesh& destination,
@@ -133,22 +163,21 @@ std::vector<ReshardTask> plan_reshard(const Mesh& source, const Layout& source_l
   // The distinct source tiles (replicas share one) partition the tensor, so their
   // intersections with a destination tile cover it exactly once.
   std::vector<std::pair<Box, std::vector<int>>> distinct;
-  for (int w = 0; w < source.workers(); ++w) {
-    const Box box = tile(source, source_layout, shape, w);
-    auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& e) { return e.first == box; });
-    if (it == distinct.end())
-      distinct.push_back({box, {w}});
-    else
-      it->second.push_back(w);
-  }
-  std::vector<ReshardTask> tasks;
-  for (int w = 0; w < destination.workers(); ++w) {
-    const Box wanted = tile(destination, destination_layout, shape, w);
-    for (const auto& [box, holders] : distinct) {
-      Box slice = intersect(wanted, box);
-      if (!slice.empty()) tasks.push_back({w, std::move(slice), holders});
+  for (int w = 0; w < source.workers(); ++w)
+    for (const Box& box : tiles(source, source_layout, shape, w)) {
+      auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& e) { return e.first == box; });
+      if (it == distinct.end())
+        distinct.push_back({box, {w}});
+      else
+        it->second.push_back(w);
     }
-  }
+  std::vector<ReshardTask> tasks;
+  for (int w = 0; w < destination.workers(); ++w)
+    for (const Box& wanted : tiles(destination, destination_layout, shape, w))
+      for (const auto& [box, holders] : distinct) {
+        Box slice = intersect(wanted, box);
+        if (!slice.empty()) tasks.push_back({w, std::move(slice), holders});
+      }
   return tasks;
 }
 

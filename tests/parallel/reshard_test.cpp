@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <thread>
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
+#include "peertrain/comm/thread_group.h"
 #include "peertrain/parallel/reshard.h"
+#include "peertrain/parallel/reshard_exchange.h"
 
 namespace {
 
@@ -51,9 +54,20 @@ Layout random_layout(Rng& rng, const Mesh& mesh, int rank) {
   for (int d = 0; d < rank; ++d) {
     const int a = static_cast<int>(rng.uniform_below(mesh.axes.size() + 1)) - 1;
     layout.split_axis.push_back(a >= 0 && !used[a] ? a : -1);
+    layout.zigzag.push_back(layout.split_axis.back() >= 0 && rng.uniform_below(3) == 0);  // sometimes Z<axis>
     if (a >= 0) used[a] = true;
   }
   return layout;
+}
+
+// The boxes' union holds `at`.
+bool holds(const std::vector<Box>& boxes, std::span<const std::int64_t> at) {
+  return std::any_of(boxes.begin(), boxes.end(), [&](const Box& b) { return b.contains(at); });
+}
+std::int64_t elements(const std::vector<Box>& boxes) {
+  std::int64_t n = 0;
+  for (const Box& b : boxes) n += b.elements();
+  return n;
 }
 
 Case random_case(Rng& rng) {
@@ -67,7 +81,8 @@ Case random_case(Rng& rng) {
   for (int d = 0; d < rank; ++d) {
     std::int64_t n = 1;
     for (const auto& [mesh, layout] : {std::pair{&k.source, &k.source_layout}, {&k.destination, &k.destination_layout}})
-      if (layout->split_axis[d] >= 0) n = std::lcm(n, static_cast<std::int64_t>(mesh->axes[layout->split_axis[d]]));
+      if (layout->split_axis[d] >= 0)
+        n = std::lcm(n, static_cast<std::int64_t>(mesh->axes[layout->split_axis[d]]) * (layout->is_zigzag(d) ? 2 : 1));
     k.shape.push_back(n * (1 + static_cast<std::int64_t>(rng.uniform_below(3))));
   }
   return k;
@@ -79,28 +94,50 @@ TEST(Reshard, EveryDestinationElementOnceFromASourceThatHoldsIt) {
     const Case k = random_case(rng);
     SCOPED_TRACE(str("trial ", trial, ": ", to_string(k.source_layout), " -> ", to_string(k.destination_layout)));
     const auto tasks = plan_reshard(k.source, k.source_layout, k.destination, k.destination_layout, k.shape);
-    for (int w = 0; w < k.destination.workers(); ++w) {
-      const Box wanted = tile(k.destination, k.destination_layout, k.shape, w);
-      for_each_index(wanted, [&](const std::vector<std::int64_t>& at) {
+    // Brute force over every element of the tensor: a destination that holds it receives it
+    // in exactly one slice, whose holders are exactly the source workers that hold it.
+    Box whole;
+    for (auto n : k.shape) {
+      whole.lo.push_back(0);
+      whole.hi.push_back(n);
+    }
+    for_each_index(whole, [&](const std::vector<std::int64_t>& at) {
+      std::vector<int> holders;
+      for (int s = 0; s < k.source.workers(); ++s)
+        if (holds(tiles(k.source, k.source_layout, k.shape, s), at)) holders.push_back(s);
+      for (int w = 0; w < k.destination.workers(); ++w) {
         int covered = 0;
         for (const auto& t : tasks)
           if (t.destination == w && t.slice.contains(at)) {
             ++covered;
-            // The holders are exactly the source workers whose tile has this element.
-            std::vector<int> holders;
-            for (int s = 0; s < k.source.workers(); ++s)
-              if (tile(k.source, k.source_layout, k.shape, s).contains(at)) holders.push_back(s);
             EXPECT_EQ(t.holders, holders);
           }
-        EXPECT_EQ(covered, 1) << "destination " << w;
-      });
-    }
-    // Nothing outside a destination's tile is sent to it.
-    for (const auto& t : tasks) {
-      const Box wanted = tile(k.destination, k.destination_layout, k.shape, t.destination);
-      EXPECT_EQ(intersect(t.slice, wanted), t.slice);
+        EXPECT_EQ(covered, holds(tiles(k.destination, k.destination_layout, k.shape, w), at) ? 1 : 0)
+            << "destination " << w;
+      }
+    });
+  }
+}
+
+TEST(Reshard, ZigzagTilesAreSequenceParallelismsPieces) {
+  // 16 tokens over 4 ranks zigzag: rank 1 holds pieces 1 and 6 of 8 (tokens 2–3 and 12–13).
+  const Mesh four{{4}};
+  const Layout zigzag = parse_layout("R,Z0");
+  const std::vector<std::int64_t> shape{2, 16};
+  const auto boxes = tiles(four, zigzag, shape, 1);
+  ASSERT_EQ(boxes.size(), 2u);
+  EXPECT_EQ(boxes[0], (Box{{0, 2}, {2, 4}}));
+  EXPECT_EQ(boxes[1], (Box{{0, 12}, {2, 14}}));
+  EXPECT_EQ(to_string(zigzag), "R,Z0");
+  // From 2 zigzag ranks to 4: rank 1 of 4 (tokens 2–3, 12–13) gets both from rank 0 of 2
+  // (tokens 0–3 and 12–15), none from rank 1 (tokens 4–11).
+  const auto tasks = plan_reshard(Mesh{{2}}, zigzag, four, zigzag, shape);
+  for (const auto& t : tasks) {
+    if (t.destination == 1) {
+      EXPECT_EQ(t.holders, std::vector<int>{0});
     }
   }
+  EXPECT_THROW(check_layout(four, zigzag, std::vector<std::int64_t>{2, 12}, "stage 1's mesh"), Error);
 }
 
 TEST(Reshard, EveryStrategyDeliversEachTileAndBroadcastSendsLess) {
@@ -114,14 +151,18 @@ TEST(Reshard, EveryStrategyDeliversEachTileAndBroadcastSendsLess) {
          {ReshardStrategy::kSendRecv, ReshardStrategy::kBroadcast, ReshardStrategy::kLocalAllGather}) {
       const auto plan = schedule_reshard(tasks, strategy, k.source.workers(), k.destination.workers());
       for (int w = 0; w < k.destination.workers(); ++w) {
-        const auto whole = tile(k.destination, k.destination_layout, k.shape, w).elements();
+        const auto whole = elements(tiles(k.destination, k.destination_layout, k.shape, w));
         const auto i = static_cast<std::size_t>(w);
         EXPECT_EQ(plan.destination_received[i] + plan.destination_gathered[i], whole)
             << to_string(strategy) << " destination " << w;
       }
       // Each transfer's sender holds the slice.
-      for (const auto& t : plan.transfers)
-        EXPECT_EQ(intersect(tile(k.source, k.source_layout, k.shape, t.sender), t.slice), t.slice);
+      for (const auto& t : plan.transfers) {  // the whole slice: it lies in one of its boxes
+        bool inside = false;
+        for (const Box& b : tiles(k.source, k.source_layout, k.shape, t.sender))
+          inside |= intersect(b, t.slice) == t.slice;
+        EXPECT_TRUE(inside);
+      }
       for (auto n : plan.source_sent) sent[static_cast<int>(strategy)] += n;
     }
     EXPECT_LE(sent[1], sent[0]);  // a multicast leaves its sender once
@@ -177,6 +218,61 @@ TEST(Reshard, BadLayoutsNameTheMeshDimensionAndAxis) {
   expect_error(parse_layout("R"), "has 1 dimensions, the tensor 2");
   EXPECT_THROW(parse_layout("S0,X"), Error);
   EXPECT_THROW(parse_reshard_strategy("multicast"), Error);
+}
+
+// The packed tile of `boxes` filled from the global tensor (value = its row-major index).
+std::vector<float> packed_from_global(const std::vector<Box>& boxes, std::span<const std::int64_t> shape) {
+  const PackedTile tile(boxes, shape);
+  std::vector<float> local(static_cast<std::size_t>(tile.elements()));
+  for (const Box& b : boxes) {
+    std::vector<float> values;
+    for_each_index(b, [&](const std::vector<std::int64_t>& at) {
+      std::int64_t flat = 0;
+      for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + at[d];
+      values.push_back(static_cast<float>(flat));
+    });
+    tile.unpack(b, values, local);
+  }
+  return local;
+}
+
+TEST(Reshard, ExchangeOverThreadsDeliversEveryTileForEveryStrategy) {
+  Rng rng(13);
+  for (int trial = 0; trial < 60; ++trial) {
+    const Case k = random_case(rng);
+    const int S = k.source.workers(), D = k.destination.workers();
+    for (ReshardStrategy strategy :
+         {ReshardStrategy::kSendRecv, ReshardStrategy::kBroadcast, ReshardStrategy::kLocalAllGather}) {
+      SCOPED_TRACE(str("trial ", trial, " ", to_string(strategy), ": ", to_string(k.source_layout), " -> ",
+                       to_string(k.destination_layout)));
+      std::vector<int> source_ranks(S), destination_ranks(D);
+      std::iota(source_ranks.begin(), source_ranks.end(), 0);
+      std::iota(destination_ranks.begin(), destination_ranks.end(), S);
+      const auto x = plan_exchange(k.source, k.source_layout, source_ranks, k.destination, k.destination_layout,
+                                   destination_ranks, k.shape, strategy);
+      comm::ThreadGroup group(S + D, "reshard group");
+      std::vector<std::vector<float>> got(static_cast<std::size_t>(D));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < S + D; ++r)
+        threads.emplace_back([&, r] {
+          GroupLink link(group.member(r), 7, 10.0);
+          if (r < S) {
+            exchange_send(x, r, packed_from_global(tiles(k.source, k.source_layout, k.shape, r), k.shape), link);
+          } else {
+            auto& mine = got[static_cast<std::size_t>(r - S)];
+            mine.assign(static_cast<std::size_t>(x.destination_tiles[static_cast<std::size_t>(r - S)].elements()),
+                        -1.0f);
+            exchange_receive(x, r - S, mine, link);
+          }
+          link.finish();
+        });
+      for (auto& t : threads) t.join();
+      for (int w = 0; w < D; ++w)
+        EXPECT_EQ(got[static_cast<std::size_t>(w)],
+                  packed_from_global(tiles(k.destination, k.destination_layout, k.shape, w), k.shape))
+            << "destination " << w;
+    }
+  }
 }
 
 }  // namespace

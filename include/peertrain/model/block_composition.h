@@ -18,8 +18,20 @@
 //   void gelu_forward(count, h, g), gelu_backward(count, h, dg, dh)
 //   void attention_forward(q, k, v, out, lse)                    for the batch it was made for
 //   void attention_backward(q, k, v, out, lse, dout, dq, dk, dv)  overwrites dq, dk, dv
+//   void all_reduce(float* x, std::size_t floats)                sum over the tensor-parallel
+//                                                                ranks (called only when tp > 1)
 // The split backward (block_backward_input, block_backward_weight) also passes null for
 // the pieces of linear_backward and layernorm_backward a pass does not compute.
+//
+// Tensor parallelism (Megatron, Shoeybi et al. 2019) is the same code on a shard of the
+// block: rank r of T holds heads/T heads (their q, k and v rows of qkv, their columns of the
+// output projection) and hidden/T rows of fc with the matching columns of fc2, `p` and `g`
+// pointing at that shard laid out as a smaller block (model/tensor_shard.h). The two
+// row-parallel layers (proj, fc2) give partial sums that one all_reduce completes in the
+// forward (Megatron's g); the two column-parallel layers' input gradients are completed
+// by one all_reduce each in the backward (Megatron's f). The LayerNorms and the
+// row-parallel biases are whole on every rank: rank 0 adds their gradients, the others
+// pass null, so the ranks' gradients sum to the unsplit block's.
 #pragma once
 
 #include <algorithm>
@@ -32,62 +44,87 @@ namespace peertrain::model {
 struct BlockShape {
   int batch = 0;   // sequences (or images)
   int tokens = 0;  // held tokens of each
-  int heads = 0;
+  int heads = 0;   // held heads: config.heads / tp_size
+  int head_dim = 0;
   int d_model = 0;
-  int hidden = 0;  // the MLP's width, mlp_ratio·d_model
+  int hidden = 0;  // held MLP width: mlp_ratio·d_model / tp_size
+  int tp_rank = 0, tp_size = 1;
   std::size_t columns() const { return static_cast<std::size_t>(batch) * tokens; }
-  BlockSaved saved() const { return block_saved(d_model, hidden, heads, columns()); }
+  int attention_width() const { return heads * head_dim; }  // d_model / tp_size
+  bool owns_replicated() const { return tp_rank == 0; }     // adds the whole tensors' gradients
+  BlockSaved saved() const { return block_saved(d_model, attention_width(), hidden, heads, columns()); }
 };
 
-inline BlockShape block_shape(const TransformerConfig& config, const TokenBatch& batch) {
+// tp_size must divide the heads and the MLP width (model/tensor_shard.h checks it).
+inline BlockShape block_shape(const TransformerConfig& config, const TokenBatch& batch, int tp_size = 1,
+                              int tp_rank = 0) {
   return {.batch = batch.batch,
           .tokens = batch.tokens,
-          .heads = config.heads,
+          .heads = config.heads / tp_size,
+          .head_dim = config.d_model / config.heads,
           .d_model = config.d_model,
-          .hidden = config.mlp_ratio * config.d_model};
+          .hidden = config.mlp_ratio * config.d_model / tp_size,
+          .tp_rank = tp_rank,
+          .tp_size = tp_size};
 }
+
+// A row-parallel Linear on the residual branch: y = r + Σ_ranks W_r·x_r + b, the residual
+// and the bias added once (by rank 0), the partial sums completed by one all-reduce.
+template <class Ops>
+void row_parallel_residual_forward(Ops& ops, const BlockShape& shape, int in, int out, int n, const float* w,
+                                   const float* b, const float* x, const float* r, float* y) {
+  if (shape.owns_replicated())
+    ops.linear_residual_forward(in, out, n, w, b, x, r, y);
+  else
+    ops.linear_forward(in, out, n, w, nullptr, x, y);
+  if (shape.tp_size > 1) ops.all_reduce(y, static_cast<std::size_t>(out) * n);
+}
+
+// The gradient pointer of a tensor every tensor-parallel rank holds whole: rank 0's only.
+inline float* replicated(const BlockShape& shape, float* g) { return shape.owns_replicated() ? g : nullptr; }
 
 // in: d × n (may be saved + x_in, which saves the copy). saved: saved().total floats.
 template <class Ops>
 void block_forward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* in,
                    float* saved, float* out) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
   const BlockSaved at = shape.saved();
   float* s = saved;
   if (in != s + at.x_in) ops.copy(s + at.x_in, in, dn);
   ops.layernorm_forward(d, n, s + at.x_in, p + o.ln1_w, p + o.ln1_b, s + at.ln1, s + at.mean1, s + at.rstd1);
-  float* qkv = ops.scratch(0, 3 * dn);
-  ops.linear_forward(d, 3 * d, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
-  ops.split_heads(B, T, H, hd, 3 * d, 0, qkv, s + at.q);
-  ops.split_heads(B, T, H, hd, 3 * d, d, qkv, s + at.k);
-  ops.split_heads(B, T, H, hd, 3 * d, 2 * d, qkv, s + at.v);
+  float* qkv = ops.scratch(0, 3 * an);
+  ops.linear_forward(d, 3 * a, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
+  ops.split_heads(B, T, H, hd, 3 * a, 0, qkv, s + at.q);
+  ops.split_heads(B, T, H, hd, 3 * a, a, qkv, s + at.k);
+  ops.split_heads(B, T, H, hd, 3 * a, 2 * a, qkv, s + at.v);
   ops.attention_forward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse);
-  float* merged = ops.scratch(1, dn);
-  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
-  ops.linear_residual_forward(d, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
+  float* merged = ops.scratch(1, an);
+  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
+  row_parallel_residual_forward(ops, shape, a, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
   ops.layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
   ops.linear_forward(d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
   ops.gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
-  ops.linear_residual_forward(f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
+  row_parallel_residual_forward(ops, shape, f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
 }
 
 // What the input-gradient pass (B) keeps for the weight-gradient pass (W), as offsets into
 // one buffer: the output gradient of every layer with weights (fc2: the block's dout; fc:
-// after GELU; ln2; proj: d_mid; qkv; ln1). 11·d·n floats with mlp_ratio 4.
+// after GELU; ln2; proj: d_mid; qkv; ln1). 11·d·n floats with mlp_ratio 4 and tp 1.
 struct BlockStash {
   std::size_t dout, d_hidden, d_ln2, d_mid, d_qkv, d_ln1, total;
 };
 inline BlockStash block_stash(const BlockShape& shape) {
   const std::size_t dn = static_cast<std::size_t>(shape.d_model) * shape.columns();
+  const std::size_t an = static_cast<std::size_t>(shape.attention_width()) * shape.columns();
   BlockStash k{};
   k.dout = 0;
   k.d_hidden = dn;
   k.d_ln2 = k.d_hidden + static_cast<std::size_t>(shape.hidden) * shape.columns();
   k.d_mid = k.d_ln2 + dn;
   k.d_qkv = k.d_mid + dn;
-  k.d_ln1 = k.d_qkv + 3 * dn;
+  k.d_ln1 = k.d_qkv + 3 * an;
   k.total = k.d_ln1 + dn;
   return k;
 }
@@ -98,44 +135,47 @@ template <class Ops>
 void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                     const float* dout, float* din, float* g) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
   const BlockSaved at = shape.saved();
   const float* s = saved;
   // MLP branch.
-  float* d_hidden = ops.scratch(0, static_cast<std::size_t>(std::max(f, 3 * d)) * n);
-  ops.linear_backward(f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, g + o.fc2_b, d_hidden);
+  float* d_hidden = ops.scratch(0, static_cast<std::size_t>(std::max(f, 3 * a)) * n);
+  ops.linear_backward(f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, replicated(shape, g + o.fc2_b), d_hidden);
   ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, d_hidden, d_hidden);
   float* d_ln = ops.scratch(1, dn);
   ops.linear_backward(d, f, n, p + o.fc_w, s + at.ln2, d_hidden, g + o.fc_w, g + o.fc_b, d_ln);
+  if (shape.tp_size > 1) ops.all_reduce(d_ln, dn);
   float* d_mid = ops.scratch(2, dn);
-  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid, g + o.ln2_w,
-                         g + o.ln2_b);
+  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid,
+                         replicated(shape, g + o.ln2_w), replicated(shape, g + o.ln2_b));
   // Attention branch.
-  float* merged = ops.scratch(3, dn);
-  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
-  ops.linear_backward(d, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, g + o.proj_b, d_ln);
+  float* merged = ops.scratch(3, an);
+  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
+  ops.linear_backward(a, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, replicated(shape, g + o.proj_b), d_ln);
   float* d_att = merged;  // merged is no longer needed
-  ops.split_heads(B, T, H, hd, d, 0, d_ln, d_att);
-  float* d_heads = ops.scratch(4, 3 * dn);
-  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + dn,
-                         d_heads + 2 * dn);
+  ops.split_heads(B, T, H, hd, a, 0, d_ln, d_att);
+  float* d_heads = ops.scratch(4, 3 * an);
+  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + an,
+                         d_heads + 2 * an);
   float* d_qkv = d_hidden;
-  for (int part = 0; part < 3; ++part) ops.merge_heads(B, T, H, hd, 3 * d, part * d, d_heads + part * dn, d_qkv);
-  ops.linear_backward(d, 3 * d, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
-  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din, g + o.ln1_w,
-                         g + o.ln1_b);
+  for (int part = 0; part < 3; ++part) ops.merge_heads(B, T, H, hd, 3 * a, part * a, d_heads + part * an, d_qkv);
+  ops.linear_backward(d, 3 * a, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
+  if (shape.tp_size > 1) ops.all_reduce(d_ln, dn);
+  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din,
+                         replicated(shape, g + o.ln1_w), replicated(shape, g + o.ln1_b));
 }
 
 // B: the input gradient alone. Writes din (which may be dout) and fills `stash`
 // (block_stash(shape).total floats) for block_backward_weight. The same operations as
-// block_backward, in the same order, so B then W gives its numbers bit for bit.
+// block_backward, in the same order, so B then W gives its numbers bit for bit. Under
+// tensor parallelism B holds both all-reduces; W needs nothing from the other ranks.
 template <class Ops>
 void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                           const float* dout, float* din, float* stash) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
   const BlockSaved at = shape.saved();
   const BlockStash k = block_stash(shape);
   const float* s = saved;
@@ -144,19 +184,21 @@ void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets&
   ops.linear_backward(f, d, n, p + o.fc2_w, nullptr, dout, nullptr, nullptr, stash + k.d_hidden);
   ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, stash + k.d_hidden, stash + k.d_hidden);
   ops.linear_backward(d, f, n, p + o.fc_w, nullptr, stash + k.d_hidden, nullptr, nullptr, stash + k.d_ln2);
+  if (shape.tp_size > 1) ops.all_reduce(stash + k.d_ln2, dn);
   ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, stash + k.dout,
                          stash + k.d_mid, nullptr, nullptr);
   // Attention branch.
   float* d_ln = ops.scratch(1, dn);
-  ops.linear_backward(d, d, n, p + o.proj_w, nullptr, stash + k.d_mid, nullptr, nullptr, d_ln);
-  float* d_att = ops.scratch(3, dn);
-  ops.split_heads(B, T, H, hd, d, 0, d_ln, d_att);
-  float* d_heads = ops.scratch(4, 3 * dn);
-  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + dn,
-                         d_heads + 2 * dn);
+  ops.linear_backward(a, d, n, p + o.proj_w, nullptr, stash + k.d_mid, nullptr, nullptr, d_ln);
+  float* d_att = ops.scratch(3, an);
+  ops.split_heads(B, T, H, hd, a, 0, d_ln, d_att);
+  float* d_heads = ops.scratch(4, 3 * an);
+  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + an,
+                         d_heads + 2 * an);
   for (int part = 0; part < 3; ++part)
-    ops.merge_heads(B, T, H, hd, 3 * d, part * d, d_heads + part * dn, stash + k.d_qkv);
-  ops.linear_backward(d, 3 * d, n, p + o.qkv_w, nullptr, stash + k.d_qkv, nullptr, nullptr, stash + k.d_ln1);
+    ops.merge_heads(B, T, H, hd, 3 * a, part * a, d_heads + part * an, stash + k.d_qkv);
+  ops.linear_backward(d, 3 * a, n, p + o.qkv_w, nullptr, stash + k.d_qkv, nullptr, nullptr, stash + k.d_ln1);
+  if (shape.tp_size > 1) ops.all_reduce(stash + k.d_ln1, dn);
   ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, stash + k.d_mid,
                          din, nullptr, nullptr);
 }
@@ -167,21 +209,25 @@ template <class Ops>
 void block_backward_weight(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                            const float* stash, float* g) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = d / shape.heads, B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n;
+  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
+  const std::size_t an = static_cast<std::size_t>(a) * n;
   const BlockSaved at = shape.saved();
   const BlockStash k = block_stash(shape);
   const float* s = saved;
-  ops.linear_backward(f, d, n, nullptr, s + at.g, stash + k.dout, g + o.fc2_w, g + o.fc2_b, nullptr);
+  const bool owner = shape.owns_replicated();
+  ops.linear_backward(f, d, n, nullptr, s + at.g, stash + k.dout, g + o.fc2_w, replicated(shape, g + o.fc2_b), nullptr);
   ops.linear_backward(d, f, n, nullptr, s + at.ln2, stash + k.d_hidden, g + o.fc_w, g + o.fc_b, nullptr);
-  ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, nullptr, nullptr,
-                         g + o.ln2_w, g + o.ln2_b);
-  float* merged = ops.scratch(3, dn);
-  ops.merge_heads(B, T, H, hd, d, 0, s + at.att, merged);
-  ops.linear_backward(d, d, n, nullptr, merged, stash + k.d_mid, g + o.proj_w, g + o.proj_b, nullptr);
-  ops.linear_backward(d, 3 * d, n, nullptr, s + at.ln1, stash + k.d_qkv, g + o.qkv_w, g + o.qkv_b, nullptr);
-  ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, nullptr, nullptr,
-                         g + o.ln1_w, g + o.ln1_b);
+  if (owner)
+    ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, nullptr,
+                           nullptr, g + o.ln2_w, g + o.ln2_b);
+  float* merged = ops.scratch(3, an);
+  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
+  ops.linear_backward(a, d, n, nullptr, merged, stash + k.d_mid, g + o.proj_w, replicated(shape, g + o.proj_b),
+                      nullptr);
+  ops.linear_backward(d, 3 * a, n, nullptr, s + at.ln1, stash + k.d_qkv, g + o.qkv_w, g + o.qkv_b, nullptr);
+  if (owner)
+    ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, nullptr,
+                           nullptr, g + o.ln1_w, g + o.ln1_b);
 }
 
 }  // namespace peertrain::model

@@ -91,6 +91,11 @@ struct UnitActivations {
 struct UnitContext {
   AttentionCore* attention = nullptr;     // null: a LocalAttention owned by the model
   comm::Group* sequence_group = nullptr;  // null or size 1: this rank holds whole sequences
+  // Tensor parallelism (model/tensor_shard.h): a block runs on this rank's shard of its
+  // heads and MLP width, with one all-reduce over the group per sub-layer each way. The
+  // embedding and the head are whole on every rank, which compute them alike; keep one
+  // rank's gradient of them (the pipeline engine keeps rank 0's). Null or size 1: whole.
+  comm::Group* tensor_group = nullptr;
   double timeout_s = 60;
   // gpt under vocabulary parallelism (parallel/vocab_parallel.h): the token lookup and the
   // output layer with its loss run outside, split over the pipeline's stages. Unit 0's

@@ -10,7 +10,10 @@
 //   Layout   for each tensor dimension, the mesh axis it is split over evenly, or −1: not
 //            split. A mesh axis that no dimension uses replicates the tensor along it.
 //            "S0,R" splits dimension 0 over axis 0 and keeps dimension 1 whole.
-//   Tile     the box of the tensor one worker holds.
+//            "Z0" splits it zigzag, as sequence parallelism holds a causal sequence: into
+//            2k equal pieces over the axis's k workers, worker c holding pieces c and
+//            2k − 1 − c (parallel/ring_attention.h's SequenceSplit::kZigzag).
+//   Tile     the boxes of the tensor one worker holds (one, or two per zigzag dimension).
 //
 // plan_reshard gives, for every destination worker, the slices that cover its tile — the
 // intersections with the distinct source tiles, so every destination element is in
@@ -40,9 +43,11 @@ struct Mesh {
 
 struct Layout {
   std::vector<int> split_axis;  // per tensor dimension: the mesh axis, or −1
+  std::vector<char> zigzag;     // per dimension: split zigzag (empty: none is)
+  bool is_zigzag(std::size_t dimension) const { return dimension < zigzag.size() && zigzag[dimension]; }
 };
 
-// "S0,R,S1": per dimension S<axis> or R. Throws Error(kInvalidArgument) naming `what`.
+// "S0,R,Z1": per dimension S<axis>, Z<axis> or R. Throws Error(kInvalidArgument) naming `what`.
 Layout parse_layout(std::string_view text, std::string_view what = "layout");
 std::string to_string(const Layout& layout);
 
@@ -62,7 +67,9 @@ Box intersect(const Box& a, const Box& b);
 void check_layout(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape,
                   std::string_view what = "layout");
 
-// The box worker `worker` holds.
+// The boxes worker `worker` holds, in ascending order; disjoint.
+std::vector<Box> tiles(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape, int worker);
+// The one box of a layout without zigzag dimensions.
 Box tile(const Mesh& mesh, const Layout& layout, std::span<const std::int64_t> shape, int worker);
 
 struct ReshardTask {
