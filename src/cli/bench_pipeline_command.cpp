@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "mesh_options.h"
 #include "options.h"
 #include "random_batch.h"
 #include "peertrain/core/clock.h"
@@ -41,6 +42,7 @@ int bench_pipeline(int argc, char** argv) {
       "heads", "attention heads", cxxopts::value<std::string>()->default_value("4"))(
       "seq", "tokens per sequence", cxxopts::value<std::string>()->default_value("128"))(
       "batch", "sequences per step", cxxopts::value<std::string>()->default_value("8"))(
+      "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("4"))(
       "microbatches", "micro-batches per step", cxxopts::value<std::string>()->default_value("8"))(
       "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
@@ -50,7 +52,9 @@ int bench_pipeline(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("none"))(
       "stages", "units per virtual stage, e.g. 2,1,1,2 (default: profiled)", cxxopts::value<std::string>())(
       "steps", "timed steps (the stats are the last one's)", cxxopts::value<std::string>()->default_value("3"))(
+      "plan", "print the resharding plan of each boundary between different stage meshes")(
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))("h,help", "this help");
+  add_mesh_options(options, "");
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
   return exit_code_of("bench pipeline", [&] {
@@ -70,7 +74,9 @@ int bench_pipeline(int argc, char** argv) {
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
     if (batch < 1 || steps < 1) throw UsageError("--batch and --steps must be at least 1");
     parallel::EngineConfig engine;
+    engine.sp = number_flag<int>(args, "sp");
     engine.pp = number_flag<int>(args, "pp");
+    read_mesh_options(args, engine);
     engine.microbatches = number_flag<int>(args, "microbatches");
     engine.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
     engine.chunks = number_flag<int>(args, "chunks");
@@ -122,10 +128,14 @@ int bench_pipeline(int argc, char** argv) {
       for (std::size_t p = 0; p < stats.stages.size(); ++p) {
         const auto& st = stats.stages[p];
         json::Object o;
+        const auto& mesh = pipeline.meshes()[p];
         o.add("stage", static_cast<int>(p))
+            .add("sp", mesh.sp)
+            .add("tp", mesh.tp)
             .add("units", st.units)
             .add("parameter_bytes", st.parameter_bytes)
             .add("compute_s", st.busy_cpu_s)
+            .add("wait_s", st.wait_s)
             .add("peak_microbatches", static_cast<double>(st.peak_in_flight) / chunks)
             .add("peak_activation_bytes", st.peak_activation_bytes)
             .add("peak_output_states", st.peak_output_states);
@@ -141,6 +151,9 @@ int bench_pipeline(int argc, char** argv) {
           .add("microbatches", engine.microbatches)
           .add("schedule", parallel::to_string(engine.schedule))
           .add("vocab_parallel", parallel::to_string(engine.vocab_parallel))
+          .add("stage_mesh", parallel::to_string(pipeline.meshes()))
+          .add("reshard", parallel::to_string(engine.reshard))
+          .add("link_between_gbps", engine.links ? engine.links->between_bytes_per_s * 8 / 1e9 : 0.0)
           .add("split", split)
           .add_raw("stages", array)
           .add("parameter_bytes_max_over_mean", max_over_mean(param_bytes))
@@ -160,12 +173,22 @@ int bench_pipeline(int argc, char** argv) {
         model_name.c_str(), config.vocab, config.d_model, config.layers, config.seq, batch, engine.pp,
         engine.microbatches, std::string(parallel::to_string(engine.schedule)).c_str(),
         std::string(parallel::to_string(engine.vocab_parallel)).c_str(), split.c_str());
-    std::printf("%5s %5s %12s %12s %16s %14s %14s\n", "stage", "units", "params MiB", "compute ms", "peak micro-b.",
-                "output states", "peak act. MiB");
+    std::printf("stage meshes %s, --reshard %s, links %s\n\n", parallel::to_string(pipeline.meshes()).c_str(),
+                std::string(parallel::to_string(engine.reshard)).c_str(),
+                engine.links
+                    ? str("emulated: ", engine.links->between_bytes_per_s * 8 / 1e9, " Gbit/s between meshes, ",
+                          engine.links->within_bytes_per_s * 8 / 1e9, " within, ", engine.links->latency_s * 1e6, " us")
+                          .c_str()
+                    : "free (not emulated)");
+    if (args.count("plan")) std::printf("%s\n", pipeline.describe_boundaries().c_str());
+    std::printf("%5s %9s %5s %12s %12s %10s %16s %14s %14s\n", "stage", "mesh", "units", "params MiB", "compute ms",
+                "wait ms", "peak micro-b.", "output states", "peak act. MiB");
     for (std::size_t p = 0; p < stats.stages.size(); ++p) {
       const auto& st = stats.stages[p];
-      std::printf("%5zu %5d %12.2f %12.2f %16.1f %14d %14.2f\n", p, st.units,
-                  static_cast<double>(st.parameter_bytes) / (1 << 20), st.busy_cpu_s * 1e3,
+      const auto& mesh = pipeline.meshes()[p];
+      std::printf("%5zu %9s %5d %12.2f %12.2f %10.2f %16.1f %14d %14.2f\n", p,
+                  str("sp", mesh.sp, "·tp", mesh.tp).c_str(), st.units,
+                  static_cast<double>(st.parameter_bytes) / (1 << 20), st.busy_cpu_s * 1e3, st.wait_s * 1e3,
                   static_cast<double>(st.peak_in_flight) / chunks, st.peak_output_states,
                   static_cast<double>(st.peak_activation_bytes) / (1 << 20));
     }

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "mesh_options.h"
 #include "options.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/device_model.h"
@@ -58,7 +59,14 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "lr-schedule",
                                                  "warmup-steps",
                                                  "device",
-                                                 "gemm-precision"};
+                                                 "gemm-precision",
+                                                 "tp",
+                                                 "stage-mesh",
+                                                 "workers",
+                                                 "reshard",
+                                                 "link-between-gbps",
+                                                 "link-within-gbps",
+                                                 "link-latency-us"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -88,7 +96,8 @@ T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_
 // otherwise the CPU, so that a default run works on every machine.
 void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   c.gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>());
-  const bool runs_on_device = c.model == train::ModelKind::kGpt && c.engine.pp == 1;
+  const bool runs_on_device =
+      c.model == train::ModelKind::kGpt && c.engine.pp == 1 && c.engine.tp == 1 && c.engine.stage_meshes.empty();
   if (!args.count("device")) {
     c.device = runs_on_device && model::cuda_device_count() >= c.engine.sp ? model::Device::kCuda : model::Device::kCpu;
     return;
@@ -98,8 +107,10 @@ void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   if (c.model != train::ModelKind::kGpt)
     throw UsageError("--device cuda runs --model gpt; mlp and vit run on --device cpu");
   if (!runs_on_device)
-    throw UsageError(str("--device cuda runs --pp 1 (sequence ranks, --sp, one GPU each), not --pp ", c.engine.pp,
-                         ": the GPU pipeline is not built yet"));
+    throw UsageError(
+        str("--device cuda runs --pp 1 (sequence ranks, --sp, one GPU each) without --tp or "
+            "--stage-mesh, not --pp ",
+            c.engine.pp, ": the GPU pipeline and tensor parallelism are not built yet"));
   const int devices = model::require_cuda_device();  // before any peer starts
   if (devices < c.engine.sp)
     throw UsageError(str("--device cuda --sp ", c.engine.sp, " needs ", c.engine.sp, " GPUs (one per sequence rank), ",
@@ -137,6 +148,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   auto& e = c.engine;
   e.sp = positive<int>(args, "sp");
   e.pp = positive<int>(args, "pp");
+  read_mesh_options(args, e);
   e.microbatches = positive<int>(args, "microbatches");
   e.timeout_s = positive<double>(args, "worker-timeout");
   try {
@@ -147,7 +159,8 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
     e.ring = parallel::parse_ring_mode(args["ring-mode"].as<std::string>());
     device_options(args, c);
     if (c.model == train::ModelKind::kMlp) {
-      if (e.sp * e.pp > 1 || args.count("stages")) throw UsageError("--sp, --pp and --stages need --model gpt or vit");
+      if (e.workers() > 1 || args.count("stages"))
+        throw UsageError("--sp, --tp, --pp, --stage-mesh and --stages need --model gpt or vit");
       return;
     }
     model::validate(m);
@@ -165,6 +178,11 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
     if (c.batch % e.microbatches != 0)
       throw UsageError(str("--microbatches ", e.microbatches, " must divide --batch ", c.batch));
     if (e.sp > 1) (void)parallel::sequence_positions(m.tokens(), e.sp, 0, e.split);  // throws if SP does not divide T
+    {
+      // The meshes against the model (heads, tokens, --workers), before any peer starts.
+      model::Transformer probe_model(m);
+      parallel::PipelineEngine probe(probe_model, e);
+    }
   } catch (const Error& err) {
     throw UsageError(err.what());
   }
@@ -252,6 +270,7 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>())(
       "gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
       cxxopts::value<std::string>()->default_value("tf32"));
+  add_mesh_options(options, "transformer (gpt, vit)");
 }
 
 train::TrainConfig training_config(const cxxopts::ParseResult& args) {

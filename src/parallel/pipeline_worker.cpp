@@ -132,6 +132,15 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     shard.reset();
     if (config.vocab_parallel != VocabParallel::kNone) shard = vocab_shard(model->config().vocab, P, stage);
     ranges = touched_ranges(*model, runs, shard ? &*shard : nullptr);
+    replicated_ranges.clear();
+    if (tp_rank > 0) {  // the embedding and the head, whole on every tensor rank
+      std::vector<std::pair<int, int>> whole;
+      for (auto [first, end] : runs) {
+        if (first == 0) whole.emplace_back(0, 1);
+        if (end == step.units) whole.emplace_back(step.units - 1, step.units);
+      }
+      replicated_ranges = touched_ranges(*model, whole);
+    }
     grads.resize(model->num_parameters());
     for (const auto& r : ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
     const std::size_t floats =
@@ -171,12 +180,18 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
       in_flight += static_cast<int>(
           std::count_if(c.carried_slot_of.begin(), c.carried_slot_of.end(), [](int slot) { return slot >= 0; }));
     peak_in_flight = in_flight;
-    stage_group = config.sp > 1 ? &step.stage_groups[stage]->member(rank) : nullptr;
-    pipe = P > 1 ? &step.pipeline_groups[rank]->member(stage) : nullptr;
-    if (stage_group) ring.emplace(*stage_group, config.ring, config.timeout_s);
+    const auto p = static_cast<std::size_t>(stage);
+    stage_group = mesh.workers() > 1 ? &step.stage_groups[p]->member(mesh_index) : nullptr;
+    sequence_group = mesh.sp > 1 ? &step.sequence_groups[p][static_cast<std::size_t>(tp_rank)]->member(rank) : nullptr;
+    tensor_group = mesh.tp > 1 ? &step.tensor_groups[p][static_cast<std::size_t>(rank)]->member(tp_rank) : nullptr;
+    fabric = step.fabric ? &step.fabric->member(index) : nullptr;
+    pipe =
+        step.pipeline_groups.empty() ? nullptr : &step.pipeline_groups[static_cast<std::size_t>(rank)]->member(stage);
+    if (sequence_group) ring.emplace(*sequence_group, config.ring, config.timeout_s);
     context = {};
     context.attention = ring ? &*ring : nullptr;
-    context.sequence_group = stage_group;
+    context.sequence_group = sequence_group;
+    context.tensor_group = tensor_group;
     context.timeout_s = config.timeout_s;
     context.vocabulary_outside = shard.has_value();
     return true;
@@ -185,6 +200,27 @@ bool PipelineEngine::Worker::prepare(StepShared& step, model::Transformer& engin
     return false;
   }
 }
+
+// The fabric as the resharding exchange sees it: posted pieces go out in parcels of the
+// outbox, taken ones count as waiting; both through the emulated links when there are.
+struct PipelineEngine::Worker::FabricLink final : ExchangeLink {
+  Worker& w;
+  StepShared& step;
+  int tag;
+  FabricLink(Worker& w, StepShared& step, int tag) : w(w), step(step), tag(tag) {}
+  void post(int to, std::span<const float> data) override {
+    Parcel& parcel = w.free_parcel(data.size());
+    std::copy(data.begin(), data.end(), parcel.data.begin());
+    if (step.links) step.links->posted(w.index, to, tag, data.size() * sizeof(float));
+    parcel.request = w.fabric->isend(to, tag, parcel.data);
+  }
+  void take(int from, std::span<float> into) override {
+    w.waiting([&] {
+      w.fabric->recv(from, tag, into, step.config.timeout_s);
+      if (step.links) step.links->taken(from, w.index, tag);
+    });
+  }
+};
 
 void PipelineEngine::Worker::receive(StepShared& step, int k, int tag, AlignedVector<float>& into) {
   const int from = step.shape.stage_of(k);
@@ -195,7 +231,8 @@ void PipelineEngine::Worker::receive(StepShared& step, int k, int tag, AlignedVe
     local.erase(it);
     return;
   }
-  waiting([&] { pipe->recv(from, tag, into, step.config.timeout_s); });
+  FabricLink link(*this, step, tag);
+  exchange_receive(step.boundaries.at(from, stage), mesh_index, into, link);
 }
 
 void PipelineEngine::Worker::send(StepShared& step, int k, int tag, Parcel& parcel) {
@@ -204,7 +241,11 @@ void PipelineEngine::Worker::send(StepShared& step, int k, int tag, Parcel& parc
     local[tag] = parcel.data;  // a copy: the parcel goes back to the outbox
     return;
   }
-  parcel.request = pipe->isend(to, tag, parcel.data);
+  // The slices go out in parcels of their own. This one (not posted, so free) may be one
+  // of them: its data is moved out first.
+  const AlignedVector<float> tile = std::move(parcel.data);
+  FabricLink link(*this, step, tag);
+  exchange_send(step.boundaries.at(stage, to), mesh_index, tile, link);
 }
 
 std::size_t PipelineEngine::Worker::held_bytes() const {
@@ -445,6 +486,7 @@ void PipelineEngine::Worker::run(StepShared& step) {
       }
     });
     end = Clock::now();
+    for (const auto& r : replicated_ranges) std::fill_n(grads.begin() + r.offset, r.size, 0.0f);
     if (stage_group) {
       for (const auto& r : ranges)
         stage_group->all_reduce(std::span<float>(grads).subspan(r.offset, r.size), timeout_s);
@@ -458,7 +500,7 @@ void PipelineEngine::Worker::run(StepShared& step) {
     end = Clock::now();
   }
   ring.reset();
-  stage_group = pipe = nullptr;
+  stage_group = sequence_group = tensor_group = fabric = pipe = nullptr;
   context = {};
 }
 

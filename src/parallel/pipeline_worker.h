@@ -21,6 +21,7 @@
 #include "peertrain/core/work.h"
 #include "peertrain/model/batch_slice.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/reshard_exchange.h"
 #include "peertrain/parallel/ring_attention.h"
 
 namespace peertrain::parallel {
@@ -60,11 +61,19 @@ struct RankBatches {
   }
 };
 
+// The resharding plan of each pair of stages that send each other a boundary tensor, for
+// one micro-batch size; keyed (from stage, to stage).
+struct BoundaryPlans {
+  int microbatch = 0;
+  std::map<std::pair<int, int>, ReshardExchange> exchanges;
+  const ReshardExchange& at(int from, int to) const { return exchanges.at({from, to}); }
+};
+
 // What the workers of one step share.
 struct StepShared {
   StepShared(std::span<const float> params, const GlobalBatch& batch, const EngineConfig& config,
              const ScheduleShape& shape, const std::vector<std::vector<PipelineOp>>& schedule,
-             const std::vector<int>& first_units, int units)
+             const std::vector<int>& first_units, int units, const BoundaryPlans& boundaries)
       : params(params),
         batch(batch),
         config(config),
@@ -73,7 +82,8 @@ struct StepShared {
         split_backward(shape.split_backward()),
         first_units(first_units),
         units(units),
-        start(static_cast<std::ptrdiff_t>(config.pp) * config.sp) {}
+        boundaries(boundaries),
+        start(static_cast<std::ptrdiff_t>(config.workers())) {}
 
   std::span<const float> params;
   const GlobalBatch& batch;
@@ -83,10 +93,16 @@ struct StepShared {
   bool split_backward;  // B and W are separate passes
   const std::vector<int>& first_units;
   int units;
+  const BoundaryPlans& boundaries;
   // Fresh groups every step: an aborted group stays aborted, and making one costs nothing
   // next to a step.
-  std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;     // [pp], sp ranks each
-  std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;  // [sp], pp ranks each
+  std::vector<std::unique_ptr<comm::ThreadGroup>> stage_groups;                  // [pp], the stage's workers
+  std::vector<std::vector<std::unique_ptr<comm::ThreadGroup>>> sequence_groups;  // [pp][tp], sp ranks each
+  std::vector<std::vector<std::unique_ptr<comm::ThreadGroup>>> tensor_groups;    // [pp][sp], tp ranks each
+  std::unique_ptr<comm::ThreadGroup> fabric;                                     // every worker: the boundary tensors
+  // Vocabulary parallelism (every stage sp × 1): [sp], pp ranks each.
+  std::vector<std::unique_ptr<comm::ThreadGroup>> pipeline_groups;
+  std::unique_ptr<LinkEmulator> links;  // EngineConfig::links; null: free
   // PipeDream: this step's number (its weights' version), and whether the last step left
   // micro-batches in flight (else the carried backwards are skipped).
   long long version = 0;
@@ -113,10 +129,13 @@ std::vector<model::ParameterRange> touched_ranges(const model::Transformer& mode
 
 using namespace pipeline_detail;  // this header is private to the two files of the engine
 
-// Worker (stage, rank): its share of every micro-batch and the buffers it keeps between
-// steps.
+// Worker (stage, sequence rank, tensor rank): its share of every micro-batch and the
+// buffers it keeps between steps.
 struct PipelineEngine::Worker {
-  int stage = 0, rank = 0;
+  int stage = 0, rank = 0, tp_rank = 0;
+  int index = 0;       // in the engine's workers (the fabric's rank)
+  int mesh_index = 0;  // in its stage's mesh: rank · tp + tp_rank
+  StageMesh mesh;
   RankBatches data;
   model::Transformer* model = nullptr;  // shared: its temporaries are per thread
 
@@ -161,6 +180,9 @@ struct PipelineEngine::Worker {
   // keeps the tied embedding's two writers (stage 0 and the head's stage) apart.
   AlignedVector<float> grads;
   std::vector<model::ParameterRange> ranges;
+  // Of those, the ones every tensor rank computes alike (the embedding, the head): only
+  // tensor rank 0's gradient of them counts, the others zero theirs before the all-reduce.
+  std::vector<model::ParameterRange> replicated_ranges;
   AlignedVector<float> received, scratch[2];
 
   // Buffers handed to isend, kept until the partner has taken them.
@@ -172,8 +194,11 @@ struct PipelineEngine::Worker {
 
   // This step's connections.
   std::vector<PipelineOp> ops;
-  comm::Group* stage_group = nullptr;  // the stage's sequence ranks; null when sp == 1
-  comm::Group* pipe = nullptr;         // this rank's stages; null when pp == 1
+  comm::Group* stage_group = nullptr;     // the stage's workers; null when it has one
+  comm::Group* sequence_group = nullptr;  // this tensor rank's sequence ranks; null when sp == 1
+  comm::Group* tensor_group = nullptr;    // this sequence rank's tensor ranks; null when tp == 1
+  comm::Group* fabric = nullptr;          // every worker; null when pp == 1
+  comm::Group* pipe = nullptr;            // vocabulary parallelism: this rank's stages
   std::optional<RingAttention> ring;
   model::UnitContext context;
 
@@ -188,7 +213,8 @@ struct PipelineEngine::Worker {
   std::string where() const {
     std::string units;
     for (const Chunk& c : chunks) units += str(units.empty() ? "" : ", ", c.first_unit, "–", c.end_unit - 1);
-    return str("pipeline stage ", stage, " (units ", units, "), sequence rank ", rank);
+    return str("pipeline stage ", stage, " (units ", units, "), sequence rank ", rank,
+               mesh.tp > 1 ? str(", tensor rank ", tp_rank) : "");
   }
 
   // Everything before the clock starts; false when it failed (recorded).
@@ -209,10 +235,12 @@ struct PipelineEngine::Worker {
   // Sends a copy of `data` to every other stage.
   void send_to_all(StepShared& step, int tag, const AlignedVector<float>& data);
   void release(Chunk& chunk, int microbatch, bool carried = false);  // its activations are no longer needed
-  // Receives into `into` the message `tag` from the worker of virtual stage k (this one's
-  // local box when it is this stage), and sends `parcel` there.
+  // Receives into `into` the message `tag` from the workers of virtual stage k (this one's
+  // local box when it is this stage), and sends `parcel` there: through the resharding
+  // plan between the two stages' meshes.
   void receive(StepShared& step, int k, int tag, AlignedVector<float>& into);
   void send(StepShared& step, int k, int tag, Parcel& parcel);
+  struct FabricLink;
   std::size_t held_bytes() const;
 
   // Times fn as busy (inside the model's units) for pass `op`.

@@ -181,7 +181,12 @@ void Recorder::finish(const Membership& membership, int coordinator) {
       .add("spectral_gap", spectral_gap_);
   if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
   if (config_.model != ModelKind::kMlp)
-    o.add("sp", config_.engine.sp).add("pp", config_.engine.pp).add("microbatches", config_.engine.microbatches);
+    o.add("sp", config_.engine.sp)
+        .add("tp", config_.engine.tp)
+        .add("pp", config_.engine.pp)
+        .add("stage_mesh", parallel::to_string(config_.engine.stage_meshes))
+        .add("reshard", std::string(parallel::to_string(config_.engine.reshard)))
+        .add("microbatches", config_.engine.microbatches);
   o.add_raw("failed_peers", json::array(failed))
       .add_raw("failures", details)
       .add_raw("rejoined_peers", back)

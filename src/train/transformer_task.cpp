@@ -75,7 +75,7 @@ class TransformerTask final : public Task {
                             .gemm = config.gemm,
                             .sp = config.engine.sp,
                             .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag}));
-    } else if (config.engine.sp * config.engine.pp > 1) {
+    } else if (config.engine.workers() > 1) {
       engine_ = parallel::make_pipeline_gradient_engine(model_, config.engine);
     } else {
       engine_ = model::make_unsplit_engine(model_);
@@ -87,8 +87,13 @@ class TransformerTask final : public Task {
 
   std::string describe() const override {
     const auto& c = model_.config();
-    std::string s = str(language_model() ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
-                        c.tokens(), ", sp ", engine_config_.sp, " pp ", engine_config_.pp);
+    std::string s =
+        str(language_model() ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T", c.tokens(), ", ",
+            engine_config_.stage_meshes.empty()
+                ? str("sp ", engine_config_.sp, engine_config_.tp > 1 ? str(" tp ", engine_config_.tp) : "")
+                : str("stage meshes ", parallel::to_string(engine_config_.stage_meshes), " (reshard ",
+                      parallel::to_string(engine_config_.reshard), ")"),
+            " pp ", engine_config_.pp);
     if (language_model() && tokenizer_->vocab_size() != 256) {
       char ratio[32];
       std::snprintf(ratio, sizeof ratio, "%.2f",

@@ -5,21 +5,10 @@
 # build. Usage: gpu_cli_test.sh SOURCE_DIR
 set -u
 root=$1
-bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
-work=$(mktemp -d)
-trap 'pkill -9 -f -- "$work" 2>/dev/null; rm -rf "$work"' EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/common.sh"
 
 base=$((31000 + ($$ * 16) % 9000))
-{
-  echo "name: ring4"
-  echo "graph: {generator: ring, n: 4}"
-  echo "peers:"
-  for ((i = 0; i < 4; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
-} >"$work/ring4.yaml"
+write_topology "$work/ring4.yaml" ring4 ring 4 "$base"
 
 probe=$("$bin" launch --topology "$work/ring4.yaml" --model gpt --d-model 32 --heads 2 --layers 1 --seq 16 \
   --device cuda --max-steps 1 --eval-windows 2 --out "$work/probe" 2>&1)
@@ -40,9 +29,7 @@ run tf32 --device cuda
 
 compare() {  # compare A B LIMIT: train_loss per (step, peer)
   local result
-  result=$(awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
-    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
-    if (r > worst) worst = r } END { printf "%d %.3g", n, worst }' "$work/$1/metrics.csv" "$work/$2/metrics.csv")
+  result=$(compare_losses "$work/$1/metrics.csv" "$work/$2/metrics.csv")
   read -r matched worst <<<"$result"
   echo "$2 vs $1: $matched (step, peer) losses, worst relative difference $worst (limit $3)"
   [[ $matched -eq 80 ]] && ok || fail "$2: only $matched losses matched up"

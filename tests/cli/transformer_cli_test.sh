@@ -7,21 +7,10 @@
 set -u
 root=$1
 mode=${2:-short}
-bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
-work=$(mktemp -d)
-trap 'pkill -9 -f -- "$work" 2>/dev/null; rm -rf "$work"' EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/common.sh"
 
 base=$((21000 + ($$ * 16) % 9000))
-{
-  echo "name: ring4"
-  echo "graph: {generator: ring, n: 4}"
-  echo "peers:"
-  for ((i = 0; i < 4; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
-} >"$work/ring4.yaml"
+write_topology "$work/ring4.yaml" ring4 ring 4 "$base"
 tiny=(--model gpt --d-model 32 --layers 2 --heads 2 --seq 32 --batch 4 --eval-windows 4 --seed 3
       --connect-timeout 30 --peer-timeout 60)
 
@@ -39,14 +28,6 @@ if [[ $mode == long ]]; then
   echo "transformer cli tests (long): $pass passed, $failures failed"
   exit $((failures > 0))
 fi
-
-# compare_losses A B: "N WORST", the (step, peer) train losses of two metrics.csv files
-# matched up and their largest relative difference.
-compare_losses() {
-  awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
-    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
-    if (r > w) w = r } END { printf "%d %.3g", n, w }' "$1" "$2"
-}
 
 # 1. The same seed gives the same first 20 losses with --sp 2 --pp 2 as with --sp 1 --pp 1.
 "$bin" launch --topology "$work/ring4.yaml" "${tiny[@]}" --max-steps 20 --eval-every 1 --out "$work/serial" \

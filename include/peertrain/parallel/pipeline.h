@@ -1,10 +1,15 @@
 // The group of workers inside one peer that computes a step's gradient: the model's chain
 // of units cut into PP pipeline stages, run by any schedule of schedule.h (GPipe, 1F1B,
 // interleaved, the zero-bubble and V schedules; a stage may hold several chunks of the
-// model, and the backward may be split into B and W), each stage's tokens cut over SP sequence ranks that run
-// ring attention. Worker (p, s) — stage p, sequence rank s — is a thread; stage p's SP
-// workers share a group (ring attention, vit's pooling, the gradient all-reduce), and
-// sequence rank s's PP workers share another (activations forward, their gradients back).
+// model, and the backward may be split into B and W). Each stage has its own mesh of
+// workers, SP sequence ranks × TP tensor ranks (--sp and --tp, or per stage --stage-mesh):
+// the sequence ranks cut the tokens and run ring attention, the tensor ranks split the
+// blocks' heads and MLP width (model/tensor_shard.h). Worker (p, s, t) is a thread; the
+// sequence ranks of a tensor rank share a group (ring attention, vit's pooling), the tensor
+// ranks of a sequence rank another (the blocks' all-reduces), the whole stage a third (the
+// gradient all-reduce), and every worker of the peer a fabric for the activations forward
+// and their gradients back. Where two neighbouring stages' meshes differ, the tensor at
+// their boundary is resharded between them (reshard_exchange.h, --reshard).
 //
 // A step splits the peer's batch into M micro-batches, runs the schedule, and yields the
 // gradient of the step's mean loss: the same numbers, up to float rounding, as the unsplit
@@ -28,17 +33,49 @@
 #include <span>
 #include <vector>
 
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include "peertrain/model/gradient_engine.h"
 #include "peertrain/model/transformer.h"
+#include "peertrain/parallel/reshard.h"
 #include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
 #include "peertrain/parallel/vocab_parallel.h"
 
 namespace peertrain::parallel {
+namespace pipeline_detail {
+struct BoundaryPlans;  // pipeline_worker.h
+}
+
+// One pipeline stage's workers: sp sequence ranks × tp tensor ranks, worker (s, t) the
+// stage's s·tp + t-th. Its activations are [micro-batch, tokens, d_model], the tokens split
+// over sp (zigzag or contiguous, as --sequence-split says) and replicated over tp.
+struct StageMesh {
+  int sp = 1;
+  int tp = 1;
+  int workers() const { return sp * tp; }
+  bool operator==(const StageMesh&) const = default;
+};
+
+// "sp=2,tp=1;sp=1,tp=4": one mesh per stage, in order, separated by ';'; an axis left out
+// is 1. Throws Error(kInvalidArgument) naming `flag`, the stage and the axis.
+std::vector<StageMesh> parse_stage_meshes(std::string_view text, std::string_view flag = "--stage-mesh");
+std::string to_string(const std::vector<StageMesh>& meshes);
 
 struct EngineConfig {
   int sp = 1;            // sequence ranks per stage (--sp)
+  int tp = 1;            // tensor ranks per stage (--tp)
   int pp = 1;            // pipeline stages (--pp)
+  // Each stage's own mesh (--stage-mesh), pp of them; empty: every stage sp × tp.
+  std::vector<StageMesh> stage_meshes;
+  int max_workers = 0;  // the workers this peer has (--workers): the meshes must fit; 0: no limit
+  // How a boundary tensor crosses between two stages' meshes (--reshard).
+  ReshardStrategy reshard = ReshardStrategy::kSendRecv;
+  // Emulated links between the workers (reshard_exchange.h's LinkEmulator), for the
+  // boundary tensors: fast inside a stage's mesh, slow between meshes. Off (free) by default.
+  std::optional<LinkModel> links;
   int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
   Schedule schedule = Schedule::kOneFOneB;
   // gpt: the input embedding and the output layer with its loss split over the pp stages,
@@ -56,6 +93,15 @@ struct EngineConfig {
   // OpenMP threads of each worker's GEMMs when there are several workers. A process-wide
   // Eigen::setNbThreads(n) takes precedence over it (Eigen reads its own setting first).
   int threads_per_worker = 1;
+
+  StageMesh mesh(int stage) const {
+    return stage_meshes.empty() ? StageMesh{sp, tp} : stage_meshes[static_cast<std::size_t>(stage)];
+  }
+  int workers() const {
+    int n = 0;
+    for (int p = 0; p < pp; ++p) n += mesh(p).workers();
+    return n;
+  }
 };
 
 // The whole step's data of this peer, whole sequences (the engine cuts them).
@@ -67,7 +113,7 @@ struct GlobalBatch {
   std::span<const std::int32_t> labels;    // vit: [batch]
 };
 
-// One stage over the last step, its sequence ranks averaged (times) or maxed (memory).
+// One stage over the last step, its workers averaged (times) or maxed (memory).
 struct StageStats {
   int first_unit = 0;
   int units = 0;
@@ -76,7 +122,9 @@ struct StageStats {
   double wait_s = 0;      // wall time blocked on a neighbour stage: receives, and sends at the end of the step
   double idle_s = 0;      // pipeline_s − busy_s: wait_s, and the fill and drain around its passes
   double reduce_s = 0;    // the gradient all-reduce over the sequence ranks
-  std::size_t parameter_bytes = 0;  // the parameters it holds: its chunks' units, its vocabulary shard (floats × 4)
+  // The parameters one of its workers holds: its chunks' units (under tensor parallelism
+  // its shard of each block), its vocabulary shard (floats × 4).
+  std::size_t parameter_bytes = 0;
   std::size_t peak_activation_bytes = 0;  // Σ activation_bytes() of the micro-batches in flight, at its largest
   int peak_in_flight = 0;                 // micro-batches in flight at most
   // Vocabulary parallelism: micro-batches whose output layer it held between S and T at
@@ -113,7 +161,8 @@ struct StepStats {
 class PipelineEngine {
  public:
   // Checks the configuration against the model; throws Error(kInvalidArgument) naming the
-  // flag (--sp, --pp, --microbatches, --stages). Keeps a reference to the model.
+  // flag (--sp, --tp, --pp, --stage-mesh with the stage and the axis, --microbatches,
+  // --stages). Keeps a reference to the model.
   PipelineEngine(model::Transformer& model, EngineConfig config);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
@@ -127,7 +176,7 @@ class PipelineEngine {
   // One step: writes the gradient of the step's mean loss into grads (overwritten) and
   // returns that loss. Throws Error(kInvalidArgument) for a batch that M does not divide
   // or spans of the wrong size; a failing worker aborts the others and its error is
-  // rethrown naming its stage and sequence rank.
+  // rethrown naming its stage, sequence rank and tensor rank.
   float step(std::span<const float> params, const GlobalBatch& batch, std::span<float> grads);
 
   const EngineConfig& config() const { return config_; }
@@ -136,10 +185,17 @@ class PipelineEngine {
   const std::vector<double>& unit_costs() const { return unit_costs_; }       // the profile; empty if overridden
   const StepStats& last_stats() const { return stats_; }
   const ScheduleShape& schedule_shape() const { return shape_; }
+  // Each stage's mesh, and the resharding plan of each boundary whose meshes differ, as
+  // text ("stage 0 → 1: …"), for the last step's micro-batch size; empty before a step.
+  const std::vector<StageMesh>& meshes() const { return meshes_; }
+  std::string describe_boundaries() const;
 
  private:
   struct Worker;
   void check_batch(const GlobalBatch& batch, std::span<const float> params) const;
+  void check_meshes();
+  void plan_boundaries(int microbatch);  // for this micro-batch size, unless they are
+  Worker& worker(int stage, int sequence_rank, int tensor_rank) const;
 
   model::Transformer& model_;
   EngineConfig config_;
@@ -158,7 +214,10 @@ class PipelineEngine {
   std::vector<int> first_units_;
   std::vector<double> unit_costs_;
   StepStats stats_;
-  std::vector<std::unique_ptr<Worker>> workers_;  // pp · sp, index p · sp + s; kept between steps
+  std::vector<StageMesh> meshes_;                 // per stage
+  std::vector<int> first_worker_;                 // per stage: its first worker's index in workers_
+  std::vector<std::unique_ptr<Worker>> workers_;  // stage by stage, (s, t) at s·tp + t; kept between steps
+  std::unique_ptr<pipeline_detail::BoundaryPlans> boundaries_;  // the resharding plans, for one micro-batch size
 };
 
 // The engine behind the common gradient interface (model/gradient_engine.h): a TokenBatch

@@ -1,0 +1,27 @@
+# What the CLI test scripts share; source it after `set -u` with PEERTRAIN set:
+#   bin, work (a temporary folder, removed with its processes on exit), ok, fail and their
+#   counts pass and failures; write_topology FILE NAME GENERATOR N BASE_PORT; and
+#   compare_losses A B, "N WORST": the (step, peer) train losses of two metrics.csv files
+#   matched up and their largest relative difference.
+bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
+work=$(mktemp -d)
+trap 'pkill -9 -f -- "$work" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+write_topology() {  # write_topology FILE NAME GENERATOR N BASE_PORT
+  {
+    echo "name: $2"
+    echo "graph: {generator: $3, n: $4}"
+    echo "peers:"
+    for ((i = 0; i < $4; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $(($5 + i))}"; done
+  } >"$1"
+}
+
+compare_losses() {
+  awk -F, 'FNR == 1 { file++; next } file == 1 { a[$1 "," $3] = $4; next }
+    ($1 "," $3) in a { n++; d = $4 - a[$1 "," $3]; if (d < 0) d = -d; r = d / (a[$1 "," $3] < 0 ? -a[$1 "," $3] : a[$1 "," $3]);
+    if (r > w) w = r } END { printf "%d %.3g", n, w }' "$1" "$2"
+}
