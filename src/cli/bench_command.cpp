@@ -312,16 +312,20 @@ int step(int argc, char** argv) {
 int run_bench(int argc, char** argv) {
   auto usage = [] {
     std::printf(
-        "usage: peertrain bench step|schedule|pipeline|reshard [options]\n\n"
+        "usage: peertrain bench step|schedule|pipeline|reshard|memory [options]\n\n"
         "  step --model mlp --batch 128 --threads 1 [--hidden 512,512] [--steps N] [--format text|json]\n"
         "  step --model gpt --batch 8 --seq 256 --d-model 128 --layers 4 --heads 4 [--sp S --pp P]\n"
         "       time one training step and compare its GFLOP/s with Eigen's GEMM\n"
         "  schedule --pp 4 --microbatches 8 [--schedule all|NAME] [--times F,B,W] [--timeline] [--format table|json]\n"
         "       replay the pipeline schedules: bubble and peak memory against the papers'\n"
         "  pipeline --model gpt --vocab-size 32000 --pp 4 --microbatches 8 --schedule 1f1b [--format table|json]\n"
-        "       run the pipeline engine: each stage's parameters, compute and activations; bubble, throughput\n"
+        "           [--stage-mesh \"sp=2,tp=1;sp=1,tp=4\" --reshard broadcast --link-between-gbps 10 --plan]\n"
+        "       run the pipeline engine: each stage's mesh, parameters, compute and activations; bubble, throughput\n"
         "  reshard [--source 2 --destination 2x2 --source-layout S0,R --destination-layout R,S0] [--plan]\n"
-        "       plan cross-mesh resharding: send-recv, broadcast, local-allgather against the lower bound\n");
+        "       carry out cross-mesh resharding over emulated links: send-recv, broadcast, local-allgather\n"
+        "       against the lower bound\n"
+        "  memory [--workers 4 --cap-gib 16 --d-model 768 --layers 12 --heads 12]\n"
+        "       sequence against tensor parallelism under one memory cap: the largest batch, the longest sequence\n");
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     usage();
@@ -332,7 +336,8 @@ int run_bench(int argc, char** argv) {
   if (sub == "schedule") return bench_schedule(argc - 1, argv + 1);
   if (sub == "pipeline") return bench_pipeline(argc - 1, argv + 1);
   if (sub == "reshard") return bench_reshard(argc - 1, argv + 1);
-  std::fprintf(stderr, "error: unknown bench command '%s'; expected step, schedule, pipeline or reshard\n",
+  if (sub == "memory") return bench_memory(argc - 1, argv + 1);
+  std::fprintf(stderr, "error: unknown bench command '%s'; expected step, schedule, pipeline, reshard or memory\n",
                sub.c_str());
   return 2;
 }

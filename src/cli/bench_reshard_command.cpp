@@ -1,15 +1,26 @@
 // peertrain bench reshard: the cross-mesh resharding planner (parallel/reshard.h) on the
 // micro-benchmark cases of Zhuang et al. (MLSys 2023) — one worker to many, and n to m
-// with several layout pairs — or on one case given by flags. For each strategy it prints
-// the modelled time, the bytes on the busiest link, the lower bound and the ratio to it.
+// with several layout pairs — or on one case given by flags. For each strategy it carries
+// the plan out, a thread per worker, over emulated links (reshard_exchange.h: a NIC per
+// worker between the meshes, a link per pair inside one), and prints the measured time,
+// the bytes on the busiest link, the lower bound and the ratio to it, with the modelled
+// time beside the measured one.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <latch>
+#include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
 #include "options.h"
+#include "peertrain/comm/thread_group.h"
 #include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
 #include "peertrain/parallel/reshard.h"
+#include "peertrain/parallel/reshard_exchange.h"
 
 namespace peertrain::cli {
 namespace {
@@ -58,6 +69,72 @@ std::vector<ReshardCase> paper_cases() {
   };
 }
 
+// The plan carried out once: a thread per worker of both meshes, over emulated links, from
+// a common start to the last destination's tile complete; checks every destination tile.
+double measure(const Mesh& source, const Layout& from, const Mesh& destination, const Layout& to,
+               const std::vector<std::int64_t>& shape, ReshardStrategy strategy, const parallel::LinkModel& links) {
+  const int S = source.workers(), D = destination.workers();
+  std::vector<int> source_ranks(S), destination_ranks(D), mesh_of(S + D, 1);
+  std::iota(source_ranks.begin(), source_ranks.end(), 0);
+  std::iota(destination_ranks.begin(), destination_ranks.end(), S);
+  std::fill_n(mesh_of.begin(), S, 0);
+  const auto x =
+      parallel::plan_exchange(source, from, source_ranks, destination, to, destination_ranks, shape, strategy);
+  // Each element's value is a hash of its index, so a misplaced one shows.
+  auto value_at = [&](const std::vector<std::int64_t>& at) {
+    std::uint64_t flat = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * static_cast<std::uint64_t>(shape[d]) + at[d];
+    return static_cast<float>((flat * 0x9E3779B97F4A7C15ull) >> 40);
+  };
+  auto fill = [&](const Mesh& mesh, const Layout& layout, int worker, const parallel::PackedTile& tile) {
+    std::vector<float> local(static_cast<std::size_t>(tile.elements()));
+    for (const auto& box : parallel::tiles(mesh, layout, shape, worker)) {
+      std::vector<float> values;
+      std::vector<std::int64_t> at = box.lo;
+      for (std::int64_t k = 0; k < box.elements(); ++k) {
+        values.push_back(value_at(at));
+        for (std::size_t d = at.size(); d-- > 0;) {
+          if (++at[d] < box.hi[d]) break;
+          at[d] = box.lo[d];
+        }
+      }
+      tile.unpack(box, values, local);
+    }
+    return local;
+  };
+  std::vector<std::vector<float>> sources, received(static_cast<std::size_t>(D));
+  for (int w = 0; w < S; ++w) sources.push_back(fill(source, from, w, x.source_tiles[static_cast<std::size_t>(w)]));
+  comm::ThreadGroup group(S + D, "bench reshard");
+  parallel::LinkEmulator emulator(links, mesh_of);
+  std::latch start(S + D);
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> began(static_cast<std::size_t>(S + D)), ended(began.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < S + D; ++r)
+    threads.emplace_back([&, r] {
+      parallel::GroupLink link(group.member(r), 1, 120.0, &emulator);
+      if (r >= S)
+        received[static_cast<std::size_t>(r - S)].resize(
+            static_cast<std::size_t>(x.destination_tiles[static_cast<std::size_t>(r - S)].elements()));
+      start.arrive_and_wait();
+      began[static_cast<std::size_t>(r)] = Clock::now();
+      if (r < S)
+        parallel::exchange_send(x, r, sources[static_cast<std::size_t>(r)], link);
+      else
+        parallel::exchange_receive(x, r - S, received[static_cast<std::size_t>(r - S)], link);
+      ended[static_cast<std::size_t>(r)] = Clock::now();
+      link.finish();
+    });
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < D; ++w)
+    if (received[static_cast<std::size_t>(w)] !=
+        fill(destination, to, w, x.destination_tiles[static_cast<std::size_t>(w)]))
+      throw Error(ErrorKind::kInternal, str("bench reshard: destination ", w, " got a wrong tile"));
+  const auto first = *std::min_element(began.begin(), began.end());
+  const auto last = *std::max_element(ended.begin() + S, ended.end());
+  return std::chrono::duration<double>(last - first).count();
+}
+
 }  // namespace
 
 int bench_reshard(int argc, char** argv) {
@@ -69,11 +146,15 @@ int bench_reshard(int argc, char** argv) {
                                                        cxxopts::value<std::string>())(
       "source-layout", "per tensor dimension R or S<axis>, e.g. S0,R", cxxopts::value<std::string>())(
       "destination-layout", "e.g. R,S0", cxxopts::value<std::string>())(
-      "shape", "tensor shape", cxxopts::value<std::string>()->default_value("4096x4096"))(
-      "between-gbps", "link bandwidth between the meshes, Gb/s", cxxopts::value<std::string>()->default_value("10"))(
-      "within-gbps", "link bandwidth inside a mesh, Gb/s", cxxopts::value<std::string>()->default_value("100"))(
+      "shape", "tensor shape", cxxopts::value<std::string>()->default_value("2048x2048"))(
+      "between-gbps",
+      "link bandwidth between the meshes, Gb/s (slow enough that this machine's memory copies "
+      "stay small next to it)",
+      cxxopts::value<std::string>()->default_value("1"))("within-gbps", "link bandwidth inside a mesh, Gb/s",
+                                                         cxxopts::value<std::string>()->default_value("10"))(
       "latency-us", "per message", cxxopts::value<std::string>()->default_value("20"))(
-      "plan", "print each strategy's transfers and bytes per worker")("h,help", "this help");
+      "plan", "print each strategy's transfers and bytes per worker")(
+      "model-only", "only the modelled times: plan, do not carry out")("h,help", "this help");
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
   return exit_code_of("bench reshard", [&] {
@@ -106,9 +187,12 @@ int bench_reshard(int argc, char** argv) {
     std::printf("float32 tensor");
     for (std::size_t d = 0; d < shape.size(); ++d)
       std::printf("%s%lld", d ? "x" : " ", static_cast<long long>(shape[d]));
-    std::printf("; links %.3g Gb/s between the meshes, %.3g Gb/s inside, %.3g us a message (modelled)\n\n",
-                links.between_bytes_per_s * 8 / 1e9, links.within_bytes_per_s * 8 / 1e9, links.latency_s * 1e6);
-    std::printf("%-30s %-16s %10s %14s %10s %7s\n", "case", "strategy", "time ms", "busiest MiB", "bound ms", "ratio");
+    const bool measured = !args.count("model-only");
+    std::printf("; links %.3g Gb/s between the meshes, %.3g Gb/s inside, %.3g us a message (%s)\n\n",
+                links.between_bytes_per_s * 8 / 1e9, links.within_bytes_per_s * 8 / 1e9, links.latency_s * 1e6,
+                measured ? "emulated, a thread per worker; the model's time beside" : "modelled");
+    std::printf("%-30s %-16s %10s %10s %14s %10s %7s\n", "case", "strategy", measured ? "time ms" : "", "model ms",
+                "busiest MiB", "bound ms", "ratio");
     for (const auto& c : cases) {
       const Layout from = parallel::parse_layout(c.source_layout, "--source-layout");
       const Layout to = parallel::parse_layout(c.destination_layout, "--destination-layout");
@@ -117,10 +201,14 @@ int bench_reshard(int argc, char** argv) {
            {ReshardStrategy::kSendRecv, ReshardStrategy::kBroadcast, ReshardStrategy::kLocalAllGather}) {
         const auto plan = parallel::schedule_reshard(tasks, strategy, c.source.workers(), c.destination.workers());
         const auto cost = parallel::reshard_cost(tasks, plan, links);
-        std::printf("%-30s %-16s %10.2f %14.2f %10.2f %7.2f\n", c.name.c_str(),
-                    std::string(parallel::to_string(strategy)).c_str(), cost.seconds * 1e3,
+        const double seconds =
+            measured ? measure(c.source, from, c.destination, to, shape, strategy, links) : cost.seconds;
+        char time[32] = "";
+        if (measured) std::snprintf(time, sizeof time, "%.2f", seconds * 1e3);
+        std::printf("%-30s %-16s %10s %10.2f %14.2f %10.2f %7.2f\n", c.name.c_str(),
+                    std::string(parallel::to_string(strategy)).c_str(), time, cost.seconds * 1e3,
                     static_cast<double>(cost.busiest_link_bytes) / (1 << 20), cost.bound_seconds * 1e3,
-                    cost.seconds / cost.bound_seconds);
+                    seconds / cost.bound_seconds);
         if (args.count("plan")) std::printf("%s\n", parallel::describe(plan).c_str());
       }
     }

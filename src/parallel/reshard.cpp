@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 
 #include "peertrain/core/error.h"
@@ -17,6 +18,37 @@ Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgu
 // from the same holders.
 using SliceKey = std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::vector<int>>;
 SliceKey slice_key(const ReshardTask& task) { return {task.slice.lo, task.slice.hi, task.holders}; }
+
+// The order the transfers go out in: rounds in which no source worker sends twice and no
+// destination worker receives across twice, the larger transfers first (greedy matchings
+// of the bipartite graph of transfers). Senders then spread their first messages over
+// different receivers instead of all starting on the same one, which on links that carry
+// one message at a time would leave most of them idle — the role of the paper's ordering
+// of the send/recv tasks. Each worker still handles its own transfers in list order.
+void order_in_rounds(std::vector<Transfer>& transfers) {
+  std::vector<std::size_t> left(transfers.size());
+  std::iota(left.begin(), left.end(), 0);
+  std::stable_sort(left.begin(), left.end(), [&](std::size_t a, std::size_t b) {
+    return transfers[a].slice.elements() > transfers[b].slice.elements();
+  });
+  std::vector<Transfer> ordered;
+  while (!left.empty()) {
+    std::set<int> senders, receivers;
+    std::vector<std::size_t> later;
+    for (std::size_t i : left) {
+      const Transfer& t = transfers[i];
+      if (senders.count(t.sender) || receivers.count(t.receivers.front())) {
+        later.push_back(i);
+        continue;
+      }
+      senders.insert(t.sender);
+      receivers.insert(t.receivers.front());
+      ordered.push_back(std::move(transfers[i]));
+    }
+    left = std::move(later);
+  }
+  transfers = std::move(ordered);
+}
 
 std::string box_text(const Box& box) {
   std::string text = "[";
@@ -241,13 +273,23 @@ ReshardSchedule schedule_reshard(const std::vector<ReshardTask>& tasks, ReshardS
              std::tie(out.source_sent[static_cast<std::size_t>(b)], b);
     });
   };
+  std::vector<std::int64_t> head_bytes(static_cast<std::size_t>(destination_workers), 0);
   for (const Group& g : groups) {
     const std::int64_t n = g.slice.elements();
     if (strategy != ReshardStrategy::kLocalAllGather || g.receivers.size() == 1) {
       const int sender = least_loaded(g.holders);
       out.source_sent[static_cast<std::size_t>(sender)] += n;  // a multicast leaves the sender once
       for (int r : g.receivers) out.destination_received[static_cast<std::size_t>(r)] += n;
-      out.transfers.push_back({sender, g.receivers, g.slice, {}, {}});
+      // Carried out as a chain (reshard_exchange.h), the first receiver's link takes the
+      // slice across: start the chain at the receiver that has headed the fewest bytes.
+      std::vector<int> chain = g.receivers;
+      const auto head = std::min_element(chain.begin(), chain.end(), [&](int a, int b) {
+        return std::tie(head_bytes[static_cast<std::size_t>(a)], a) <
+               std::tie(head_bytes[static_cast<std::size_t>(b)], b);
+      });
+      std::rotate(chain.begin(), head, chain.end());
+      head_bytes[static_cast<std::size_t>(chain.front())] += n;
+      out.transfers.push_back({sender, std::move(chain), g.slice, {}, {}});
       continue;
     }
     // Local all-gather: the slice cut along its longest dimension into one piece per
@@ -278,6 +320,7 @@ ReshardSchedule schedule_reshard(const std::vector<ReshardTask>& tasks, ReshardS
       out.destination_gathered[static_cast<std::size_t>(receiver)] += n - got;
     }
   }
+  order_in_rounds(out.transfers);
   return out;
 }
 

@@ -203,19 +203,15 @@ void LinkEmulator::posted(int from, int to, int tag, std::size_t bytes) {
   const bool across = mesh_of_[f] != mesh_of_[t];
   const auto hold = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
       static_cast<double>(bytes) / (across ? model_.between_bytes_per_s : model_.within_bytes_per_s)));
-  const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(model_.latency_s));
   std::lock_guard lock(mutex_);
   const auto now = Clock::now();
-  Clock::time_point done;
-  if (across) {
-    done = std::max({now, out_free_[f], in_free_[t]}) + hold;
-    out_free_[f] = in_free_[t] = done;
-  } else {
-    auto& link = pair_free_[f * mesh_of_.size() + t];
-    done = std::max(now, link) + hold;
-    link = done;
-  }
-  arrivals_[{from, to, tag}].push_back(done + latency);
+  // Across the meshes the sender's NIC carries the message as soon as it is free; the
+  // receiver's NIC is booked when the message is taken (in the receiver's order, which is
+  // the order the transfers were planned in), not here: senders post in whatever order
+  // their threads run, and booking a receiver's NIC in that order would be an artefact.
+  auto& link = across ? out_free_[f] : pair_free_[f * mesh_of_.size() + t];
+  link = std::max(now, link) + hold;
+  arrivals_[{from, to, tag}].push_back({link, across ? hold : Clock::duration::zero()});
 }
 
 void LinkEmulator::taken(int from, int to, int tag) {
@@ -224,8 +220,14 @@ void LinkEmulator::taken(int from, int to, int tag) {
     std::lock_guard lock(mutex_);
     auto& queue = arrivals_[{from, to, tag}];
     PEERTRAIN_CHECK(!queue.empty(), "link emulator: a message from ", from, " to ", to, " that was never posted");
-    arrival = queue.front();
+    auto [sent, hold] = queue.front();
     queue.pop_front();
+    if (hold > Clock::duration::zero()) {  // the receiver's NIC takes it in once free: full duplex, streaming
+      auto& nic = in_free_[static_cast<std::size_t>(to)];
+      sent = std::max(sent, nic + hold);
+      nic = sent;
+    }
+    arrival = sent + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(model_.latency_s));
   }
   std::this_thread::sleep_until(arrival);
 }

@@ -18,18 +18,19 @@ struct Named {
   std::string_view name;
 };
 constexpr Named kNames[] = {
-    {Schedule::kGpipe, "gpipe"},  {Schedule::kOneFOneB, "1f1b"},      {Schedule::kInterleaved, "interleaved"},
-    {Schedule::kZbH1, "zb-h1"},   {Schedule::kZbH2, "zb-h2"},         {Schedule::kZbV, "zb-v"},
-    {Schedule::kVHalf, "v-half"}, {Schedule::kPipeDream, "pipedream"}};
+    {Schedule::kGpipe, "gpipe"},  {Schedule::kOneFOneB, "1f1b"},       {Schedule::kInterleaved, "interleaved"},
+    {Schedule::kZbH1, "zb-h1"},   {Schedule::kZbH2, "zb-h2"},          {Schedule::kZbV, "zb-v"},
+    {Schedule::kVHalf, "v-half"}, {Schedule::kPipeDream, "pipedream"}, {Schedule::kEager1F1B, "eager-1f1b"}};
 
 Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
 
-std::vector<PipelineOp> one_f_one_b(int stages, int stage, int microbatches) {
+// eager: Alpa's overlap-friendly variant, 2(p − s) − 1 forwards before the first backward.
+std::vector<PipelineOp> one_f_one_b(int stages, int stage, int microbatches, bool eager = false) {
   std::vector<PipelineOp> ops;
   // Warm-up fills the pipe below this stage: the last stage's first backward can start
   // once stage s has sent p − s forwards, the p − s − 1 of the warm-up and the first of
   // the steady phase.
-  const int warmup = std::min(stages - stage - 1, microbatches);
+  const int warmup = std::min(eager ? 2 * (stages - stage) - 2 : stages - stage - 1, microbatches);
   for (int i = 0; i < warmup; ++i) ops.push_back({PassKind::kForward, i});
   for (int i = warmup; i < microbatches; ++i) {
     ops.push_back({PassKind::kForward, i});
@@ -363,7 +364,8 @@ std::vector<std::vector<PipelineOp>> base_schedule(const ScheduleShape& s) {
       }
       return ops;
     case Schedule::kOneFOneB:
-      for (int st = 0; st < p; ++st) ops[st] = one_f_one_b(p, st, m);
+    case Schedule::kEager1F1B:
+      for (int st = 0; st < p; ++st) ops[st] = one_f_one_b(p, st, m, s.schedule == Schedule::kEager1F1B);
       return ops;
     case Schedule::kInterleaved:
       for (int st = 0; st < p; ++st) ops[st] = interleaved(p, st, m, s.interleave);
@@ -431,6 +433,7 @@ double theoretical_bubble(const ScheduleShape& s, double f, double b, double w) 
   switch (s.schedule) {
     case Schedule::kGpipe:
     case Schedule::kOneFOneB:
+    case Schedule::kEager1F1B:
       bubble = p1 * (f + b + w);
       break;
     case Schedule::kInterleaved:
@@ -464,6 +467,7 @@ double theoretical_peak(const ScheduleShape& s) {
     case Schedule::kPipeDream:
       return std::min<double>(p, s.microbatches);
     case Schedule::kZbH2:
+    case Schedule::kEager1F1B:
       return std::min<double>(2 * p - 1, s.microbatches);
     case Schedule::kInterleaved:
       return std::min<double>(p + (p - 1) / s.interleave, s.microbatches);

@@ -113,7 +113,7 @@ done
 out=$("$bin" bench schedule --pp 4 --microbatches 8 --format json 2>&1)
 grep -q '"schedule":"zb-h2", "stages":4, "microbatches":8, "chunks":1, "bubble":0,' <<<"$out" && ok ||
   fail "bench schedule: no zero ZB-H2 bubble in: $out"
-[[ $(grep -c '"schedule"' <<<"$out") -eq 8 ]] && ok || fail "bench schedule printed $(grep -c '"schedule"' <<<"$out") schedules, expected 8"
+[[ $(grep -c '"schedule"' <<<"$out") -eq 9 ]] && ok || fail "bench schedule printed $(grep -c '"schedule"' <<<"$out") schedules, expected 9"
 # bench pipeline runs the engine and reports every stage; the LM head of a large
 # vocabulary makes its stage the heaviest.
 out=$("$bin" bench pipeline --vocab-size 4096 --d-model 32 --layers 2 --heads 2 --seq 16 --batch 4 --pp 2 \
@@ -123,11 +123,19 @@ ratio=$(grep -o '"parameter_bytes_max_over_mean": [0-9.]*' <<<"$out" | cut -d' '
 awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.0) }' && ok || fail "bench pipeline: parameter max/mean ${ratio:-?}"
 out=$("$bin" bench pipeline --pp 9 --layers 2 --d-model 32 --heads 2 --seq 16 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --pp 9" <<<"$out" && ok || fail "bench pipeline --pp 9: $out"
-# bench reshard plans the paper's cases; where the destination replicates, broadcast or
-# local all-gather beats send-recv, and a layout the mesh cannot split is named.
-out=$("$bin" bench reshard 2>&1)
+# bench reshard plans the paper's cases; on the modelled links (the time is not asserted:
+# that is the benchmark's), local all-gather is within 1.3x of the bound and 3x faster
+# than send-recv where the destination replicates (1 -> 4). Carried out over emulated
+# links on a small tensor, every destination tile checks out (the bench fails otherwise).
+out=$("$bin" bench reshard --model-only 2>&1)
 [[ $(grep -c "send-recv\|broadcast\|local-allgather" <<<"$out") -eq 24 ]] && ok || fail "bench reshard: $out"
-grep -q "1 -> 4, replicate              broadcast .* 1.00$" <<<"$out" && ok || fail "bench reshard 1 -> 4 broadcast: $out"
+read -r naive best ratio <<<"$(awk '/^1 -> 4, replicate/ && / send-recv / { n = $(NF-4) }
+  /^1 -> 4, replicate/ && / local-allgather / { b = $(NF-4); r = $NF } END { print n, b, r }' <<<"$out")"
+awk -v n="${naive:-0}" -v b="${best:-1}" -v r="${ratio:-9}" 'BEGIN { exit !(r <= 1.3 && n >= 3 * b) }' && ok ||
+  fail "bench reshard 1 -> 4: send-recv ${naive:-?} ms, local-allgather ${best:-?} ms, ratio ${ratio:-?}: $out"
+out=$("$bin" bench reshard --shape 64x64 --between-gbps 10 --within-gbps 100 2>&1)
+[[ $? -eq 0 && $(grep -c "emulated" <<<"$out") -eq 1 && $(grep -c "local-allgather" <<<"$out") -eq 8 ]] && ok ||
+  fail "bench reshard, carried out: $out"
 out=$("$bin" bench reshard --source 2 --destination 3 --source-layout S0,R --destination-layout S0,R --shape 4x4 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: the destination mesh: dimension 0 (4) does not split evenly over axis 0" <<<"$out" &&
   ok || fail "bench reshard bad layout: $out"

@@ -110,7 +110,7 @@ TEST(Schedule, ParsesItsNames) {
 }
 
 TEST(Schedule, EveryMicroBatchOnceForwardThenBackwardWithBoundedMemory) {
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kEager1F1B})
     for (int p : {1, 2, 3, 4, 7})
       for (int m : {1, 2, 3, 4, 8, 13})
         for (int s = 0; s < p; ++s) {
@@ -130,6 +130,11 @@ TEST(Schedule, EveryMicroBatchOnceForwardThenBackwardWithBoundedMemory) {
           const double peak = peak_in_flight(ops);
           if (schedule == Schedule::kGpipe) {
             EXPECT_EQ(peak, m);
+          } else if (schedule == Schedule::kEager1F1B) {  // 2(p − s) − 1 forwards before the first backward
+            EXPECT_EQ(peak, std::min(2 * (p - s) - 1, m));
+            int before = 0;
+            while (ops[before].kind == PassKind::kForward) ++before;
+            EXPECT_EQ(before, std::min(2 * (p - s) - 1, m));
           } else {
             EXPECT_LE(peak, p - s);
             EXPECT_EQ(peak, std::min(p - s, m));
@@ -148,7 +153,7 @@ TEST(Schedule, OneFOneBMatchesPipeDreamFlushOrder) {
 }
 
 TEST(Schedule, ReplayOfUniformStagesHasTheTheoreticalBubble) {
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB})
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kEager1F1B})
     for (int p : {1, 2, 4, 5})
       for (int m : {1, 3, 4, 8}) {
         // Backward twice the forward, as in a transformer; the bubble does not depend on it.

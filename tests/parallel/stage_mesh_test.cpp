@@ -127,6 +127,23 @@ TEST(StageMeshes, ContiguousSplitsTheVAndEmulatedLinksToo) {
   expect_matches_unsplit(k);
 }
 
+TEST(StageMeshes, EagerOneFOneBMatchesTheUnsplitModelAndHoldsMore) {
+  // Alpa's overlap-friendly 1F1B: stage s runs 2(p − s) − 1 forwards before its first
+  // backward, so it holds that many micro-batches instead of p − s.
+  Case k;
+  k.model = twelve_head_gpt();
+  k.engine.pp = 3;
+  k.engine.stage_meshes = parse_stage_meshes("sp=2;tp=2;sp=1");
+  k.engine.microbatches = 6;
+  k.engine.schedule = Schedule::kEager1F1B;
+  k.engine.stage_first_units = {0, 2, 4};
+  k.batch = 6;
+  k.seed = 250;
+  StepStats stats;
+  expect_matches_unsplit(k, &stats);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(stats.stages[s].peak_in_flight, std::min(2 * (3 - s) - 1, 6)) << "stage " << s;
+}
+
 TEST(StageMeshes, PlanIsPrintedPerBoundary) {
   model::Transformer model(twelve_head_gpt());
   std::vector<float> params(model.num_parameters()), grads(params.size());

@@ -110,9 +110,12 @@ void exchange_receive(const ReshardExchange& exchange, int worker, std::span<flo
 // Emulated links between the workers of a group (LinkModel's figures): a pair of workers
 // in the same mesh has a link of its own at within_bytes_per_s; between meshes every worker
 // has one link (a NIC) at between_bytes_per_s each way, which all its messages to and from
-// other meshes share. A message holds its links for bytes / bandwidth, one message at a
-// time, and arrives latency_s after. The sender books the links as it posts; the receiver,
-// once the message is in memory, waits until its emulated arrival.
+// other meshes share, full duplex. A message holds a link for bytes / bandwidth, one message
+// at a time: the sender's NIC from when it is free (booked as it posts), the receiver's
+// from when it is free and the bytes are on their way (booked as it takes the message, in
+// its order; streaming, so a busy receiver does not hold up its senders' other messages);
+// it arrives latency_s after. The receiver, once the message is in memory, waits until
+// its emulated arrival.
 class LinkEmulator {
  public:
   LinkEmulator(LinkModel model, std::vector<int> mesh_of_rank);
@@ -125,7 +128,11 @@ class LinkEmulator {
   std::vector<int> mesh_of_;
   std::mutex mutex_;
   std::vector<Clock::time_point> pair_free_, out_free_, in_free_;
-  std::map<std::tuple<int, int, int>, std::deque<Clock::time_point>> arrivals_;
+  struct Posted {
+    Clock::time_point sent;  // off the sender's link
+    Clock::duration hold;    // what it holds the receiver's NIC for; zero inside a mesh
+  };
+  std::map<std::tuple<int, int, int>, std::deque<Posted>> arrivals_;
 };
 
 }  // namespace peertrain::parallel

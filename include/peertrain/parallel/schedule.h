@@ -11,6 +11,10 @@
 //   1F1B, PipeDream-Flush (Narayanan et al. 2021): stage s runs min(p − s − 1, m) warm-up
 //     forwards, then alternates one forward and one backward, then drains. At most p − s
 //     micro-batches in flight; the bubble is GPipe's, (p − 1)/(m + p − 1).
+//   Eager 1F1B (Zhuang et al., MLSys 2023, "overlap-friendly"): 1F1B with stage s running
+//     min(m, 2(p − s) − 1) forwards before its first backward instead of p − s, so that a
+//     forward's output is sent (and resharded) well before the next stage needs it; same
+//     bubble, up to 2(p − s) − 1 micro-batches in flight.
 //   Interleaved 1F1B (Narayanan et al., SC 2021): v chunks per stage, placed round robin
 //     (virtual stage c·p + s on stage s); the bubble shrinks v-fold. Needs p | m.
 //   ZB-H1, ZB-H2: one chunk, B and W apart. H1 keeps 1F1B's memory (p − s micro-batches
@@ -42,9 +46,10 @@
 
 namespace peertrain::parallel {
 
-enum class Schedule { kGpipe, kOneFOneB, kInterleaved, kZbH1, kZbH2, kZbV, kVHalf, kPipeDream };
+enum class Schedule { kGpipe, kOneFOneB, kInterleaved, kZbH1, kZbH2, kZbV, kVHalf, kPipeDream, kEager1F1B };
 
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "v-half" | "pipedream"; anything
+// "gpipe" | "1f1b" | "eager-1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "v-half" |
+// "pipedream"; anything
 // else throws Error(kInvalidArgument) naming `flag` and the choices.
 Schedule parse_schedule(std::string_view text, std::string_view flag = "--schedule");
 std::string_view to_string(Schedule schedule);
