@@ -227,7 +227,7 @@ int step(int argc, char** argv) {
       "pp", "gpt/vit: pipeline stages", cxxopts::value<std::string>()->default_value("1"))(
       "microbatches", "gpt/vit: micro-batches", cxxopts::value<std::string>()->default_value("1"))(
       "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
-      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
+      "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))(
       "device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
       cxxopts::value<std::string>())("gemm-precision", "--device cuda: fp32 | tf32 | bf16",

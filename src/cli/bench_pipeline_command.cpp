@@ -45,7 +45,7 @@ int bench_pipeline(int argc, char** argv) {
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("4"))(
       "microbatches", "micro-batches per step", cxxopts::value<std::string>()->default_value("8"))(
-      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
+      "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: chunks per stage",
                                                             cxxopts::value<std::string>()->default_value("2"))(
       "vocab-parallel", "gpt: none | vocab-1 | vocab-2 (the vocabulary split over the stages)",

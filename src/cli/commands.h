@@ -12,6 +12,7 @@ int bench_schedule(int argc, char** argv);  // peertrain bench schedule
 int bench_pipeline(int argc, char** argv);  // peertrain bench pipeline
 int bench_reshard(int argc, char** argv);   // peertrain bench reshard
 int bench_memory(int argc, char** argv);    // peertrain bench memory
+int run_plan(int argc, char** argv);        // peertrain plan
 int run_keygen(int argc, char** argv);
 
 }  // namespace peertrain::cli

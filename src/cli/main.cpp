@@ -24,7 +24,8 @@ void print_usage() {
       "  peer                run one peer (launch, srun or mpirun start these)\n"
       "  topology generate   write a topology file from a generator\n"
       "  topology inspect    check a topology file and report W's spectral gap\n"
-      "  bench step          time one training step\n"
+      "  bench step          time one training step (also: schedule, pipeline, reshard, memory)\n"
+      "  plan                predict each split of a peer's workers and pick the fastest that fits\n"
       "  keygen FILE         write a new key file for --secret-file\n\n"
       "Run 'peertrain <command> --help' for a command's options.\n"
       "build: cuda=%s nccl=%s\n",
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (command == "launch") return peertrain::cli::run_launch(argc - 1, argv + 1);
     if (command == "peer") return peertrain::cli::run_peer(argc - 1, argv + 1);
     if (command == "bench") return peertrain::cli::run_bench(argc - 1, argv + 1);
+    if (command == "plan") return peertrain::cli::run_plan(argc - 1, argv + 1);
     if (command == "keygen") return peertrain::cli::run_keygen(argc - 1, argv + 1);
     std::fprintf(stderr, "error: unknown command '%s'; run 'peertrain --help' for the list\n", command.c_str());
     return 2;

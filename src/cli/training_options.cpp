@@ -248,7 +248,7 @@ void add_training_options(cxxopts::Options& options) {
                                                          cxxopts::value<std::string>()->default_value("1"))(
       "microbatches", "micro-batches per step (must divide --batch)",
       cxxopts::value<std::string>()->default_value("1"))(
-      "schedule", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
+      "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: model chunks per stage",
                                                             cxxopts::value<std::string>()->default_value("2"))(
       "vocab-parallel",

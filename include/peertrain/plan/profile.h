@@ -1,0 +1,97 @@
+// Profiles for the step-time simulator (plan/simulator.h): what one worker's passes cost on
+// this machine, measured once per shape and kept in a cache file keyed by the machine and
+// the build.
+//
+// A unit's cost is measured as the engine runs it: sp × tp threads with real groups (ring
+// attention over the sequence ranks, the blocks' all-reduces over the tensor ranks), one
+// thread each (or, for a peer's only worker, OpenMP over every core), four micro-batches'
+// forwards and then their backwards (so a backward finds its activations out of the
+// caches, as in a pipeline), every pass started on all workers at once and timed by the
+// wall clock: the mesh alone on the machine, its collectives' waits included. The median
+// over a few repetitions; a pass of the pipeline is the sum of its units'. The blocks of
+// a model are alike, so one is measured for all.
+// Alongside: the bytes each unit keeps for its backward (activations, and the B pass's
+// stash), the machine's memory-copy rate and the cost of an in-peer message, and a step's
+// fixed overhead (threads, groups) per worker count.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/ring_attention.h"
+
+namespace peertrain::plan {
+
+enum class UnitKind { kEmbedding, kBlock, kHead };
+
+// One unit's passes on one worker of a stage mesh, for one micro-batch.
+struct UnitCost {
+  // Wall time, the mesh alone on the machine (its collectives' waits included).
+  double forward_s = 0, backward_s = 0;                // the fused backward
+  double backward_input_s = 0, backward_weight_s = 0;  // split (zero-bubble schedules)
+  // Of that, one worker's CPU time: the rest is waiting, which leaves the cores to others.
+  double forward_cpu_s = 0, backward_cpu_s = 0, backward_input_cpu_s = 0, backward_weight_cpu_s = 0;
+  double activation_bytes = 0;  // kept from forward to backward
+  double stash_bytes = 0;       // kept from B to W
+};
+
+// What a unit's cost depends on.
+struct UnitShape {
+  UnitKind unit = UnitKind::kBlock;
+  int microbatch = 1;  // sequences
+  int sp = 1, tp = 1;
+  parallel::SequenceSplit split = parallel::SequenceSplit::kZigzag;
+  // The peer's only worker: its GEMMs fan out over every core (the engine leaves OpenMP
+  // alone then), timed by the wall clock. Otherwise every worker is one thread.
+  bool solo = false;
+  std::string key(const model::TransformerConfig& config) const;
+};
+
+// Measured once per cache: the machine's communication inside a peer.
+struct MachineCosts {
+  int cores = 1;
+  double copy_bytes_per_s = 0;            // one thread's memcpy rate on buffers larger than the caches
+  double message_s = 0;                   // one point-to-point message between two threads, empty
+  std::map<int, double> step_overhead_s;  // per worker count: a pipeline step beyond its passes
+  // Per count n of threads computing at once (1 … cores): how much longer each takes for the
+  // same work than alone (shared caches, memory bandwidth, a host's sibling threads). A
+  // profile measured with n threads at once already carries slowdown[n].
+  std::vector<double> slowdown;
+  double slowdown_at(int threads) const;
+};
+
+class Profiler {
+ public:
+  // cache_path: the cache, a text file (empty: no cache, measure every time). The file holds
+  // entries of this machine and build only; another's are dropped on save.
+  explicit Profiler(std::string cache_path = default_cache_path(), int repetitions = 3);
+
+  const UnitCost& unit(const model::TransformerConfig& config, const UnitShape& shape);
+  const MachineCosts& machine();
+  double step_overhead_s(int workers);
+
+  // Figures from elsewhere (tests; another machine's measurements), used instead of measuring.
+  void set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost);
+  void set_machine(const MachineCosts& machine);
+
+  int measured() const { return measured_; }  // entries measured (not found in the cache) so far
+  void save() const;                          // writes the cache (no-op without a path)
+
+  // $XDG_CACHE_HOME/peertrain/profile.tsv, or ~/.cache/…; "" when neither is set.
+  static std::string default_cache_path();
+  // What the cached figures belong to: host, CPU model, cores, compiler and build flags.
+  static std::string machine_key();
+
+ private:
+  std::string path_;
+  int repetitions_;
+  int measured_ = 0;
+  std::map<std::string, UnitCost> units_;
+  MachineCosts machine_;
+  bool machine_known_ = false;
+  void load();
+};
+
+}  // namespace peertrain::plan

@@ -1,0 +1,64 @@
+// The step-time simulator (FlexFlow's execution simulator, Jia et al. SysML 2019, for this
+// engine): given a model, the profiles of plan/profile.h and a strategy, it builds the task
+// graph of one pipeline step — every pass of every stage's list (schedule.h) as a compute
+// task on that stage's workers, every boundary tensor as a transfer on the link between two
+// stages' meshes, with their dependencies — and replays it.
+//
+// The replay shares the machine's cores among the worker threads that can run (processor
+// sharing: k runnable threads on C cores each progress at min(1, C/k)), which is what the
+// operating system does when a peer has more workers than cores, so the prediction is for
+// this machine; with --cores W (a core per worker) it is for a machine that has them. A
+// transfer delays its receiver by the boundary's resharding time: on emulated links the
+// planner's modelled time (reshard.h), on free links its memory copies and messages.
+// Beyond the passes a step pays its fixed overhead (threads, groups; measured per worker
+// count), the stages' gradient all-reduce and the gradient's assembly.
+//
+// Memory per worker: its parameters (a tensor rank's shard of each block) times the
+// copies training keeps — weights, gradient and Adam's two moments, 4 — plus the largest
+// sum, over its list, of the activations (and B's stash) of the micro-batches in flight.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
+#include "peertrain/plan/profile.h"
+
+namespace peertrain::plan {
+
+struct Strategy {
+  // sp, tp, pp or stage_meshes, microbatches, schedule, chunks, stage_first_units (empty:
+  // balanced from the profile, as the engine does), reshard, links, split.
+  parallel::EngineConfig engine;
+  int batch = 8;                 // sequences per step
+  std::string describe() const;  // "sp2 tp1 pp2 m4 1f1b"
+  // The flags that run it: --sp 2 --tp 1 --pp 2 --microbatches 4 --schedule 1f1b --stages …
+  std::vector<std::string> flags() const;
+};
+
+struct SimulationOptions {
+  int cores = 0;                // 0: this machine's
+  double memory_cap_bytes = 0;  // per worker; 0: none
+  int parameter_copies = 4;     // weights, gradient, Adam's two moments
+};
+
+struct Prediction {
+  bool feasible = true;
+  std::string why_not;  // when not: cannot be built, or does not fit
+  double step_s = 0;
+  double passes_s = 0;               // the replayed passes, first start to last end
+  double compute_s = 0;              // the busiest stage's passes, one worker's CPU time
+  double bubble = 0;                 // stages' mean idle share of passes_s
+  double overhead_s = 0;             // threads, groups, the gradient's assembly
+  double reduce_s = 0;               // the stages' gradient all-reduce
+  double transfer_s = 0;             // one boundary tensor's resharding (the slowest boundary)
+  std::vector<double> worker_bytes;  // per stage: one worker's peak memory
+  std::vector<int> first_units;      // the stage boundaries used
+  double peak_bytes() const;
+};
+
+Prediction simulate(const model::TransformerConfig& model, const Strategy& strategy, Profiler& profiler,
+                    const SimulationOptions& options = {});
+
+}  // namespace peertrain::plan

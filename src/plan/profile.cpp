@@ -1,0 +1,393 @@
+// Measuring what the simulator needs; see profile.h.
+#include "peertrain/plan/profile.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "peertrain/comm/thread_group.h"
+#include "peertrain/config.h"
+#include "peertrain/core/aligned.h"
+#include "peertrain/core/error.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/model/batch_slice.h"
+#include "peertrain/parallel/pipeline.h"
+
+namespace peertrain::plan {
+namespace {
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double wall_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+// One unit's passes on sp × tp threads with real groups; the slowest worker's medians.
+UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
+  model::Transformer model(config);
+  const auto& c = model.config();
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, 1);
+  Rng rng(7);
+  const int b = shape.microbatch, T = c.tokens(), d = c.d_model;
+  std::vector<std::int32_t> bytes, targets;
+  std::vector<float> pixels;
+  if (c.kind == model::TransformerKind::kGpt) {
+    for (long long i = 0; i < static_cast<long long>(b) * T; ++i) {
+      bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
+      targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
+    }
+  } else {
+    for (long long i = 0; i < static_cast<long long>(b) * c.image * c.image; ++i)
+      pixels.push_back(static_cast<float>(rng.normal()));
+    for (int i = 0; i < b; ++i) targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.classes)));
+  }
+  std::vector<int> every(static_cast<std::size_t>(T));
+  std::iota(every.begin(), every.end(), 0);
+  const model::TokenBatch whole{.batch = b,
+                                .tokens = T,
+                                .positions = every,
+                                .bytes = bytes,
+                                .pixels = pixels,
+                                .targets = targets,
+                                .loss_divisor = static_cast<double>(b) * T};
+  const int unit = shape.unit == UnitKind::kEmbedding ? 0 : shape.unit == UnitKind::kBlock ? 1 : model.num_units() - 1;
+  const int W = shape.sp * shape.tp;
+  std::vector<std::unique_ptr<comm::ThreadGroup>> sequence_groups, tensor_groups;
+  for (int t = 0; t < shape.tp && shape.sp > 1; ++t)
+    sequence_groups.push_back(std::make_unique<comm::ThreadGroup>(shape.sp, "profile sequence group"));
+  for (int s = 0; s < shape.sp && shape.tp > 1; ++s)
+    tensor_groups.push_back(std::make_unique<comm::ThreadGroup>(shape.tp, "profile tensor group"));
+  std::vector<UnitCost> costs(static_cast<std::size_t>(W));
+  std::barrier start_line(W);
+  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(W));
+  auto work = [&](int s, int t) {
+    try {
+#ifdef _OPENMP
+      if (!shape.solo) omp_set_num_threads(1);  // as the engine: one thread per worker
+#endif
+      std::vector<int> positions;
+      if (shape.sp > 1) positions = parallel::sequence_positions(T, shape.sp, s, shape.split);
+      model::BatchSlice slice;
+      model::slice_batch(c, whole, 0, b, positions, slice);
+      const model::TokenBatch& mine = slice.batch;
+      std::optional<parallel::RingAttention> ring;
+      model::UnitContext context;
+      if (shape.sp > 1) {
+        context.sequence_group = &sequence_groups[static_cast<std::size_t>(t)]->member(s);
+        ring.emplace(*context.sequence_group, parallel::RingMode::kOnlineSoftmax, 60.0);
+        context.attention = &*ring;
+      }
+      if (shape.tp > 1) context.tensor_group = &tensor_groups[static_cast<std::size_t>(s)]->member(t);
+      const std::size_t n = static_cast<std::size_t>(d) * mine.batch * mine.tokens;
+      AlignedVector<float> in(n), out(n), dout(n), din(n);
+      Rng data(11 + static_cast<std::uint64_t>(s * shape.tp + t));
+      for (auto* v : {&in, &dout})
+        for (auto& x : *v) x = static_cast<float>(data.normal());
+      std::vector<float> grads(model.num_parameters(), 0.0f);
+      const bool last = unit + 1 == model.num_units();
+      float* din_or_null = unit == 0 ? nullptr : din.data();
+      // [pass][0: wall, 1: CPU] per repetition: forward, B, W, fused backward.
+      std::vector<double> times[4][2];
+      UnitCost& cost = costs[static_cast<std::size_t>(s * shape.tp + t)];
+      // As in a pipeline, several micro-batches are in flight: forwards of kInFlight of them,
+      // then their backwards, so that a backward reads activations the forwards after it
+      // have pushed out of the caches. Averaged over them; the first round is a warm-up.
+      constexpr int kInFlight = 4;
+      std::vector<model::UnitActivations> saved(kInFlight), again(kInFlight);
+      for (int r = 0; r <= repetitions; ++r) {
+        double sum[4][2] = {};
+        auto timed = [&](int pass, auto&& fn) {
+          start_line.arrive_and_wait();  // every worker of the mesh starts the pass at once
+          const double wall = wall_s(), cpu = thread_cpu_s();
+          fn();
+          sum[pass][0] += wall_s() - wall;
+          sum[pass][1] += thread_cpu_s() - cpu;
+        };
+        for (auto& a : saved)
+          timed(0, [&] { model.forward(unit, params, mine, in.data(), last ? nullptr : out.data(), a, context); });
+        for (auto& a : saved) {
+          timed(1, [&] { model.backward_input(unit, params, mine, dout.data(), din_or_null, a, context); });
+          cost.stash_bytes = static_cast<double>(a.stash.size() * sizeof(float));
+          timed(2, [&] { model.backward_weight(unit, params, mine, a, grads, context); });
+        }
+        for (auto& a : again) model.forward(unit, params, mine, in.data(), last ? nullptr : out.data(), a, context);
+        for (auto& a : again)
+          timed(3, [&] { model.backward(unit, params, mine, dout.data(), din_or_null, a, grads, context); });
+        cost.activation_bytes = static_cast<double>(saved[0].activation_bytes());
+        if (r == 0) continue;
+        for (int pass = 0; pass < 4; ++pass)
+          for (int k = 0; k < 2; ++k) times[pass][k].push_back(sum[pass][k] / kInFlight);
+      }
+      cost.forward_s = median(times[0][0]);
+      cost.backward_input_s = median(times[1][0]);
+      cost.backward_weight_s = median(times[2][0]);
+      cost.backward_s = median(times[3][0]);
+      // A lone worker's GEMMs run on every core: its CPU time is the wall time's.
+      cost.forward_cpu_s = shape.solo ? cost.forward_s : median(times[0][1]);
+      cost.backward_input_cpu_s = shape.solo ? cost.backward_input_s : median(times[1][1]);
+      cost.backward_weight_cpu_s = shape.solo ? cost.backward_weight_s : median(times[2][1]);
+      cost.backward_cpu_s = shape.solo ? cost.backward_s : median(times[3][1]);
+    } catch (...) {
+      failures[static_cast<std::size_t>(s * shape.tp + t)] = std::current_exception();
+      for (auto& g : sequence_groups) g->member(0).abort("a profiling worker failed");
+      for (auto& g : tensor_groups) g->member(0).abort("a profiling worker failed");
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int s = 0; s < shape.sp; ++s)
+    for (int t = 0; t < shape.tp; ++t) threads.emplace_back(work, s, t);
+  for (auto& th : threads) th.join();
+  for (auto& f : failures)
+    if (f) std::rethrow_exception(f);
+  UnitCost slowest;
+  for (const UnitCost& k : costs) {
+    slowest.forward_s = std::max(slowest.forward_s, k.forward_s);
+    slowest.backward_s = std::max(slowest.backward_s, k.backward_s);
+    slowest.backward_input_s = std::max(slowest.backward_input_s, k.backward_input_s);
+    slowest.backward_weight_s = std::max(slowest.backward_weight_s, k.backward_weight_s);
+    slowest.forward_cpu_s = std::max(slowest.forward_cpu_s, k.forward_cpu_s);
+    slowest.backward_cpu_s = std::max(slowest.backward_cpu_s, k.backward_cpu_s);
+    slowest.backward_input_cpu_s = std::max(slowest.backward_input_cpu_s, k.backward_input_cpu_s);
+    slowest.backward_weight_cpu_s = std::max(slowest.backward_weight_cpu_s, k.backward_weight_cpu_s);
+    slowest.activation_bytes = std::max(slowest.activation_bytes, k.activation_bytes);
+    slowest.stash_bytes = std::max(slowest.stash_bytes, k.stash_bytes);
+  }
+  return slowest;
+}
+
+MachineCosts measure_machine() {
+  MachineCosts m;
+  m.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // memcpy on buffers well beyond the caches.
+  std::vector<char> a(64 << 20, 1), b(64 << 20, 0);
+  std::vector<double> rates;
+  for (int r = 0; r < 4; ++r) {
+    const double t0 = wall_s();
+    std::memcpy(b.data(), a.data(), a.size());
+    rates.push_back(static_cast<double>(a.size()) / (wall_s() - t0));
+  }
+  m.copy_bytes_per_s = *std::max_element(rates.begin(), rates.end());
+  // An empty message between two threads: half a ping-pong's round trip.
+  comm::ThreadGroup pair(2, "profile ping-pong");
+  constexpr int kTrips = 200;
+  float token = 0;
+  const double t0 = wall_s();
+  std::thread other([&] {
+    float x = 0;
+    for (int i = 0; i < kTrips; ++i) {
+      pair.member(1).recv(0, 0, {&x, 1});
+      pair.member(1).send(0, 1, {&x, 1});
+    }
+  });
+  for (int i = 0; i < kTrips; ++i) {
+    pair.member(0).send(1, 0, {&token, 1});
+    pair.member(0).recv(1, 1, {&token, 1});
+  }
+  other.join();
+  m.message_s = (wall_s() - t0) / (2.0 * kTrips);
+  // n threads multiplying matrices at once against one alone, in thread CPU time.
+  auto gemm_cpu_s = [](int threads) {
+    std::vector<double> per(static_cast<std::size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&per, t] {
+#ifdef _OPENMP
+        omp_set_num_threads(1);
+#endif
+        Eigen::MatrixXf a = Eigen::MatrixXf::Random(256, 256), b = Eigen::MatrixXf::Random(256, 256), c(256, 256);
+        const double start = thread_cpu_s();
+        for (int r = 0; r < 60; ++r) c.noalias() = a * b;
+        per[static_cast<std::size_t>(t)] = thread_cpu_s() - start + 0 * c(0, 0);
+      });
+    for (auto& th : pool) th.join();
+    return median(per);
+  };
+  const double alone = gemm_cpu_s(1);
+  for (int n = 1; n <= m.cores; ++n) m.slowdown.push_back(n == 1 ? 1.0 : gemm_cpu_s(n) / alone);
+  return m;
+}
+
+// A pipeline step beyond its passes: threads, groups, the start latch, the gradient
+// assembly, on a model too small for its passes to matter.
+double measure_overhead(int workers) {
+  model::TransformerConfig c;
+  c.d_model = 8;
+  c.heads = 1;
+  c.layers = 1;
+  c.seq = 4 * workers;
+  c.vocab = 16;
+  model::Transformer model(c);
+  parallel::EngineConfig e;
+  e.sp = workers;
+  parallel::PipelineEngine engine(model, e);
+  std::vector<float> params(model.num_parameters()), grads(params.size());
+  model.initialize(params, 1);
+  std::vector<std::int32_t> bytes(static_cast<std::size_t>(c.seq), 1);
+  parallel::GlobalBatch batch;
+  batch.batch = 1;
+  batch.bytes = bytes;
+  batch.targets = bytes;
+  std::vector<double> over;
+  for (int r = 0; r < 7; ++r) {
+    engine.step(params, batch, grads);
+    over.push_back(engine.last_stats().step_s - engine.last_stats().pipeline_s);
+  }
+  return median(over);
+}
+
+}  // namespace
+
+double MachineCosts::slowdown_at(int threads) const {
+  if (slowdown.empty() || threads < 1) return 1.0;
+  return slowdown[static_cast<std::size_t>(std::min<int>(threads, static_cast<int>(slowdown.size())) - 1)];
+}
+
+std::string UnitShape::key(const model::TransformerConfig& c) const {
+  return str(c.kind == model::TransformerKind::kGpt ? "gpt" : "vit", " d", c.d_model, " H", c.heads, " T", c.tokens(),
+             " V", c.kind == model::TransformerKind::kGpt ? c.vocab : c.classes, c.tied_head ? " tied" : "", " mlp",
+             c.mlp_ratio, " ",
+             unit == UnitKind::kEmbedding ? "embedding"
+             : unit == UnitKind::kBlock   ? "block"
+                                          : "head",
+             " b", microbatch, " sp", sp, " tp", tp, " ", parallel::to_string(split), solo ? " solo" : "");
+}
+
+Profiler::Profiler(std::string cache_path, int repetitions) : path_(std::move(cache_path)), repetitions_(repetitions) {
+  load();
+}
+
+std::string Profiler::default_cache_path() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return str(xdg, "/peertrain/profile.tsv");
+  if (const char* home = std::getenv("HOME"); home && *home) return str(home, "/.cache/peertrain/profile.tsv");
+  return "";
+}
+
+std::string Profiler::machine_key() {
+  char host[256] = "unknown";
+  gethostname(host, sizeof host - 1);
+  return str(host, " | ", cpu_model(), " | ", std::thread::hardware_concurrency(), " cores | ", PEERTRAIN_VERSION, " ",
+             __VERSION__, " | ", PEERTRAIN_BUILD_FLAGS);
+}
+
+void Profiler::load() {
+  if (path_.empty()) return;
+  std::ifstream in(path_);
+  std::string line;
+  if (!std::getline(in, line) || line != "machine\t" + machine_key()) return;  // another machine's or build's
+  while (std::getline(in, line)) {
+    std::istringstream row(line);
+    std::string kind, key;
+    std::getline(row, kind, '\t');
+    std::getline(row, key, '\t');
+    if (kind == "unit") {
+      UnitCost u;
+      row >> u.forward_s >> u.backward_s >> u.backward_input_s >> u.backward_weight_s >> u.forward_cpu_s >>
+          u.backward_cpu_s >> u.backward_input_cpu_s >> u.backward_weight_cpu_s >> u.activation_bytes >> u.stash_bytes;
+      if (row) units_[key] = u;
+    } else if (kind == "machine") {
+      row >> machine_.cores >> machine_.copy_bytes_per_s >> machine_.message_s;
+      machine_known_ = static_cast<bool>(row);
+      for (double x; row >> x;) machine_.slowdown.push_back(x);
+      machine_known_ = machine_known_ && static_cast<int>(machine_.slowdown.size()) == machine_.cores;
+    } else if (kind == "overhead") {
+      double s = 0;
+      row >> s;
+      if (row) machine_.step_overhead_s[std::stoi(key)] = s;
+    }
+  }
+}
+
+void Profiler::save() const {
+  if (path_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ignored);
+  const std::string temporary = path_ + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out.precision(9);
+    out << "machine\t" << machine_key() << "\n";
+    if (machine_known_) {
+      out << "machine\t-\t" << machine_.cores << " " << machine_.copy_bytes_per_s << " " << machine_.message_s;
+      for (double x : machine_.slowdown) out << " " << x;
+      out << "\n";
+    }
+    for (const auto& [workers, s] : machine_.step_overhead_s) out << "overhead\t" << workers << "\t" << s << "\n";
+    for (const auto& [key, u] : units_)
+      out << "unit\t" << key << "\t" << u.forward_s << " " << u.backward_s << " " << u.backward_input_s << " "
+          << u.backward_weight_s << " " << u.forward_cpu_s << " " << u.backward_cpu_s << " " << u.backward_input_cpu_s
+          << " " << u.backward_weight_cpu_s << " " << u.activation_bytes << " " << u.stash_bytes << "\n";
+    if (!out) throw Error(ErrorKind::kIo, str("profile cache ", temporary, ": cannot write"));
+  }
+  std::filesystem::rename(temporary, path_);
+}
+
+const UnitCost& Profiler::unit(const model::TransformerConfig& config, const UnitShape& shape) {
+  const std::string key = shape.key(config);
+  auto it = units_.find(key);
+  if (it != units_.end()) return it->second;
+  ++measured_;
+  return units_[key] = measure_unit(config, shape, repetitions_);
+}
+
+void Profiler::set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost) {
+  units_[shape.key(config)] = cost;
+}
+
+void Profiler::set_machine(const MachineCosts& machine) {
+  machine_ = machine;
+  machine_known_ = true;
+}
+
+const MachineCosts& Profiler::machine() {
+  if (!machine_known_) {
+    auto overheads = std::move(machine_.step_overhead_s);
+    machine_ = measure_machine();
+    machine_.step_overhead_s = std::move(overheads);
+    machine_known_ = true;
+    ++measured_;
+  }
+  return machine_;
+}
+
+double Profiler::step_overhead_s(int workers) {
+  machine();
+  auto it = machine_.step_overhead_s.find(workers);
+  if (it != machine_.step_overhead_s.end()) return it->second;
+  ++measured_;
+  return machine_.step_overhead_s[workers] = measure_overhead(workers);
+}
+
+}  // namespace peertrain::plan

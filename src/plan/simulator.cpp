@@ -1,0 +1,324 @@
+// The step-time simulator; see simulator.h.
+#include "peertrain/plan/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "peertrain/core/error.h"
+#include "peertrain/model/tensor_shard.h"
+#include "peertrain/model/transformer_layout.h"
+#include "peertrain/parallel/partitioner.h"
+#include "peertrain/parallel/reshard.h"
+#include "peertrain/parallel/schedule.h"
+
+namespace peertrain::plan {
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+UnitKind kind_of(int unit, int units) {
+  return unit == 0 ? UnitKind::kEmbedding : unit + 1 == units ? UnitKind::kHead : UnitKind::kBlock;
+}
+
+parallel::Layout activation_layout(const parallel::StageMesh& m, parallel::SequenceSplit split) {
+  parallel::Layout layout{{-1, m.sp > 1 ? 0 : -1, -1}, {0, 0, 0}};
+  layout.zigzag[1] = m.sp > 1 && split == parallel::SequenceSplit::kZigzag;
+  return layout;
+}
+
+}  // namespace
+
+std::string Strategy::describe() const {
+  const auto& e = engine;
+  std::string mesh =
+      e.stage_meshes.empty() ? str("sp", e.sp, " tp", e.tp) : str("meshes ", parallel::to_string(e.stage_meshes));
+  return str(mesh, " pp", e.pp, " m", e.microbatches, " ", parallel::to_string(e.schedule),
+             e.schedule == parallel::Schedule::kInterleaved ? str(" v", e.chunks) : "");
+}
+
+std::vector<std::string> Strategy::flags() const {
+  const auto& e = engine;
+  std::vector<std::string> f;
+  if (e.stage_meshes.empty()) {
+    f.insert(f.end(), {"--sp", str(e.sp), "--tp", str(e.tp)});
+  } else {
+    f.insert(f.end(), {"--stage-mesh", parallel::to_string(e.stage_meshes), "--reshard",
+                       std::string(parallel::to_string(e.reshard))});
+  }
+  f.insert(f.end(), {"--pp", str(e.pp), "--microbatches", str(e.microbatches), "--schedule",
+                     std::string(parallel::to_string(e.schedule))});
+  if (e.schedule == parallel::Schedule::kInterleaved) f.insert(f.end(), {"--chunks", str(e.chunks)});
+  return f;
+}
+
+double Prediction::peak_bytes() const {
+  return worker_bytes.empty() ? 0 : *std::max_element(worker_bytes.begin(), worker_bytes.end());
+}
+
+Prediction simulate(const model::TransformerConfig& config, const Strategy& strategy, Profiler& profiler,
+                    const SimulationOptions& options) {
+  Prediction out;
+  auto refuse = [&](std::string why) {
+    out.feasible = false;
+    out.why_not = std::move(why);
+    return out;
+  };
+  const parallel::EngineConfig& e = strategy.engine;
+  if (e.vocab_parallel != parallel::VocabParallel::kNone)
+    return refuse("the simulator does not model --vocab-parallel yet");
+  if (e.microbatches < 1 || strategy.batch % e.microbatches != 0)
+    return refuse(str("--microbatches ", e.microbatches, " does not divide the batch of ", strategy.batch));
+  model::Transformer model(config);
+  const auto& c = model.config();
+  std::vector<parallel::StageMesh> meshes;
+  try {  // what the engine would refuse, with its words
+    parallel::PipelineEngine probe(model, e);
+    meshes = probe.meshes();
+  } catch (const Error& err) {
+    return refuse(err.what());
+  }
+  const int P = e.pp, M = e.microbatches, b = strategy.batch / M, units = model.num_units();
+  const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = P, .microbatches = M, .interleave = e.chunks};
+  const int V = shape.virtual_stages();
+  const auto ops = parallel::build_schedule(shape);
+  const bool split_backward = shape.split_backward();
+
+  // Each stage's unit costs on its mesh.
+  std::vector<std::vector<UnitCost>> cost(static_cast<std::size_t>(P));
+  for (int p = 0; p < P; ++p)
+    for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
+      cost[static_cast<std::size_t>(p)].push_back(profiler.unit(c, {.unit = kind,
+                                                                    .microbatch = b,
+                                                                    .sp = meshes[p].sp,
+                                                                    .tp = meshes[p].tp,
+                                                                    .split = e.split,
+                                                                    .solo = e.workers() == 1}));
+  auto unit_cost = [&](int stage, int unit) -> const UnitCost& {
+    return cost[static_cast<std::size_t>(stage)][static_cast<std::size_t>(kind_of(unit, units))];
+  };
+  // The stage boundaries: given, or balanced on stage 0's costs, as the engine's plan() does.
+  out.first_units = e.stage_first_units;
+  if (out.first_units.empty()) {
+    std::vector<double> costs;
+    for (int u = 0; u < units; ++u) costs.push_back(unit_cost(0, u).forward_s + unit_cost(0, u).backward_s);
+    out.first_units = V == 1 ? std::vector<int>{0} : parallel::partition(costs, V);
+  }
+  auto units_of = [&](int k) {
+    return std::pair{out.first_units[static_cast<std::size_t>(k)],
+                     k + 1 < V ? out.first_units[static_cast<std::size_t>(k) + 1] : units};
+  };
+  // Each virtual stage's passes and what one micro-batch leaves in its memory.
+  struct Chunk {
+    double forward = 0, backward = 0, input = 0, weight = 0, activations = 0, stash = 0;
+    double forward_cpu = 0, backward_cpu = 0, input_cpu = 0, weight_cpu = 0;
+  };
+  std::vector<Chunk> chunk(static_cast<std::size_t>(V));
+  for (int k = 0; k < V; ++k) {
+    const int p = shape.stage_of(k);
+    auto [first, end] = units_of(k);
+    Chunk& ch = chunk[static_cast<std::size_t>(k)];
+    for (int u = first; u < end; ++u) {
+      const UnitCost& uc = unit_cost(p, u);
+      ch.forward += uc.forward_s;
+      ch.backward += uc.backward_s;
+      ch.input += uc.backward_input_s;
+      ch.weight += uc.backward_weight_s;
+      ch.forward_cpu += uc.forward_cpu_s;
+      ch.backward_cpu += uc.backward_cpu_s;
+      ch.input_cpu += uc.backward_input_cpu_s;
+      ch.weight_cpu += uc.backward_weight_cpu_s;
+      ch.activations += uc.activation_bytes;
+      ch.stash += uc.stash_bytes;
+    }
+  }
+  // A pass: one worker's CPU time, and its wall time with the mesh alone.
+  auto pass_cost = [&](const parallel::PipelineOp& op, int stage) {
+    const Chunk& ch = chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))];
+    switch (op.kind) {
+      case parallel::PassKind::kForward:
+        return std::pair{ch.forward_cpu, ch.forward};
+      case parallel::PassKind::kBackward:
+        return split_backward ? std::pair{ch.input_cpu, ch.input} : std::pair{ch.backward_cpu, ch.backward};
+      default:
+        return std::pair{ch.weight_cpu, ch.weight};
+    }
+  };
+
+  // The boundary tensors' time from one stage's mesh to another's.
+  const MachineCosts& machine = profiler.machine();
+  const int cores = options.cores > 0 ? options.cores : machine.cores;
+  const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
+  auto transfer = [&](int from, int to) {
+    const auto& a = meshes[static_cast<std::size_t>(from)];
+    const auto& d = meshes[static_cast<std::size_t>(to)];
+    const double tile_bytes = 4.0 * b * (c.tokens() / d.sp) * c.d_model;
+    const parallel::Mesh source{{a.sp, a.tp}}, destination{{d.sp, d.tp}};
+    const auto tasks = parallel::plan_reshard(source, activation_layout(a, e.split), destination,
+                                              activation_layout(d, e.split), tensor);
+    const auto schedule = parallel::schedule_reshard(tasks, e.reshard, source.workers(), destination.workers());
+    // The engine's copies: pack, into the outgoing parcel, across, unpack.
+    double seconds = 4 * tile_bytes / machine.copy_bytes_per_s;
+    if (e.links) {
+      seconds += parallel::reshard_cost(tasks, schedule, *e.links).seconds;
+    } else {
+      int messages = 0;
+      for (const auto& t : schedule.transfers) messages += static_cast<int>(t.receivers.size() + t.group.size());
+      seconds += machine.message_s * std::max(1.0, static_cast<double>(messages) / destination.workers());
+    }
+    return seconds;
+  };
+  std::vector<std::vector<double>> delay(static_cast<std::size_t>(P),
+                                         std::vector<double>(static_cast<std::size_t>(P), 0));
+  for (int k = 0; k + 1 < V; ++k) {
+    const int a = shape.stage_of(k), d = shape.stage_of(k + 1);
+    if (a == d) continue;
+    delay[a][d] = transfer(a, d);
+    delay[d][a] = transfer(d, a);
+    out.transfer_s = std::max({out.transfer_s, delay[a][d], delay[d][a]});
+  }
+
+  // The replay: every stage runs its list in order; a pass starts once its inputs are there.
+  // A pass is its CPU work, which the runnable stages' threads share the cores for, then
+  // the rest of its wall time alone (its collectives' waits), which leaves them to others.
+  std::vector<std::vector<double>> forward_done(static_cast<std::size_t>(V), std::vector<double>(M, kNever)),
+      backward_done = forward_done;
+  std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+  std::vector<double> cpu_left(static_cast<std::size_t>(P), 0), wait_left(static_cast<std::size_t>(P), 0),
+      running_wall(static_cast<std::size_t>(P), 0), work(static_cast<std::size_t>(P), 0);
+  enum Phase : char { kIdle, kComputing, kWaiting };
+  std::vector<Phase> phase(static_cast<std::size_t>(P), kIdle);
+  auto ready_at = [&](int p, const parallel::PipelineOp& op) {
+    if (op.carried) return 0.0;  // PipeDream: its input came in the step before
+    const int k = shape.virtual_stage(p, op.chunk), i = op.microbatch;
+    switch (op.kind) {
+      case parallel::PassKind::kForward:
+        return k == 0 ? 0.0 : forward_done[k - 1][i] + delay[shape.stage_of(k - 1)][p];
+      case parallel::PassKind::kBackward:
+        return k + 1 == V ? forward_done[k][i] : backward_done[k + 1][i] + delay[shape.stage_of(k + 1)][p];
+      default:
+        return backward_done[k][i];
+    }
+  };
+  double now = 0;
+  for (;;) {
+    double wake = kNever;
+    bool all_done = true;
+    for (int p = 0; p < P; ++p) {
+      const auto& list = ops[static_cast<std::size_t>(p)];
+      if (next[p] >= list.size()) continue;
+      all_done = false;
+      if (phase[p] != kIdle) continue;
+      const double ready = ready_at(p, list[next[p]]);
+      if (ready <= now + 1e-15) {
+        const auto [cpu, wall] = pass_cost(list[next[p]], p);
+        const int w = meshes[p].workers();
+        phase[p] = kComputing;
+        cpu_left[p] = cpu;
+        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores));
+        work[p] += wall;
+      } else {
+        wake = std::min(wake, ready);
+      }
+    }
+    if (all_done) break;
+    int threads = 0;
+    for (int p = 0; p < P; ++p)
+      if (phase[p] == kComputing) threads += meshes[p].workers();
+    // Each computing thread gets a share of the cores, at the speed of that many computing
+    // at once.
+    const double share = threads > 0 ? std::min(1.0, static_cast<double>(cores) / threads) : 1.0;
+    const double speed = share * machine.slowdown_at(1) / machine.slowdown_at(std::min(std::max(threads, 1), cores));
+    double until = wake;
+    bool any = false;
+    for (int p = 0; p < P; ++p) {
+      if (phase[p] == kComputing) until = std::min(until, now + cpu_left[p] / speed);
+      if (phase[p] == kWaiting) until = std::min(until, now + wait_left[p]);
+      any = any || phase[p] != kIdle;
+    }
+    if (!any) {
+      PEERTRAIN_CHECK(wake < kNever, "simulator: ", strategy.describe(), " stalls");
+      now = wake;
+      continue;
+    }
+    for (int p = 0; p < P; ++p) {
+      if (phase[p] == kIdle) continue;
+      running_wall[p] += until - now;
+      if (phase[p] == kComputing) {
+        cpu_left[p] -= (until - now) * speed;
+        if (cpu_left[p] > 1e-12) continue;
+        phase[p] = kWaiting;
+      } else {
+        wait_left[p] -= until - now;
+      }
+      if (phase[p] != kWaiting || wait_left[p] > 1e-12) continue;
+      const auto& op = ops[static_cast<std::size_t>(p)][next[p]];
+      const int k = shape.virtual_stage(p, op.chunk);
+      if (!op.carried) {
+        if (op.kind == parallel::PassKind::kForward) forward_done[k][op.microbatch] = until;
+        if (op.kind == parallel::PassKind::kBackward) backward_done[k][op.microbatch] = until;
+      }
+      phase[p] = kIdle;
+      ++next[p];
+    }
+    now = until;
+  }
+  out.passes_s = now;
+  for (int p = 0; p < P; ++p) {
+    out.compute_s = std::max(out.compute_s, work[p]);
+    out.bubble += (now > 0 ? 1 - running_wall[p] / now : 0) / P;
+  }
+
+  // Parameters each worker holds (a tensor rank: its shard of each block) and the stages'
+  // gradient all-reduce, which covers the full ranges of its units.
+  const int workers = e.workers();
+  double assembly_floats = 0;
+  for (int p = 0; p < P; ++p) {
+    const auto& m = meshes[static_cast<std::size_t>(p)];
+    double floats = 0, reduced = 0;
+    for (int ch = 0; ch < shape.chunks(); ++ch) {
+      auto [first, end] = units_of(shape.virtual_stage(p, ch));
+      for (int u = first; u < end; ++u) {
+        const double whole = static_cast<double>(model.unit_parameters(u).size);
+        reduced += whole;
+        floats += u > 0 && u + 1 < units && m.tp > 1
+                      ? static_cast<double>(model::tensor_shard(c, model.layout().blocks[u - 1], m.tp, 0).floats)
+                      : whole;
+        if (u + 1 == units && c.tied_head && first > 0) floats += model.unit_parameters(0).size;
+      }
+    }
+    assembly_floats += reduced;
+    const int k = m.workers();
+    if (k > 1)
+      out.reduce_s = std::max(
+          out.reduce_s, 2.0 * (k - 1) / k * 4 * reduced / machine.copy_bytes_per_s + 2.0 * (k - 1) * machine.message_s);
+    // Peak activations over its list: a forward adds its micro-batch's, B its stash, and the
+    // last backward pass of a micro-batch (W when split) frees both.
+    double held = 0, peak = 0;
+    for (const auto& op : ops[static_cast<std::size_t>(p)])
+      if (op.carried && (op.kind == parallel::PassKind::kBackward))
+        held += chunk[shape.virtual_stage(p, op.chunk)].activations;
+    peak = held;
+    for (const auto& op : ops[static_cast<std::size_t>(p)]) {
+      const Chunk& ch = chunk[static_cast<std::size_t>(shape.virtual_stage(p, op.chunk))];
+      if (op.kind == parallel::PassKind::kForward) held += ch.activations;
+      if (op.kind == parallel::PassKind::kBackward) held += split_backward ? ch.stash : -ch.activations;
+      if (op.kind == parallel::PassKind::kWeight) held -= ch.activations + ch.stash;
+      peak = std::max(peak, held);
+    }
+    out.worker_bytes.push_back(options.parameter_copies * 4.0 * floats + peak);
+  }
+  out.reduce_s *= std::max(1.0, static_cast<double>(workers) / cores);  // the stages reduce at once
+  out.overhead_s = profiler.step_overhead_s(workers) + 2 * 4 * assembly_floats / machine.copy_bytes_per_s;
+  out.step_s = out.overhead_s + out.passes_s + out.reduce_s;
+  if (options.memory_cap_bytes > 0)
+    for (int p = 0; p < P; ++p)
+      if (out.worker_bytes[p] > options.memory_cap_bytes)
+        return refuse(str("does not fit: stage ", p, "'s workers need ",
+                          static_cast<long long>(out.worker_bytes[p] / (1 << 20)), " MiB each, the cap is ",
+                          static_cast<long long>(options.memory_cap_bytes / (1 << 20)), " MiB"));
+  return out;
+}
+
+}  // namespace peertrain::plan

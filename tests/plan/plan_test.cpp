@@ -1,0 +1,177 @@
+// The step-time simulator and the strategy search on profiles set by hand, where the
+// answer is known: a pipeline of equal stages on a core per worker replays the papers'
+// bubble; on one core the passes add up; memory is the parameters' copies plus the
+// micro-batches in flight; what cannot be built or does not fit is refused with the
+// reason and never chosen; the profile cache reads back what it wrote.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "peertrain/core/error.h"
+#include "peertrain/parallel/schedule.h"
+#include "peertrain/plan/search.h"
+
+namespace {
+
+using namespace peertrain;
+using namespace peertrain::plan;
+
+model::TransformerConfig tiny_gpt() {
+  model::TransformerConfig c;
+  c.d_model = 16;
+  c.heads = 4;
+  c.layers = 4;  // 6 units
+  c.seq = 16;
+  c.vocab = 32;
+  return c;
+}
+
+constexpr double kForward = 1e-3, kBackward = 2e-3, kActivation = 1000;
+
+// Every unit alike (F 1 ms, B 2 ms, split 1 + 1 ms), every shape; no overheads, free copies.
+void set_uniform(Profiler& profiler, const model::TransformerConfig& c, int batch, int workers) {
+  MachineCosts m;
+  m.cores = 64;
+  m.copy_bytes_per_s = 1e300;
+  m.message_s = 0;
+  m.slowdown = std::vector<double>(64, 1.0);
+  for (int w = 1; w <= 64; ++w) m.step_overhead_s[w] = 0;
+  profiler.set_machine(m);
+  UnitCost u{.forward_s = kForward,
+             .backward_s = kBackward,
+             .backward_input_s = kBackward / 2,
+             .backward_weight_s = kBackward / 2,
+             .forward_cpu_s = kForward,
+             .backward_cpu_s = kBackward,
+             .backward_input_cpu_s = kBackward / 2,
+             .backward_weight_cpu_s = kBackward / 2,
+             .activation_bytes = kActivation,
+             .stash_bytes = kActivation / 2};
+  for (int b = 1; b <= batch; ++b)
+    for (int sp = 1; sp <= workers; ++sp)
+      for (int tp = 1; tp <= workers; ++tp)
+        for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
+          for (bool solo : {false, true})
+            profiler.set_unit(c, {.unit = kind, .microbatch = b, .sp = sp, .tp = tp, .solo = solo}, u);
+}
+
+Strategy pipeline(int pp, int m, parallel::Schedule schedule, std::vector<int> first_units) {
+  Strategy s;
+  s.batch = 8;
+  s.engine.pp = pp;
+  s.engine.microbatches = m;
+  s.engine.schedule = schedule;
+  s.engine.stage_first_units = std::move(first_units);
+  return s;
+}
+
+TEST(Simulator, EqualStagesOnACorePerWorkerHaveThePapersBubble) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  for (auto schedule : {parallel::Schedule::kGpipe, parallel::Schedule::kOneFOneB})
+    for (int m : {1, 2, 4, 8}) {
+      SCOPED_TRACE(str(parallel::to_string(schedule), " m ", m));
+      // 3 stages of 2 units each: F 2 ms, B 4 ms a pass.
+      const auto p = simulate(c, pipeline(3, m, schedule, {0, 2, 4}), profiler, {.cores = 64});
+      ASSERT_TRUE(p.feasible) << p.why_not;
+      EXPECT_NEAR(p.passes_s, (m + 2) * 6e-3, 1e-9);
+      EXPECT_NEAR(p.bubble, 2.0 / (m + 2), 1e-9);
+      EXPECT_NEAR(p.compute_s, m * 6e-3, 1e-9);
+      EXPECT_NEAR(p.step_s, p.passes_s, 1e-12);  // no overhead, no reduce (one worker a stage)
+    }
+}
+
+TEST(Simulator, OnOneCoreThePassesAddUp) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  const auto p = simulate(c, pipeline(3, 4, parallel::Schedule::kOneFOneB, {0, 2, 4}), profiler, {.cores = 1});
+  ASSERT_TRUE(p.feasible) << p.why_not;
+  EXPECT_NEAR(p.passes_s, 3 * 4 * 6e-3, 1e-9);  // every pass of every stage, one after another
+}
+
+TEST(Simulator, MemoryIsParameterCopiesPlusMicroBatchesInFlight) {
+  const auto c = tiny_gpt();
+  model::Transformer model(c);
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  const auto p = simulate(c, pipeline(3, 8, parallel::Schedule::kOneFOneB, {0, 2, 4}), profiler, {.cores = 64});
+  ASSERT_TRUE(p.feasible);
+  for (int s = 0; s < 3; ++s) {
+    double floats = 0;
+    for (int u = 2 * s; u < 2 * s + 2; ++u) floats += static_cast<double>(model.unit_parameters(u).size);
+    // 1F1B holds p − s micro-batches on stage s, each 2 units' activations.
+    EXPECT_DOUBLE_EQ(p.worker_bytes[s], 4 * 4 * floats + (3 - s) * 2 * kActivation) << "stage " << s;
+  }
+}
+
+TEST(Simulator, WhatCannotBeBuiltOrDoesNotFitIsRefusedWithTheReason) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  Strategy three = pipeline(1, 1, parallel::Schedule::kOneFOneB, {});
+  three.engine.tp = 3;  // 4 heads
+  auto p = simulate(c, three, profiler);
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.why_not.find("--tp tp=3 does not divide the 4 attention heads"), std::string::npos) << p.why_not;
+  p = simulate(c, pipeline(2, 3, parallel::Schedule::kOneFOneB, {}), profiler);
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.why_not.find("--microbatches 3 does not divide the batch of 8"), std::string::npos) << p.why_not;
+  p = simulate(c, pipeline(3, 8, parallel::Schedule::kOneFOneB, {0, 2, 4}), profiler, {.memory_cap_bytes = 1024});
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.why_not.find("does not fit: stage 0's workers need"), std::string::npos) << p.why_not;
+}
+
+TEST(Search, RanksTheFeasibleByTimeAndNeverChoosesWhatDoesNotFit) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  SearchSpace space;
+  space.workers = 4;
+  space.batch = 8;
+  const auto all = search(c, space, profiler, {.cores = 4});
+  ASSERT_FALSE(all.empty());
+  ASSERT_TRUE(all.front().prediction.feasible);
+  for (std::size_t i = 1; i < all.size() && all[i].prediction.feasible; ++i) {
+    EXPECT_LE(all[i - 1].prediction.step_s, all[i].prediction.step_s);
+    EXPECT_NE(all[i].loses_because.find("%:"), std::string::npos) << all[i].loses_because;
+  }
+  // A cap that only some fit: the winner is one of them.
+  double smallest = 1e300;
+  for (const auto& k : all)
+    if (k.prediction.feasible) smallest = std::min(smallest, k.prediction.peak_bytes());
+  const auto capped = search(c, space, profiler, {.cores = 4, .memory_cap_bytes = smallest * 1.01});
+  ASSERT_TRUE(capped.front().prediction.feasible);
+  EXPECT_LE(capped.front().prediction.peak_bytes(), smallest * 1.01);
+  bool refused = false;
+  for (const auto& k : capped) refused |= k.prediction.why_not.find("does not fit") != std::string::npos;
+  EXPECT_TRUE(refused);
+}
+
+TEST(Profiler, CacheReadsBackWhatItMeasured) {
+  const auto path = std::filesystem::temp_directory_path() / "peertrain_plan_test_profile.tsv";
+  std::filesystem::remove(path);
+  auto c = tiny_gpt();
+  c.layers = 1;
+  const UnitShape shape{.unit = UnitKind::kBlock, .microbatch = 1, .sp = 2, .tp = 2};
+  UnitCost first;
+  {
+    Profiler profiler(path.string(), 1);
+    first = profiler.unit(c, shape);  // measured: 4 threads with real groups
+    EXPECT_EQ(profiler.measured(), 1);
+    EXPECT_GT(first.forward_s, 0);
+    EXPECT_GT(first.activation_bytes, 0);
+    profiler.save();
+  }
+  Profiler again(path.string(), 1);
+  const UnitCost read = again.unit(c, shape);
+  EXPECT_EQ(again.measured(), 0);
+  EXPECT_NEAR(read.forward_s, first.forward_s, 1e-12);
+  EXPECT_DOUBLE_EQ(read.activation_bytes, first.activation_bytes);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
