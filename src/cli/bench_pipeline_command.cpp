@@ -136,6 +136,7 @@ int bench_pipeline(int argc, char** argv) {
             .add("parameter_bytes", st.parameter_bytes)
             .add("compute_s", st.busy_cpu_s)
             .add("wait_s", st.wait_s)
+            .add("reduce_s", st.reduce_s)
             .add("peak_microbatches", static_cast<double>(st.peak_in_flight) / chunks)
             .add("peak_activation_bytes", st.peak_activation_bytes)
             .add("peak_output_states", st.peak_output_states);

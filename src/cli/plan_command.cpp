@@ -6,6 +6,7 @@
 // trains with the winner (peertrain launch with its flags).
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -67,7 +68,8 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
       "topology", "with --run: the topology to launch", cxxopts::value<std::string>())(
-      "max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"));
+      "max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
+      "out", "with --run: the run's folder (launch's --out)", cxxopts::value<std::string>());
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))(
@@ -107,6 +109,7 @@ int run_plan(int argc, char** argv) {
     plan::Profiler profiler(cache);
 
     std::vector<plan::Candidate> candidates;
+    double simulate_s = 0;
     if (args.count("strategy")) {
       plan::Candidate one;
       auto& e = one.strategy.engine;
@@ -125,6 +128,11 @@ int run_plan(int argc, char** argv) {
       }
       one.strategy.batch = batch;
       one.prediction = plan::simulate(config, one.strategy, profiler, sim);
+      // Again, the profiles now at hand: what simulating one strategy costs (the mean of 100).
+      constexpr int kTimes = 100;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kTimes; ++i) plan::simulate(config, one.strategy, profiler, sim);
+      simulate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kTimes;
       candidates.push_back(std::move(one));
     } else {
       plan::SearchSpace space;
@@ -155,6 +163,7 @@ int run_plan(int argc, char** argv) {
             .add("peak_worker_bytes", c.prediction.peak_bytes())
             .add("stages", parallel::format_stage_sizes(c.prediction.first_units, config.layers + 2));
         if (!c.loses_because.empty()) o.add("loses_because", c.loses_because);
+        if (simulate_s > 0) o.add("simulate_s", simulate_s);
         std::string flags;
         for (const auto& f : c.strategy.flags()) flags += (flags.empty() ? "" : " ") + f;
         o.add("flags", flags);
@@ -197,6 +206,7 @@ int run_plan(int argc, char** argv) {
         "--layers",       str(config.layers), "--heads",     str(config.heads),
         "--batch",        str(batch),         "--max-steps", args["max-steps"].as<std::string>()};
     if (config.kind == model::TransformerKind::kGpt) command.insert(command.end(), {"--seq", str(config.seq)});
+    if (args.count("out")) command.insert(command.end(), {"--out", args["out"].as<std::string>()});
     for (const auto& f : winner->strategy.flags()) command.push_back(f);
     command.push_back("--stages");
     command.push_back(parallel::format_stage_sizes(winner->prediction.first_units, config.layers + 2));

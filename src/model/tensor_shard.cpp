@@ -57,6 +57,13 @@ TensorShard tensor_shard(const TransformerConfig& config, const BlockOffsets& o,
   return s;
 }
 
+std::size_t tensor_shard_floats(const TransformerConfig& config, int tp) {
+  const std::size_t d = static_cast<std::size_t>(config.d_model);
+  const std::size_t a = d / static_cast<std::size_t>(tp), f = config.mlp_ratio * d / static_cast<std::size_t>(tp);
+  // ln1, qkv (3a × d and 3a), proj (d × a and d), ln2, fc (f × d and f), fc2 (d × f and d).
+  return 2 * d + 3 * a * d + 3 * a + d * a + d + 2 * d + f * d + f + d * f + d;
+}
+
 void gather_shard(const TensorShard& shard, const float* full, float* into) {
   for (const auto& r : shard.runs) std::copy_n(full + r.from, r.count, into + r.at);
 }

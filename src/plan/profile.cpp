@@ -188,6 +188,50 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
   return slowest;
 }
 
+// The statistics of `steps` steps of a model too small to compute anything (one byte a
+// token): what the engine costs around its passes.
+std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
+                                            int batch, int steps) {
+  model::Transformer model(c);
+  parallel::PipelineEngine engine(model, e);
+  std::vector<float> params(model.num_parameters()), grads(params.size());
+  model.initialize(params, 1);
+  std::vector<std::int32_t> bytes(static_cast<std::size_t>(batch) * c.seq, 1);
+  parallel::GlobalBatch global;
+  global.batch = batch;
+  global.bytes = bytes;
+  global.targets = bytes;
+  std::vector<parallel::StepStats> stats;
+  for (int r = 0; r < steps; ++r) {
+    engine.step(params, global, grads);
+    stats.push_back(engine.last_stats());
+  }
+  return stats;
+}
+
+model::TransformerConfig idle_model(int layers, int seq) {
+  model::TransformerConfig c;
+  c.d_model = 8;
+  c.heads = 1;
+  c.layers = layers;
+  c.seq = seq;
+  c.vocab = 16;
+  return c;
+}
+
+// A pass's cost beyond its units: 4 stages, 16 micro-batches of 1F1B, whose critical path
+// is 2(m + p − 1) passes one after another.
+double measure_pass_overhead() {
+  parallel::EngineConfig e;
+  e.pp = 4;
+  e.microbatches = 16;
+  e.stage_first_units = {0, 1, 2, 3};
+  std::vector<double> per_pass;
+  for (const auto& st : idle_steps(idle_model(2, 4), e, 16, 7))
+    per_pass.push_back(st.pipeline_s / (2.0 * (16 + 4 - 1)));
+  return median(per_pass);
+}
+
 MachineCosts measure_machine() {
   MachineCosts m;
   m.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -218,8 +262,10 @@ MachineCosts measure_machine() {
   }
   other.join();
   m.message_s = (wall_s() - t0) / (2.0 * kTrips);
-  // n threads multiplying matrices at once against one alone, in thread CPU time.
-  auto gemm_cpu_s = [](int threads) {
+  // n threads running a transformer block's forward and backward at once, each its own, in
+  // thread CPU time, against one alone: up to twice as many threads as cores, where they
+  // time-share a core and evict each other's working set from its caches.
+  auto block_cpu_s = [](int threads) {
     std::vector<double> per(static_cast<std::size_t>(threads));
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
@@ -227,44 +273,50 @@ MachineCosts measure_machine() {
 #ifdef _OPENMP
         omp_set_num_threads(1);
 #endif
-        Eigen::MatrixXf a = Eigen::MatrixXf::Random(256, 256), b = Eigen::MatrixXf::Random(256, 256), c(256, 256);
+        model::TransformerConfig c;
+        c.d_model = 128;
+        c.heads = 4;
+        c.layers = 1;
+        c.seq = 128;
+        model::Transformer block(c);
+        std::vector<float> params(block.num_parameters()), grads(params.size());
+        block.initialize(params, 1);
+        std::vector<int> positions(128);
+        std::iota(positions.begin(), positions.end(), 0);
+        std::vector<std::int32_t> ids(128, 1);
+        const model::TokenBatch batch{.batch = 1,
+                                      .tokens = 128,
+                                      .positions = positions,
+                                      .bytes = ids,
+                                      .pixels = {},
+                                      .targets = ids,
+                                      .loss_divisor = 128};
+        AlignedVector<float> x(128 * 128, 0.5f), y(x.size()), dx(x.size());
+        model::UnitActivations saved;
         const double start = thread_cpu_s();
-        for (int r = 0; r < 60; ++r) c.noalias() = a * b;
-        per[static_cast<std::size_t>(t)] = thread_cpu_s() - start + 0 * c(0, 0);
+        for (int r = 0; r < 12; ++r) {
+          block.forward(1, params, batch, x.data(), y.data(), saved, {});
+          block.backward(1, params, batch, y.data(), dx.data(), saved, grads, {});
+        }
+        per[static_cast<std::size_t>(t)] = thread_cpu_s() - start;
       });
     for (auto& th : pool) th.join();
     return median(per);
   };
-  const double alone = gemm_cpu_s(1);
-  for (int n = 1; n <= m.cores; ++n) m.slowdown.push_back(n == 1 ? 1.0 : gemm_cpu_s(n) / alone);
+  const double alone = block_cpu_s(1);
+  // Company cannot make a thread faster: a figure below 1 is this machine's noise.
+  for (int n = 1; n <= 2 * m.cores; ++n) m.slowdown.push_back(n == 1 ? 1.0 : std::max(1.0, block_cpu_s(n) / alone));
+  m.pass_overhead_s = measure_pass_overhead();
   return m;
 }
 
 // A pipeline step beyond its passes: threads, groups, the start latch, the gradient
-// assembly, on a model too small for its passes to matter.
+// assembly.
 double measure_overhead(int workers) {
-  model::TransformerConfig c;
-  c.d_model = 8;
-  c.heads = 1;
-  c.layers = 1;
-  c.seq = 4 * workers;
-  c.vocab = 16;
-  model::Transformer model(c);
   parallel::EngineConfig e;
   e.sp = workers;
-  parallel::PipelineEngine engine(model, e);
-  std::vector<float> params(model.num_parameters()), grads(params.size());
-  model.initialize(params, 1);
-  std::vector<std::int32_t> bytes(static_cast<std::size_t>(c.seq), 1);
-  parallel::GlobalBatch batch;
-  batch.batch = 1;
-  batch.bytes = bytes;
-  batch.targets = bytes;
   std::vector<double> over;
-  for (int r = 0; r < 7; ++r) {
-    engine.step(params, batch, grads);
-    over.push_back(engine.last_stats().step_s - engine.last_stats().pipeline_s);
-  }
+  for (const auto& st : idle_steps(idle_model(1, 4 * workers), e, 1, 7)) over.push_back(st.step_s - st.pipeline_s);
   return median(over);
 }
 
@@ -318,10 +370,10 @@ void Profiler::load() {
           u.backward_cpu_s >> u.backward_input_cpu_s >> u.backward_weight_cpu_s >> u.activation_bytes >> u.stash_bytes;
       if (row) units_[key] = u;
     } else if (kind == "machine") {
-      row >> machine_.cores >> machine_.copy_bytes_per_s >> machine_.message_s;
+      row >> machine_.cores >> machine_.copy_bytes_per_s >> machine_.message_s >> machine_.pass_overhead_s;
       machine_known_ = static_cast<bool>(row);
       for (double x; row >> x;) machine_.slowdown.push_back(x);
-      machine_known_ = machine_known_ && static_cast<int>(machine_.slowdown.size()) == machine_.cores;
+      machine_known_ = machine_known_ && static_cast<int>(machine_.slowdown.size()) == 2 * machine_.cores;
     } else if (kind == "overhead") {
       double s = 0;
       row >> s;
@@ -340,7 +392,8 @@ void Profiler::save() const {
     out.precision(9);
     out << "machine\t" << machine_key() << "\n";
     if (machine_known_) {
-      out << "machine\t-\t" << machine_.cores << " " << machine_.copy_bytes_per_s << " " << machine_.message_s;
+      out << "machine\t-\t" << machine_.cores << " " << machine_.copy_bytes_per_s << " " << machine_.message_s << " "
+          << machine_.pass_overhead_s;
       for (double x : machine_.slowdown) out << " " << x;
       out << "\n";
     }
@@ -355,6 +408,26 @@ void Profiler::save() const {
 }
 
 const UnitCost& Profiler::unit(const model::TransformerConfig& config, const UnitShape& shape) {
+  const std::array<int, 13> numbers{static_cast<int>(config.kind),
+                                    config.d_model,
+                                    config.heads,
+                                    config.tokens(),
+                                    config.kind == model::TransformerKind::kGpt ? config.vocab : config.classes,
+                                    config.tied_head,
+                                    config.mlp_ratio,
+                                    static_cast<int>(shape.unit),
+                                    shape.microbatch,
+                                    shape.sp,
+                                    shape.tp,
+                                    static_cast<int>(shape.split),
+                                    shape.solo};
+  if (auto it = by_numbers_.find(numbers); it != by_numbers_.end()) return *it->second;
+  const UnitCost& cost = unit_by_key(config, shape);
+  by_numbers_[numbers] = &cost;
+  return cost;
+}
+
+const UnitCost& Profiler::unit_by_key(const model::TransformerConfig& config, const UnitShape& shape) {
   const std::string key = shape.key(config);
   auto it = units_.find(key);
   if (it != units_.end()) return it->second;
@@ -363,7 +436,7 @@ const UnitCost& Profiler::unit(const model::TransformerConfig& config, const Uni
 }
 
 void Profiler::set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost) {
-  units_[shape.key(config)] = cost;
+  units_[shape.key(config)] = cost;  // std::map: the address by_numbers_ may hold stays valid
 }
 
 void Profiler::set_machine(const MachineCosts& machine) {

@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include "peertrain/core/error.h"
 #include "peertrain/model/tensor_shard.h"
@@ -20,6 +24,19 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 
 UnitKind kind_of(int unit, int units) {
   return unit == 0 ? UnitKind::kEmbedding : unit + 1 == units ? UnitKind::kHead : UnitKind::kBlock;
+}
+
+// build_schedule is a pure function of the shape, and the greedy generators (ZB-H2, the V
+// schedules) try dozens of orderings: a search asks for the same few shapes many times.
+const std::vector<std::vector<parallel::PipelineOp>>& schedule_of(const parallel::ScheduleShape& shape) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, int, int>, std::vector<std::vector<parallel::PipelineOp>>> built;
+  const auto key = std::tuple{static_cast<int>(shape.schedule), shape.stages, shape.microbatches, shape.interleave,
+                              shape.output_barriers};
+  std::lock_guard lock(mutex);
+  auto it = built.find(key);
+  if (it == built.end()) it = built.emplace(key, parallel::build_schedule(shape)).first;
+  return it->second;
 }
 
 parallel::Layout activation_layout(const parallel::StageMesh& m, parallel::SequenceSplit split) {
@@ -70,19 +87,67 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     return refuse("the simulator does not model --vocab-parallel yet");
   if (e.microbatches < 1 || strategy.batch % e.microbatches != 0)
     return refuse(str("--microbatches ", e.microbatches, " does not divide the batch of ", strategy.batch));
-  model::Transformer model(config);
+  // The model's layout, kept per configuration (building it each time would cost more than
+  // the rest of a simulation).
+  static std::mutex models_mutex;
+  static std::map<std::string, std::unique_ptr<model::Transformer>> models;
+  model::Transformer* built = nullptr;
+  {
+    const std::string key = str(UnitShape{}.key(config), " L", config.layers);
+    std::lock_guard lock(models_mutex);
+    auto& slot = models[key];
+    if (!slot) slot = std::make_unique<model::Transformer>(config);
+    built = slot.get();
+  }
+  model::Transformer& model = *built;
   const auto& c = model.config();
+  // What the engine would refuse, with its words: the engine's constructor checks it all,
+  // but also builds the schedule, so its verdict is kept per configuration.
   std::vector<parallel::StageMesh> meshes;
-  try {  // what the engine would refuse, with its words
-    parallel::PipelineEngine probe(model, e);
-    meshes = probe.meshes();
-  } catch (const Error& err) {
-    return refuse(err.what());
+  {
+    static std::mutex mutex;
+    static std::map<std::vector<int>, std::pair<std::string, std::vector<parallel::StageMesh>>> verdicts;
+    std::vector<int> key{static_cast<int>(c.kind),
+                         c.d_model,
+                         c.heads,
+                         c.layers,
+                         c.tokens(),
+                         c.vocab,
+                         c.classes,
+                         c.tied_head,
+                         c.mlp_ratio,
+                         e.sp,
+                         e.tp,
+                         e.pp,
+                         e.microbatches,
+                         static_cast<int>(e.schedule),
+                         e.chunks,
+                         static_cast<int>(e.split),
+                         e.max_workers};
+    for (const auto& m : e.stage_meshes) key.insert(key.end(), {m.sp, m.tp});
+    key.push_back(-1);
+    key.insert(key.end(), e.stage_first_units.begin(), e.stage_first_units.end());
+    std::unique_lock lock(mutex);
+    auto it = verdicts.find(key);
+    if (it == verdicts.end()) {
+      lock.unlock();
+      std::pair<std::string, std::vector<parallel::StageMesh>> verdict;
+      try {
+        parallel::PipelineEngine probe(model, e);
+        verdict.second = probe.meshes();
+      } catch (const Error& err) {
+        verdict.first = err.what();
+      }
+      lock.lock();
+      it = verdicts.emplace(key, std::move(verdict)).first;
+    }
+    if (!it->second.first.empty()) return refuse(it->second.first);
+    meshes = it->second.second;
   }
   const int P = e.pp, M = e.microbatches, b = strategy.batch / M, units = model.num_units();
   const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = P, .microbatches = M, .interleave = e.chunks};
   const int V = shape.virtual_stages();
-  const auto ops = parallel::build_schedule(shape);
+  const auto& ops = schedule_of(shape);
   const bool split_backward = shape.split_backward();
 
   // Each stage's unit costs on its mesh.
@@ -150,7 +215,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   const MachineCosts& machine = profiler.machine();
   const int cores = options.cores > 0 ? options.cores : machine.cores;
   const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
-  auto transfer = [&](int from, int to) {
+  auto plan_transfer = [&](int from, int to) {
     const auto& a = meshes[static_cast<std::size_t>(from)];
     const auto& d = meshes[static_cast<std::size_t>(to)];
     const double tile_bytes = 4.0 * b * (c.tokens() / d.sp) * c.d_model;
@@ -168,6 +233,36 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       seconds += machine.message_s * std::max(1.0, static_cast<double>(messages) / destination.workers());
     }
     return seconds;
+  };
+  // Kept per (meshes, tensor, strategy, links): planning a reshard costs more than the rest.
+  auto transfer = [&](int from, int to) {
+    static std::mutex mutex;
+    static std::map<std::vector<double>, double> planned;
+    const auto& a = meshes[static_cast<std::size_t>(from)];
+    const auto& d = meshes[static_cast<std::size_t>(to)];
+    const auto& l = e.links ? *e.links : parallel::LinkModel{};
+    const std::vector<double> key{double(a.sp),
+                                  double(a.tp),
+                                  double(d.sp),
+                                  double(d.tp),
+                                  double(b),
+                                  double(c.tokens()),
+                                  double(c.d_model),
+                                  double(static_cast<int>(e.reshard)),
+                                  double(static_cast<int>(e.split)),
+                                  e.links ? 1.0 : 0.0,
+                                  l.between_bytes_per_s,
+                                  l.within_bytes_per_s,
+                                  l.latency_s,
+                                  machine.copy_bytes_per_s,
+                                  machine.message_s};
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = planned.find(key); it != planned.end()) return it->second;
+    }
+    const double seconds = plan_transfer(from, to);
+    std::lock_guard lock(mutex);
+    return planned[key] = seconds;
   };
   std::vector<std::vector<double>> delay(static_cast<std::size_t>(P),
                                          std::vector<double>(static_cast<std::size_t>(P), 0));
@@ -216,7 +311,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         const int w = meshes[p].workers();
         phase[p] = kComputing;
         cpu_left[p] = cpu;
-        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores));
+        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores)) + machine.pass_overhead_s;
         work[p] += wall;
       } else {
         wake = std::min(wake, ready);
@@ -229,11 +324,15 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     // Each computing thread gets a share of the cores, at the speed of that many computing
     // at once.
     const double share = threads > 0 ? std::min(1.0, static_cast<double>(cores) / threads) : 1.0;
-    const double speed = share * machine.slowdown_at(1) / machine.slowdown_at(std::min(std::max(threads, 1), cores));
+    // A stage's profile was measured with its own mesh's threads at once, so it carries
+    // that many's slowdown already.
+    auto speed = [&](int p) {
+      return share * machine.slowdown_at(meshes[p].workers()) / machine.slowdown_at(std::max(threads, 1));
+    };
     double until = wake;
     bool any = false;
     for (int p = 0; p < P; ++p) {
-      if (phase[p] == kComputing) until = std::min(until, now + cpu_left[p] / speed);
+      if (phase[p] == kComputing) until = std::min(until, now + cpu_left[p] / speed(p));
       if (phase[p] == kWaiting) until = std::min(until, now + wait_left[p]);
       any = any || phase[p] != kIdle;
     }
@@ -246,7 +345,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       if (phase[p] == kIdle) continue;
       running_wall[p] += until - now;
       if (phase[p] == kComputing) {
-        cpu_left[p] -= (until - now) * speed;
+        cpu_left[p] -= (until - now) * speed(p);
         if (cpu_left[p] > 1e-12) continue;
         phase[p] = kWaiting;
       } else {
@@ -282,9 +381,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       for (int u = first; u < end; ++u) {
         const double whole = static_cast<double>(model.unit_parameters(u).size);
         reduced += whole;
-        floats += u > 0 && u + 1 < units && m.tp > 1
-                      ? static_cast<double>(model::tensor_shard(c, model.layout().blocks[u - 1], m.tp, 0).floats)
-                      : whole;
+        floats += u > 0 && u + 1 < units && m.tp > 1 ? static_cast<double>(model::tensor_shard_floats(c, m.tp)) : whole;
         if (u + 1 == units && c.tied_head && first > 0) floats += model.unit_parameters(0).size;
       }
     }

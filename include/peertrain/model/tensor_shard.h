@@ -36,6 +36,9 @@ struct TensorShard {
 // Rank `rank` of `tp`'s shard of the block at `block` (offsets in the flat buffer).
 TensorShard tensor_shard(const TransformerConfig& config, const BlockOffsets& block, int tp, int rank);
 
+// tensor_shard(…).floats without building the runs: what one rank holds of a block.
+std::size_t tensor_shard_floats(const TransformerConfig& config, int tp);
+
 void gather_shard(const TensorShard& shard, const float* full, float* into);
 // full[from + i] += shard[at + i] over every run.
 void add_shard(const TensorShard& shard, const float* from, float* full);

@@ -15,6 +15,7 @@
 // fixed overhead (threads, groups) per worker count.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <map>
 #include <string>
@@ -55,9 +56,12 @@ struct MachineCosts {
   double copy_bytes_per_s = 0;            // one thread's memcpy rate on buffers larger than the caches
   double message_s = 0;                   // one point-to-point message between two threads, empty
   std::map<int, double> step_overhead_s;  // per worker count: a pipeline step beyond its passes
-  // Per count n of threads computing at once (1 … cores): how much longer each takes for the
-  // same work than alone (shared caches, memory bandwidth, a host's sibling threads). A
-  // profile measured with n threads at once already carries slowdown[n].
+  // A pass's own cost in the engine beyond its units: receiving, sending, waking the thread
+  // that waits for it. Measured as a pipeline of passes that compute next to nothing.
+  double pass_overhead_s = 0;
+  // Per count n of threads computing at once (1 … 2 · cores): how much more CPU time each
+  // takes for the same work than alone (shared caches and memory bandwidth; beyond the
+  // cores, time-sharing one, each evicting the other's working set).
   std::vector<double> slowdown;
   double slowdown_at(int threads) const;
 };
@@ -89,9 +93,13 @@ class Profiler {
   int repetitions_;
   int measured_ = 0;
   std::map<std::string, UnitCost> units_;
+  // The same entries by their numbers, which the simulator asks for many times a search:
+  // cheaper than spelling the key.
+  std::map<std::array<int, 13>, const UnitCost*> by_numbers_;
   MachineCosts machine_;
   bool machine_known_ = false;
   void load();
+  const UnitCost& unit_by_key(const model::TransformerConfig& config, const UnitShape& shape);
 };
 
 }  // namespace peertrain::plan

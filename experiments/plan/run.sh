@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Experiment: the step-time simulator against the engine (issue 17). For a grid of
+# strategies the engine runs here — sequence, tensor and pipeline parallelism, micro-batch
+# counts, the schedules, a stage-mesh pair — measures the step time with `peertrain bench
+# pipeline` and predicts it with `peertrain plan --strategy` (the same stage boundaries),
+# then lets `peertrain plan` search 2 and 4 workers and measures its pick against the
+# grid's best. Writes DIR/grid.tsv, search.tsv, a plot and README.md (report.py).
+set -euo pipefail
+
+PT_SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../lib/common.sh
+source "$PT_SCRIPT_DIR/../lib/common.sh"
+
+usage() {
+  cat << EOF
+Usage: experiments/plan/run.sh [--quick] [--out DIR]
+
+Measures each strategy of the grid (gpt d128 L4 H4 T128, batch 8) with bench pipeline
+(the median of its steps) and predicts it with plan --strategy, then checks plan's pick.
+
+  --quick     3 measured steps a strategy instead of 9 (about 2 minutes)
+  --out DIR   where results go (default: experiments/plan/results)
+  -h, --help  this help
+
+Full mode: about 5 minutes on 2 cores. The profiles go to DIR/profile.tsv, measured
+once. Environment: PEERTRAIN (default: <repo>/build/peertrain).
+EOF
+}
+
+command_line="experiments/plan/run.sh${*:+ $*}"
+steps=9
+mode=full
+out=$PT_SCRIPT_DIR/results
+while (($#)); do
+  case $1 in
+    --quick) steps=3 mode=quick ;;
+    --out) out=$2; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+PT_T0=$SECONDS
+pt_find_binary "$PT_SCRIPT_DIR"
+pt_check_tools
+mkdir -p "$out"
+pt_write_meta "$out/meta.json" "$mode" "$command_line"
+model=(--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8)
+cache="$out/profile.tsv"
+json() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d, list) else d; print($1)"; }
+
+# workers|the strategy's flags[|the model, when not the default one]
+grid=(
+  "1|--pp 1"
+  "2|--sp 2"
+  "2|--tp 2"
+  "2|--pp 2 --microbatches 2 --schedule 1f1b"
+  "2|--pp 2 --microbatches 4 --schedule 1f1b"
+  "2|--pp 2 --microbatches 8 --schedule 1f1b"
+  "2|--pp 2 --microbatches 4 --schedule gpipe"
+  "2|--pp 2 --microbatches 4 --schedule zb-h1"
+  "2|--pp 2 --microbatches 4 --schedule zb-v"
+  "2|--pp 2 --microbatches 4 --schedule eager-1f1b"
+  "2|--pp 2 --microbatches 4 --schedule interleaved"
+  "3|--pp 3 --microbatches 4 --schedule 1f1b"
+  "3|--pp 3 --microbatches 8 --schedule zb-h1"
+  "4|--sp 4"
+  "4|--tp 4"
+  "4|--sp 2 --tp 2"
+  "4|--sp 2 --pp 2 --microbatches 4"
+  "4|--tp 2 --pp 2 --microbatches 4"
+  "4|--pp 4 --microbatches 4 --schedule 1f1b"
+  "4|--pp 4 --microbatches 8 --schedule 1f1b"
+  "4|--pp 4 --microbatches 8 --schedule gpipe"
+  "4|--pp 4 --microbatches 8 --schedule zb-h1"
+  "4|--pp 4 --microbatches 8 --schedule zb-h2"
+  "4|--pp 4 --microbatches 8 --schedule eager-1f1b"
+  "4|--pp 2 --microbatches 4 --stage-mesh sp=2;tp=2"
+  "4|--sp 2 --pp 2 --microbatches 8 --schedule zb-h1"
+  "2|--pp 2 --microbatches 4|--d-model 128 --layers 4 --heads 4 --seq 256 --batch 8"
+  "4|--sp 4|--d-model 128 --layers 4 --heads 4 --seq 256 --batch 8"
+  "4|--pp 4 --microbatches 8 --schedule 1f1b|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 16"
+  "2|--sp 2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 4"
+  "4|--tp 4|--d-model 256 --layers 4 --heads 8 --seq 128 --batch 8"
+  "2|--pp 2 --microbatches 2|--d-model 64 --layers 4 --heads 4 --seq 64 --batch 4"
+)
+echo "grid: ${#grid[@]} strategies, $steps measured steps each; profiles cached in $cache"
+printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\n' > "$out/grid.tsv"
+base_model="${model[*]}"
+for row in "${grid[@]}"; do
+  IFS='|' read -r workers strategy row_model <<< "$row"
+  row_model=${row_model:-$base_model}
+  read -r -a flags <<< "$strategy"
+  read -r -a model <<< "$row_model"
+  # bench pipeline and plan default differently: say --pp and --microbatches always.
+  [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
+  [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
+  measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --steps "$steps" --format json)
+  step=$(json 'd["step_s"]' <<< "$measured")
+  replayed=$(json 'd["replayed_step_s"]' <<< "$measured")
+  stages=$(json 'd["split"]' <<< "$measured")
+  predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "$stages" --profile-cache "$cache" \
+    --format json)
+  pstep=$(json 'd["step_s"]' <<< "$predicted")
+  simtime=$(json 'd.get("simulate_s", 0)' <<< "$predicted")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$strategy" "$row_model" "$step" "$replayed" "$pstep" \
+    "$simtime" "$stages" >> "$out/grid.tsv"
+  printf '  %-50s %-40s measured %6.2f ms, predicted %6.2f ms\n' "$strategy" "${row_model/$base_model/}" \
+    "$(json 'd*1e3' <<< "$step")" "$(json 'd*1e3' <<< "$pstep")"
+done
+read -r -a model <<< "$base_model"
+# The search's pick for 2 and 4 workers, measured like the grid.
+printf 'workers\tpick\tflags\tpredicted_s\tmeasured_s\tstages\n' > "$out/search.tsv"
+for workers in 2 4; do
+  pick=$("$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" --format json)
+  name=$(json 'd["strategy"]' <<< "$pick")
+  pflags=$(json 'd["flags"]' <<< "$pick")
+  pstep=$(json 'd["step_s"]' <<< "$pick")
+  stages=$(json 'd["stages"]' <<< "$pick")
+  read -r -a flags <<< "$pflags"
+  measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$stages" --steps "$steps" --format json)
+  step=$(json 'd["step_s"]' <<< "$measured")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$name" "$pflags" "$pstep" "$step" "$stages" >> "$out/search.tsv"
+  echo "  plan --workers $workers picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms, measured $(json 'd*1e3' <<< "$step") ms"
+done
+pt_finish_meta "$out/meta.json"
+/usr/bin/python3 "$PT_SCRIPT_DIR/report.py" "$out"
+echo "report: $out/README.md"

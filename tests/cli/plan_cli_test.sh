@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# peertrain plan as a user runs it: the search over a peer's workers prints the winner and
+# why the others lose, reads its profiles back from the cache the second time, refuses
+# what does not fit with the reason, predicts one --strategy, and names bad flags.
+# Usage: plan_cli_test.sh SOURCE_DIR
+set -u
+source "$(dirname "$0")/common.sh"
+
+tiny=(--d-model 32 --layers 2 --heads 2 --seq 32 --batch 4 --profile-cache "$work/profile.tsv")
+out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
+[[ $? -eq 0 ]] && grep -q "the winner" <<<"$out" && grep -q "%: " <<<"$out" && ok || fail "plan --workers 2: $out"
+[[ -s $work/profile.tsv ]] && ok || fail "plan wrote no profile cache"
+out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
+grep -q "profiles: 0 measured now" <<<"$out" && ok || fail "second plan measured again: $out"
+out=$("$bin" plan "${tiny[@]}" --workers 2 --memory-per-worker 1KiB 2>&1)
+grep -q "no strategy fits" <<<"$out" && grep -q "does not fit: stage 0's workers need" <<<"$out" && ok ||
+  fail "plan under a 1 KiB cap: $out"
+out=$("$bin" plan "${tiny[@]}" --strategy --pp 2 --microbatches 2 --schedule zb-h1 --format json 2>&1)
+grep -q '"strategy":"sp1 tp1 pp2 m2 zb-h1", "feasible":true, "step_s":' <<<"$out" && ok || fail "plan --strategy: $out"
+out=$("$bin" plan "${tiny[@]}" --strategy --tp 3 --format json 2>&1)
+grep -q '"feasible":false, "why_not":"--tp tp=3 does not divide the 2 attention heads' <<<"$out" && ok ||
+  fail "plan --strategy --tp 3: $out"
+# --run trains with the winner on a topology.
+base=$((21000 + ($$ * 16 + 11) % 9000))
+write_topology "$work/pair.yaml" pair complete 2 "$base"
+out=$("$bin" plan "${tiny[@]}" --workers 2 --run --topology "$work/pair.yaml" --max-steps 5 --out "$work/run" 2>&1)
+[[ $? -eq 0 ]] && grep -q "plan --run: peertrain launch" <<<"$out" && [[ -s $work/run/metrics.csv ]] && ok ||
+  fail "plan --run: $out"
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern=$1
+  shift
+  out=$("$bin" plan "$@" 2>&1)
+  if [[ $? -eq 2 ]] && grep -q -- "error:.*$pattern" <<<"$out"; then ok; else fail "plan [$*]: $out"; fi
+}
+expect_error "--memory-per-worker 'lots'" "${tiny[@]}" --workers 2 --memory-per-worker lots
+expect_error "plan: --workers W" "${tiny[@]}"
+expect_error "plan --run needs --topology" "${tiny[@]}" --workers 2 --run
+expect_error "--format 'yaml'" "${tiny[@]}" --workers 2 --format yaml
+
+echo "plan cli tests: $pass passed, $failures failed"
+exit $((failures > 0))
