@@ -132,6 +132,23 @@ the grid, against the best measured strategy of the grid with W workers (target:
 
 {ek.md_table(["workers", "pick", "predicted ms", "measured ms", "grid's best", "its measured ms", "pick against best"], picks)}
 """
+    peers = ek.read_tsv(os.path.join(out, "peers.tsv"))
+    prow, within = [], 0
+    for r in peers:
+        m, p = float(r["measured_s"]), float(r["predicted_s"])
+        err = (p - m) / m
+        within += abs(err) <= 0.2
+        prow.append([r["label"], f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{err * 100:+.1f} %", r["where"]])
+    text += f"""
+## Across peers
+
+`peertrain plan --topology FILE --algorithm A --cores {meta.get("nproc", "?")}` for every run of the
+lian2017 experiment (its committed measurements in `experiments/lian2017/results/runs.csv`:
+peer 0's seconds per step; MLP 784-32-10, batch 32, every peer a process of that 2-core
+machine), from the run's own topology file. Target: within 20 %: **{within} of {len(peers)}**.
+
+{ek.md_table(["run", "measured ms/step", "predicted ms/step", "error", "what holds it back (predicted)"], prow)}
+"""
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(text)
 

@@ -6,9 +6,13 @@
 // trains with the winner (peertrain launch with its flags).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
+#include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -17,8 +21,12 @@
 #include "options.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
+#include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
+#include "peertrain/model/mlp.h"
+#include "peertrain/plan/network.h"
 #include "peertrain/plan/search.h"
+#include "peertrain/topology/generators.h"
 
 namespace peertrain::cli {
 namespace {
@@ -47,13 +55,140 @@ double parse_bytes(const std::string& text, const std::string& flag) {
 
 std::string mib(double bytes) { return str(static_cast<long long>(std::llround(bytes / (1 << 20))), " MiB"); }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One peer's gradient and optimizer step on this machine, and the parameters' bytes.
+std::pair<double, double> peer_compute(const std::string& model_name, const std::vector<int>& hidden,
+                                       const model::TransformerConfig& config, int batch, double copy_bytes_per_s) {
+  Rng rng(3);
+  std::vector<double> times;
+  double floats = 0;
+  if (model_name == "mlp") {
+    model::Mlp mlp(model::MlpConfig{.inputs = 784, .hidden = hidden, .classes = 10});
+    std::vector<float> params(mlp.num_parameters()), grads(params.size()), x(784 * static_cast<std::size_t>(batch));
+    mlp.initialize(params, 1);
+    for (auto& v : x) v = static_cast<float>(rng.normal());
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(batch), 3);
+    for (int r = 0; r < 21; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      mlp.forward_backward(params, x.data(), labels.data(), batch, grads);
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    floats = static_cast<double>(mlp.num_parameters());
+  } else {
+    model::Transformer t(config);
+    std::vector<float> params(t.num_parameters()), grads(params.size());
+    t.initialize(params, 1);
+    std::vector<int> positions(static_cast<std::size_t>(t.config().tokens()));
+    std::iota(positions.begin(), positions.end(), 0);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(batch) * t.config().tokens(), 1);
+    std::vector<float> pixels(static_cast<std::size_t>(batch) * config.image * config.image, 0.1f);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(batch), 1);
+    const bool gpt = config.kind == model::TransformerKind::kGpt;
+    model::TokenBatch b{.batch = batch,
+                        .tokens = t.config().tokens(),
+                        .positions = positions,
+                        .bytes = gpt ? std::span<const std::int32_t>(ids) : std::span<const std::int32_t>(),
+                        .pixels = gpt ? std::span<const float>() : std::span<const float>(pixels),
+                        .targets = gpt ? std::span<const std::int32_t>(ids) : std::span<const std::int32_t>(labels),
+                        .loss_divisor = static_cast<double>(ids.size())};
+    for (int r = 0; r < 5; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      t.forward_backward(params, b, grads);
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    floats = static_cast<double>(t.num_parameters());
+  }
+  // The optimizer's pass: x, its gradient and its state read, x and the state written.
+  const double update_s = 5 * 4 * floats / copy_bytes_per_s;
+  return {median_of(times) + update_s, 4 * floats};
+}
+
+// Across peers: each algorithm's time per step on the topology's links (and, with
+// --compare, D-PSGD on other graphs of as many peers with the same links).
+int plan_network(const cxxopts::ParseResult& args, const std::string& model_name,
+                 const model::TransformerConfig& config, int batch, const std::string& format) {
+  const auto topo = topology::load_topology_file(args["topology"].as<std::string>());
+  std::vector<int> hidden;
+  {
+    std::stringstream in(args["hidden"].as<std::string>());
+    for (std::string item; std::getline(in, item, ',');) {
+      try {
+        hidden.push_back(std::stoi(item));
+      } catch (const std::exception&) {
+        throw UsageError("--hidden '" + args["hidden"].as<std::string>() + "': expected widths such as 512,512");
+      }
+    }
+  }
+  // --cores C: every peer on one machine of C cores (as the experiments run them); else a
+  // machine each.
+  const int shared = args.count("cores") ? number_flag<int>(args, "cores") : 0;
+  auto [compute_s, bytes] = peer_compute(model_name, hidden, config, batch, 2e10);
+  const auto probe = plan::probe_network(bytes);
+  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s).first;
+  struct Row {
+    std::string name;
+    plan::NetworkPrediction p;
+  };
+  std::vector<Row> rows;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<plan::PeerAlgorithm> algorithms;
+  if (args.count("compare"))
+    algorithms = {plan::PeerAlgorithm::kDpsgd, plan::PeerAlgorithm::kAllReduce, plan::PeerAlgorithm::kPs};
+  else
+    algorithms = {plan::parse_peer_algorithm(args["algorithm"].as<std::string>())};
+  for (auto a : algorithms)
+    rows.push_back(
+        {str(plan::to_string(a), " on ", topo.name), plan::predict_network(topo, a, bytes, compute_s, probe, shared)});
+  if (args.count("compare"))
+    for (const std::string g : {"ring", "exponential", "complete"}) {
+      if (topo.source.kind == topology::GraphSource::Kind::kGenerator && topo.source.generator == g) continue;
+      if (g == "complete" && topo.num_peers() > 512) continue;  // n² links: not a graph anyone would gossip on
+      topology::Topology other = topo;
+      other.graph = topology::generate(g, {.n = topo.num_peers()});
+      rows.push_back({str("dpsgd on ", g == "exponential" ? "an " : "a ", g, " graph"),
+                      plan::predict_network(other, plan::PeerAlgorithm::kDpsgd, bytes, compute_s, probe, shared)});
+    }
+  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.p.step_s < b.p.step_s; });
+  if (format == "json") {
+    std::string out = "[";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      json::Object o;
+      o.add("plan", rows[i].name)
+          .add("step_s", rows[i].p.step_s)
+          .add("slowest_peer", rows[i].p.slowest)
+          .add("where", rows[i].p.where)
+          .add("compute_s", compute_s)
+          .add("parameter_bytes", bytes);
+      out += (i ? ", " : "") + o.dump(0);
+    }
+    std::printf("%s]\n", out.c_str());
+    return 0;
+  }
+  std::printf(
+      "%s: %d peers%s; %s, %.0f parameter bytes, %.3f ms of compute a step; loopback probe %.1f us a message, "
+      "%.1f us of CPU\n\n",
+      topo.name.c_str(), topo.num_peers(),
+      shared > 0 ? str(", sharing ", shared, " cores").c_str() : ", a machine each", model_name.c_str(), bytes,
+      compute_s * 1e3, probe.message_s * 1e6, probe.message_cpu_s * 1e6);
+  std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
+  for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
+  std::printf("\npredicted in %.3f s\n", plan_s);
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(int argc, char** argv) {
   cxxopts::Options options("peertrain plan",
                            "Predict each way to split a peer's workers (SP x TP x PP, micro-batches, schedule) with "
                            "the step-time simulator and print the best; or predict one --strategy");
-  options.add_options("model")("model", "gpt or vit", cxxopts::value<std::string>()->default_value("gpt"))(
+  options.add_options("model")("model", "gpt or vit (across peers also mlp)",
+                               cxxopts::value<std::string>()->default_value("gpt"))(
       "d-model", "residual width", cxxopts::value<std::string>()->default_value("128"))(
       "layers", "blocks", cxxopts::value<std::string>()->default_value("4"))(
       "heads", "attention heads", cxxopts::value<std::string>()->default_value("4"))(
@@ -63,13 +198,20 @@ int run_plan(int argc, char** argv) {
   options.add_options("search")(
       "memory-per-worker", "each worker's memory, e.g. 2GiB (parameters x4 for Adam, plus activations)",
       cxxopts::value<std::string>())("top", "strategies to print", cxxopts::value<std::string>()->default_value("5"))(
-      "cores", "cores to simulate (default: this machine's; the workers share them)", cxxopts::value<std::string>())(
+      "cores",
+      "cores to simulate (default: this machine's; the workers share them); across peers: every peer on "
+      "one machine of that many cores (default: a machine each)",
+      cxxopts::value<std::string>())(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
       "topology", "with --run: the topology to launch", cxxopts::value<std::string>())(
       "max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
       "out", "with --run: the run's folder (launch's --out)", cxxopts::value<std::string>());
+  options.add_options("across peers (with --topology and without --run)")(
+      "algorithm", "dpsgd | allreduce | ps", cxxopts::value<std::string>()->default_value("dpsgd"))(
+      "compare", "rank the algorithms, and D-PSGD on other graphs, for the topology's network")(
+      "hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"));
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))(
@@ -86,8 +228,9 @@ int run_plan(int argc, char** argv) {
   return exit_code_of("plan", [&] {
     model::TransformerConfig config;
     const std::string model_name = args["model"].as<std::string>();
-    if (model_name != "gpt" && model_name != "vit")
-      throw UsageError("--model '" + model_name + "': expected gpt or vit");
+    const bool across = args.count("topology") && !args.count("run");
+    if (model_name != "gpt" && model_name != "vit" && !(across && model_name == "mlp"))
+      throw UsageError("--model '" + model_name + "': expected gpt or vit (or mlp, across peers)");
     config.kind = model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
     config.d_model = number_flag<int>(args, "d-model");
     config.layers = number_flag<int>(args, "layers");
@@ -99,6 +242,7 @@ int run_plan(int argc, char** argv) {
     if (batch < 1 || top < 1) throw UsageError("--batch and --top must be at least 1");
     const std::string format = args["format"].as<std::string>();
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
+    if (across) return plan_network(args, model_name, config, batch, format);
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
     if (args.count("memory-per-worker"))

@@ -26,6 +26,13 @@ write_topology "$work/pair.yaml" pair complete 2 "$base"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --run --topology "$work/pair.yaml" --max-steps 5 --out "$work/run" 2>&1)
 [[ $? -eq 0 ]] && grep -q "plan --run: peertrain launch" <<<"$out" && [[ -s $work/run/metrics.csv ]] && ok ||
   fail "plan --run: $out"
+# Across peers: the algorithms ranked for a topology's links, each with its bottleneck.
+printf 'links:\n  default: {latency_ms: 10, bandwidth_mbps: 100}\n' >>"$work/pair.yaml"
+out=$("$bin" plan --topology "$work/pair.yaml" --compare --model mlp --hidden 32 --batch 8 2>&1)
+[[ $? -eq 0 && $(grep -c "^dpsgd\|^allreduce\|^ps" <<<"$out") -ge 3 ]] && grep -q "link 0-1 (10 ms" <<<"$out" && ok ||
+  fail "plan --topology --compare: $out"
+out=$("$bin" plan --topology "$work/pair.yaml" --algorithm gossip --model mlp 2>&1)
+[[ $? -ne 0 ]] && grep -q "error: --algorithm 'gossip'" <<<"$out" && ok || fail "plan --algorithm gossip: $out"
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1
   shift

@@ -707,7 +707,16 @@ TEST(TcpTransport, ATamperedFrameOnAnAuthenticatedLinkIsRejectedAndNamed) {
   std::thread proxy([&] {
     boost::asio::ip::tcp::socket from0(io), to1(io);
     middle.accept(from0);
-    to1.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[1].port)});
+    // Peer 1 may not listen yet (its thread starts beside peer 0's): retry, as a dialer does.
+    const boost::asio::ip::tcp::endpoint peer1{boost::asio::ip::make_address("127.0.0.1"),
+                                               static_cast<unsigned short>(endpoints[1].port)};
+    boost::system::error_code refused;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      to1.connect(peer1, refused);
+      if (!refused) break;
+      to1.close();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     auto pump = [](boost::asio::ip::tcp::socket& in, boost::asio::ip::tcp::socket& out, long long flip_at) {
       std::array<std::byte, 4096> buffer;
       long long seen = 0;

@@ -11,7 +11,9 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/parallel/schedule.h"
+#include "peertrain/plan/network.h"
 #include "peertrain/plan/search.h"
+#include "peertrain/topology/generators.h"
 
 namespace {
 
@@ -169,9 +171,55 @@ TEST(Profiler, CacheReadsBackWhatItMeasured) {
   Profiler again(path.string(), 1);
   const UnitCost read = again.unit(c, shape);
   EXPECT_EQ(again.measured(), 0);
-  EXPECT_NEAR(read.forward_s, first.forward_s, 1e-12);
+  EXPECT_NEAR(read.forward_s, first.forward_s, 1e-7 * first.forward_s);  // 9 significant digits in the file
   EXPECT_DOUBLE_EQ(read.activation_bytes, first.activation_bytes);
   std::filesystem::remove(path);
+}
+
+// Across peers, on links where the answer is arithmetic: 4 peers, S = 1.25 MB, a free
+// loopback (the probe's rate far above the caps, no software cost).
+topology::Topology ring_of_four(double latency_ms, double mbps, double node_mbps) {
+  auto t =
+      topology::make_topology("ring4", {}, topology::generate("ring", {.n = 4}), topology::WeightScheme::kMetropolis);
+  t.default_link = {latency_ms, mbps};
+  t.node_bandwidth_mbps = node_mbps;
+  return t;
+}
+constexpr double kS = 1.25e6, kCompute = 1e-3;  // 1.25 MB is 1 s at 10 Mbit/s
+const NetworkProbe kFreeLoopback{.message_s = 0, .message_cpu_s = 0, .bytes_per_s = 1e15, .copy_bytes_per_s = 1e15};
+
+TEST(Network, DpsgdWaitsForItsSlowestNeighbourOrItsCard) {
+  // Latency only: the gossip overlaps the gradient, so 10 ms of link beats 1 ms of compute.
+  auto p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kDpsgd, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, 10e-3, 1e-6);  // the free loopback's nanoseconds
+  EXPECT_NE(p.where.find("link 0-1 (10 ms"), std::string::npos) << p.where;
+  // A 10 Mbit/s card for both neighbours' sends: 2 s.
+  p = predict_network(ring_of_four(0, 0, 10), PeerAlgorithm::kDpsgd, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, 2.0, 1e-6);  // the free loopback's nanoseconds
+  EXPECT_NE(p.where.find("card"), std::string::npos) << p.where;
+}
+
+TEST(Network, AllReduceAndTheServerScaleAsTheyShould) {
+  // Ring all-reduce: 2(n − 1) steps of S/n over 10 Mbit/s links: 6 × 0.25 s + compute.
+  auto p = predict_network(ring_of_four(0, 10, 0), PeerAlgorithm::kAllReduce, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 6 * 0.25, 1e-6);  // the free loopback's nanoseconds
+  // A parameter server behind a 10 Mbit/s card sends n − 1 = 3 parameter vectors: 3 s.
+  p = predict_network(ring_of_four(0, 0, 10), PeerAlgorithm::kPs, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 3.0, 1e-6);  // the free loopback's nanoseconds
+  EXPECT_EQ(p.slowest, 0);
+  // Its latencies add up: gradients in, parameters out.
+  p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kPs, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 20e-3, 1e-6);  // the free loopback's nanoseconds
+}
+
+TEST(Network, PeersSharingCoresAreBoundByTheirCpu) {
+  const NetworkProbe costly{.message_s = 0, .message_cpu_s = 1e-3, .bytes_per_s = 1e15, .copy_bytes_per_s = 1e15};
+  // Each peer: 1 ms of compute and 2 messages' CPU (each end pays half of 1 ms): 3 ms;
+  // 4 peers on 2 cores: 6 ms.
+  const auto p = predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kDpsgd, kS, kCompute, costly, 2);
+  EXPECT_NEAR(p.step_s, 4 * 3e-3 / 2, 1e-6);  // the free loopback's nanoseconds
+  EXPECT_NE(p.where.find("sharing 2 cores"), std::string::npos) << p.where;
+  EXPECT_THROW(parse_peer_algorithm("gossip"), Error);
 }
 
 }  // namespace

@@ -3,8 +3,8 @@ set output '/work/main/experiments/plan/results/predicted_vs_measured.png'
 set title 'Step time: simulator against the engine (32 strategies, 2 cores)'
 set xlabel 'measured step time (ms)'
 set ylabel 'predicted step time (ms)'
-set xrange [0:117.8003178]
-set yrange [0:117.8003178]
+set xrange [0:113.8104264]
+set yrange [0:113.8104264]
 set key top left
 set grid
 plot x title 'predicted = measured' lc rgb '#888888', \

@@ -1,0 +1,61 @@
+// The cost model of a decentralized run over a topology (issue 17, across peers): from each
+// peer's compute time, the message sizes and every link's latency and bandwidth (the
+// topology file's link emulation), it predicts each peer's time per step under D-PSGD,
+// ring all-reduce or a parameter server, and where the time goes.
+//
+// Per step and peer, the algorithms' traffic (S = the parameters' bytes):
+//   dpsgd      S to and from each neighbour; the gossip overlaps the gradient, so a peer
+//              waits max(compute, the slowest neighbour's S over its link), the sends
+//              sharing the peer's card when node_bandwidth_mbps caps it;
+//   allreduce  2(n − 1) ring steps of S/n, each bound by the ring's slowest link;
+//   ps         peer 0 receives n − 1 gradients and sends n − 1 parameter vectors through
+//              its card; the others send one and receive one.
+// Each message also costs its two ends software time (the probe's loopback round trip),
+// and peers on one machine share its cores: when every peer's host is a loopback address
+// the step takes at least Σ CPU / cores. The synchronous algorithms move at the pace of
+// the slowest peer, which the prediction names with its bottleneck (compute, shared cores,
+// a link's latency or bandwidth, its card).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "peertrain/topology/topology.h"
+
+namespace peertrain::plan {
+
+enum class PeerAlgorithm { kDpsgd, kAllReduce, kPs };
+PeerAlgorithm parse_peer_algorithm(const std::string& text);  // throws naming --algorithm
+std::string to_string(PeerAlgorithm algorithm);
+
+// A quick probe of this machine: two of peertrain's own TCP transports in one process,
+// over loopback, passing a message of the parameters' size back and forth.
+struct NetworkProbe {
+  double message_s = 0;         // one message of that size, one way (half a round trip)
+  double message_cpu_s = 0;     // the CPU it costs both ends together (framing, checksum, copies, threads)
+  double bytes_per_s = 0;       // loopback's rate for such messages
+  double copy_bytes_per_s = 0;  // memcpy, for mixing
+};
+NetworkProbe probe_network(double message_bytes);
+
+struct PeerStep {
+  double step_s = 0;     // this peer's time per step on its own (before the others hold it up)
+  double compute_s = 0;  // the gradient and the update
+  double cpu_s = 0;      // compute plus its messages' and mixing's CPU
+  double comm_s = 0;     // waiting on the network beyond compute
+  std::string bottleneck;
+};
+
+struct NetworkPrediction {
+  double step_s = 0;  // the run's time per step: the slowest peer, or the shared cores
+  std::vector<PeerStep> peers;
+  int slowest = 0;
+  std::string where;  // what holds the run back
+};
+
+// compute_s: one peer's gradient and optimizer step; parameter_bytes: S. shared_cores: the
+// cores all peers share (0: every peer has a machine of its own).
+NetworkPrediction predict_network(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
+                                  double compute_s, const NetworkProbe& probe, int shared_cores);
+
+}  // namespace peertrain::plan

@@ -1,0 +1,206 @@
+// The cost model of a decentralized run; see network.h.
+#include "peertrain/plan/network.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
+
+#include <boost/asio.hpp>
+
+#include "peertrain/core/error.h"
+#include "peertrain/net/tcp.h"
+
+namespace peertrain::plan {
+namespace {
+
+using boost::asio::ip::tcp;
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A link's time for `bytes`: its latency and its cap (0: no cap: loopback, as the probe
+// measured it, whose one-way time holds the messages' software too).
+double link_time(const topology::LinkProperties& link, double bytes, const NetworkProbe& probe) {
+  const double capped = link.bandwidth_mbps > 0 ? bytes / (link.bandwidth_mbps * 1e6 / 8) : 0.0;
+  return link.latency_ms * 1e-3 + std::max(capped, bytes / probe.bytes_per_s);
+}
+
+}  // namespace
+
+PeerAlgorithm parse_peer_algorithm(const std::string& text) {
+  if (text == "dpsgd") return PeerAlgorithm::kDpsgd;
+  if (text == "allreduce") return PeerAlgorithm::kAllReduce;
+  if (text == "ps") return PeerAlgorithm::kPs;
+  throw Error(ErrorKind::kInvalidArgument, str("--algorithm '", text, "': expected dpsgd, allreduce or ps"));
+}
+
+std::string to_string(PeerAlgorithm a) {
+  return a == PeerAlgorithm::kDpsgd ? "dpsgd" : a == PeerAlgorithm::kAllReduce ? "allreduce" : "ps";
+}
+
+NetworkProbe probe_network(double message_bytes) {
+  NetworkProbe p;
+  // Two free ports on loopback.
+  boost::asio::io_context io;
+  tcp::acceptor a(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0)),
+      b(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const std::vector<net::Endpoint> endpoints{{"127.0.0.1", a.local_endpoint().port()},
+                                             {"127.0.0.1", b.local_endpoint().port()}};
+  a.close();
+  b.close();
+  std::unique_ptr<net::Transport> peers[2];
+  for (int i = 0; i < 2; ++i) {
+    net::TcpOptions o;
+    o.self = i;
+    o.endpoints = endpoints;
+    o.links = {1 - i};
+    o.fingerprint = 0x9e37;
+    o.run_id = 0x1234;
+    o.connect_timeout_s = 10;
+    o.peer_timeout_s = 10;
+    o.max_payload_bytes = static_cast<std::uint64_t>(message_bytes) + 4096;
+    peers[i] = net::make_tcp_transport(o);
+  }
+  std::thread other([&] { peers[1]->connect(); });
+  peers[0]->connect();
+  other.join();
+  const net::Payload payload(static_cast<std::size_t>(std::max(1.0, message_bytes)), std::byte{1});
+  const int trips = std::clamp(static_cast<int>(2e8 / std::max(message_bytes, 1.0)), 10, 400);
+  timespec cpu0{}, cpu1{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+  const double start = now_s();
+  std::thread echo([&] {
+    for (int k = 0; k < trips; ++k) {
+      auto got = peers[1]->receive(0, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 0, 10.0);
+      peers[1]
+          ->send(0, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 1, net::SendBuffer(std::move(got)))
+          .wait();
+    }
+  });
+  for (int k = 0; k < trips; ++k) {
+    peers[0]->send(1, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 0, net::SendBuffer(payload)).wait();
+    peers[0]->receive(1, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 1, 10.0);
+  }
+  echo.join();
+  const double wall = now_s() - start;
+  std::thread closing([&] { peers[1]->close(); });  // goodbyes both ways, so neither sees a reset
+  peers[0]->close();
+  closing.join();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+  const double cpu =
+      static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
+  p.message_s = wall / (2.0 * trips);
+  p.message_cpu_s = cpu / (2.0 * trips);
+  p.bytes_per_s = message_bytes / p.message_s;
+  std::vector<char> x(64 << 20, 1), y(64 << 20);
+  const double copy_start = now_s();
+  std::memcpy(y.data(), x.data(), x.size());
+  p.copy_bytes_per_s = static_cast<double>(x.size()) / (now_s() - copy_start);
+  return p;
+}
+
+NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm algorithm, double S, double compute_s,
+                                  const NetworkProbe& probe, int shared_cores) {
+  const int n = topo.num_peers();
+  NetworkPrediction out;
+  out.peers.resize(static_cast<std::size_t>(n));
+  auto card = [&](double bytes) {  // a peer's outgoing bytes through its card, when capped
+    return topo.node_bandwidth_mbps > 0 ? bytes / (topo.node_bandwidth_mbps * 1e6 / 8) : 0.0;
+  };
+  // Per message of S bytes: the CPU at both ends, as the probe measured it.
+  const double message_cpu = probe.message_cpu_s;
+  for (int i = 0; i < n; ++i) {
+    PeerStep& p = out.peers[static_cast<std::size_t>(i)];
+    p.compute_s = compute_s;
+    double wait = 0;
+    int messages = 0;
+    std::string why = "compute";
+    auto consider = [&](double seconds, std::string what) {
+      if (seconds > wait) {
+        wait = seconds;
+        why = std::move(what);
+      }
+    };
+    if (algorithm == PeerAlgorithm::kDpsgd) {
+      const auto neighbours = topo.graph.neighbors(i);
+      messages = 2 * static_cast<int>(neighbours.size());
+      for (int j : neighbours) {
+        const auto link = topo.link(i, j);
+        consider(link_time(link, S, probe),
+                 str("link ", i, "-", j, " (", link.latency_ms, " ms, ",
+                     link.bandwidth_mbps > 0 ? str(link.bandwidth_mbps, " Mbit/s") : std::string("no cap"), ")"));
+      }
+      consider(card(S * static_cast<double>(neighbours.size())),
+               str("peer ", i, "'s card (", topo.node_bandwidth_mbps, " Mbit/s for ", neighbours.size(), " sends)"));
+      // Mixing: a pass over each neighbour's copy.
+      // Each end pays half a message's CPU; mixing reads every neighbour's copy.
+      p.cpu_s = compute_s + messages / 2.0 * message_cpu +
+                static_cast<double>(neighbours.size() + 1) * S / probe.copy_bytes_per_s;
+      p.comm_s = std::max(0.0, wait - compute_s);  // the gossip overlaps the gradient
+      p.step_s = std::max(p.cpu_s, compute_s + p.comm_s);
+    } else if (algorithm == PeerAlgorithm::kAllReduce) {
+      double slowest = 0;
+      std::string which;
+      for (int k = 0; k < n; ++k) {
+        const auto link = topo.link(k, (k + 1) % n);
+        const double t = link_time(link, S / n, probe);
+        if (t > slowest) {
+          slowest = t;
+          which = str("ring link ", k, "-", (k + 1) % n);
+        }
+      }
+      consider(2.0 * (n - 1) * std::max(slowest, card(S / n)), str(2 * (n - 1), " ring steps, bound by ", which));
+      messages = 4 * (n - 1);
+      p.cpu_s = compute_s + messages / 2.0 * message_cpu / n;  // messages of S/n; each end pays half
+      p.comm_s = wait;
+      p.step_s = std::max(p.cpu_s, compute_s + wait);
+    } else {
+      const int server = 0;
+      if (i == server) {
+        // The latencies add up (gradients in, then parameters out); the bytes overlap: the
+        // workers first served push their next gradient while the card sends the others'.
+        double latency = 0, in = 0, outgoing = 0;
+        for (int w = 1; w < n; ++w) {
+          latency = std::max(latency, (topo.link(w, server).latency_ms + topo.link(server, w).latency_ms) * 1e-3);
+          in = std::max(in, link_time({0, topo.link(w, server).bandwidth_mbps}, S, probe));
+          outgoing = std::max(outgoing, link_time({0, topo.link(server, w).bandwidth_mbps}, S, probe));
+        }
+        consider(
+            latency + std::max({in, outgoing, card(S * (n - 1))}),
+            str("the server's ", n - 1, " gradients in and parameters out",
+                topo.node_bandwidth_mbps > 0 ? str(" through its ", topo.node_bandwidth_mbps, " Mbit/s card") : ""));
+        messages = 2 * (n - 1);
+      } else {
+        consider(link_time(topo.link(i, server), S, probe) + link_time(topo.link(server, i), S, probe),
+                 str("link ", i, "-", server));
+        messages = 2;
+      }
+      p.cpu_s = compute_s + messages / 2.0 * message_cpu;
+      p.comm_s = wait;
+      p.step_s = std::max(p.cpu_s, compute_s + wait);
+    }
+    p.bottleneck = p.cpu_s >= compute_s + p.comm_s ? (p.cpu_s > compute_s * 1.5 ? "messages' CPU" : "compute") : why;
+  }
+  // Synchronous: everyone moves at the slowest peer's pace (a parameter server's workers
+  // wait for the server, D-PSGD's peers for their neighbours, and theirs for theirs).
+  for (int i = 0; i < n; ++i)
+    if (out.peers[static_cast<std::size_t>(i)].step_s > out.peers[static_cast<std::size_t>(out.slowest)].step_s)
+      out.slowest = i;
+  const PeerStep& slow = out.peers[static_cast<std::size_t>(out.slowest)];
+  out.step_s = slow.step_s;
+  out.where = str("peer ", out.slowest, ": ", slow.bottleneck);
+  if (shared_cores > 0) {
+    double cpu = 0;
+    for (const auto& p : out.peers) cpu += p.cpu_s;
+    if (cpu / shared_cores > out.step_s) {
+      out.step_s = cpu / shared_cores;
+      out.where = str("the ", n, " peers sharing ", shared_cores, " cores (", cpu * 1e3, " ms of CPU a step)");
+    }
+  }
+  return out;
+}
+
+}  // namespace peertrain::plan
