@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "model_flags.h"
 #include "options.h"
 #include "random_batch.h"
 #include "peertrain/core/clock.h"
@@ -118,12 +119,8 @@ Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
 // The transformer step as training runs it: the unsplit model for --sp 1 --pp 1, else the
 // pipeline engine's worker threads; then the optimizer step (Adam, as the trainer uses).
 Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
-  model::TransformerConfig config;
-  config.kind = gpt ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
-  config.d_model = number_flag<int>(args, "d-model");
-  config.layers = number_flag<int>(args, "layers");
-  config.heads = number_flag<int>(args, "heads");
-  config.seq = number_flag<int>(args, "seq");
+  model::TransformerConfig config =
+      transformer_shape(args, gpt ? model::TransformerKind::kGpt : model::TransformerKind::kVit, false);
   config.patch = number_flag<int>(args, "patch");
   parallel::EngineConfig engine;
   engine.sp = number_flag<int>(args, "sp");

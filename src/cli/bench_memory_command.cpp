@@ -49,10 +49,7 @@ parallel::StageStats run_step(model::TransformerConfig config, bool sequence, in
   model.initialize(params, 1);
   Rng rng(2);
   const RandomBatch data = random_batch(model.config(), batch, rng);
-  parallel::GlobalBatch global;
-  global.batch = batch;
-  global.bytes = data.bytes;
-  global.targets = data.targets;
+  const parallel::GlobalBatch global = global_batch(data, model.config(), batch);
   pipeline.step(params, global, grads);
   return pipeline.last_stats().stages[0];
 }

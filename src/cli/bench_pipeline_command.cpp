@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "mesh_options.h"
+#include "model_flags.h"
 #include "options.h"
 #include "random_batch.h"
 #include "peertrain/core/clock.h"
@@ -62,12 +63,8 @@ int bench_pipeline(int argc, char** argv) {
     const std::string model_name = args["model"].as<std::string>();
     if (model_name != "gpt" && model_name != "vit")
       throw UsageError("--model '" + model_name + "': expected gpt or vit");
-    config.kind = model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
-    config.vocab = number_flag<int>(args, "vocab-size");
-    config.d_model = number_flag<int>(args, "d-model");
-    config.layers = number_flag<int>(args, "layers");
-    config.heads = number_flag<int>(args, "heads");
-    config.seq = number_flag<int>(args, "seq");
+    config = transformer_shape(args, model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit,
+                               true);
     const int batch = number_flag<int>(args, "batch");
     const int steps = number_flag<int>(args, "steps");
     const std::string format = args["format"].as<std::string>();
@@ -95,15 +92,7 @@ int bench_pipeline(int argc, char** argv) {
     Rng rng(2);
     const int tokens = model.config().tokens();
     const RandomBatch data = random_batch(model.config(), batch, rng);
-    parallel::GlobalBatch global;
-    global.batch = batch;
-    if (config.kind == model::TransformerKind::kGpt) {
-      global.bytes = data.bytes;
-      global.targets = data.targets;
-    } else {
-      global.pixels = data.pixels;
-      global.labels = data.targets;
-    }
+    const parallel::GlobalBatch global = global_batch(data, model.config(), batch);
     pipeline.step(params, global, grads);  // warm-up, and the profile when --stages is not given
     std::vector<double> step_times;
     for (int s = 0; s < steps; ++s) {

@@ -18,6 +18,7 @@
 
 #include "commands.h"
 #include "mesh_options.h"
+#include "model_flags.h"
 #include "options.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
@@ -231,12 +232,8 @@ int run_plan(int argc, char** argv) {
     const bool across = args.count("topology") && !args.count("run");
     if (model_name != "gpt" && model_name != "vit" && !(across && model_name == "mlp"))
       throw UsageError("--model '" + model_name + "': expected gpt or vit (or mlp, across peers)");
-    config.kind = model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit;
-    config.d_model = number_flag<int>(args, "d-model");
-    config.layers = number_flag<int>(args, "layers");
-    config.heads = number_flag<int>(args, "heads");
-    config.seq = number_flag<int>(args, "seq");
-    config.vocab = number_flag<int>(args, "vocab-size");
+    config = transformer_shape(args, model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit,
+                               true);
     model::validate(config);
     const int batch = number_flag<int>(args, "batch"), top = number_flag<int>(args, "top");
     if (batch < 1 || top < 1) throw UsageError("--batch and --top must be at least 1");

@@ -7,6 +7,7 @@
 
 #include "peertrain/core/rng.h"
 #include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
 
 namespace peertrain::cli {
 
@@ -28,6 +29,20 @@ inline RandomBatch random_batch(const model::TransformerConfig& config, int batc
     for (int i = 0; i < batch; ++i) r.targets.push_back(static_cast<std::int32_t>(rng.uniform_below(config.classes)));
   }
   return r;
+}
+
+// The pipeline engine's view of it: gpt's bytes and next bytes, or vit's pixels and labels.
+inline parallel::GlobalBatch global_batch(const RandomBatch& data, const model::TransformerConfig& config, int batch) {
+  parallel::GlobalBatch global;
+  global.batch = batch;
+  if (config.kind == model::TransformerKind::kGpt) {
+    global.bytes = data.bytes;
+    global.targets = data.targets;
+  } else {
+    global.pixels = data.pixels;
+    global.labels = data.targets;
+  }
+  return global;
 }
 
 }  // namespace peertrain::cli

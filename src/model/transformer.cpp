@@ -22,8 +22,10 @@
 #include "peertrain/model/transformer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "layers.h"
 #include "peertrain/model/block_composition.h"
@@ -76,6 +78,9 @@ struct ThreadWorkspace {
   layers::Gemm gemm;
   AlignedVector<float> slots[5];
   AlignedVector<float> shard_params, shard_grads;  // tensor parallelism: this rank's block
+  // Each block's shard for (width, heads, MLP ratio, tp, rank), built once: its runs are a
+  // few hundred entries, every pass of every micro-batch would otherwise rebuild them.
+  std::map<std::array<std::size_t, 6>, TensorShard> shards;
   std::vector<UnitActivations> saved;
   AlignedVector<float> act_a, act_b;
 };
@@ -337,20 +342,29 @@ struct TransformerKernels {
                    .tokens = batch.tokens,
                    .causal = c.kind == TransformerKind::kGpt};
       if (shape.tp_size == 1) return;
-      shard = tensor_shard(c, o, shape.tp_size, shape.tp_rank);
-      offsets = shard.offsets;
-      ops.w.shard_params.resize(shard.floats);
-      gather_shard(shard, p, ops.w.shard_params.data());
+      const std::array<std::size_t, 6> key{o.ln1_w,
+                                           static_cast<std::size_t>(c.d_model),
+                                           static_cast<std::size_t>(c.heads),
+                                           static_cast<std::size_t>(c.mlp_ratio),
+                                           static_cast<std::size_t>(shape.tp_size),
+                                           static_cast<std::size_t>(shape.tp_rank)};
+      auto it = ops.w.shards.find(key);
+      if (it == ops.w.shards.end())
+        it = ops.w.shards.emplace(key, tensor_shard(c, o, shape.tp_size, shape.tp_rank)).first;
+      shard = &it->second;
+      offsets = shard->offsets;
+      ops.w.shard_params.resize(shard->floats);
+      gather_shard(*shard, p, ops.w.shard_params.data());
       params = ops.w.shard_params.data();
       if (g != nullptr) {
-        ops.w.shard_grads.assign(shard.floats, 0.0f);
+        ops.w.shard_grads.assign(shard->floats, 0.0f);
         grads = ops.w.shard_grads.data();
         full_grads = g;
       }
     }
     // Adds the shard's gradient into the flat layout.
     void finish() {
-      if (full_grads != nullptr) add_shard(shard, grads, full_grads);
+      if (full_grads != nullptr) add_shard(*shard, grads, full_grads);
     }
 
    private:
@@ -360,7 +374,7 @@ struct TransformerKernels {
     static int tensor_rank(const UnitContext& context) {
       return context.tensor_group == nullptr ? 0 : context.tensor_group->rank();
     }
-    TensorShard shard;
+    const TensorShard* shard = nullptr;
     float* full_grads = nullptr;
   };
 

@@ -24,23 +24,16 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/model/tensor_shard.h"
-#include "peertrain/model/transformer_layout.h"
 #include "peertrain/parallel/partitioner.h"
 #include "pipeline_worker.h"
 
 namespace peertrain::parallel {
 
-namespace {
-
-// A stage's activations [micro-batch, tokens, d_model] on its mesh {sp, tp}: the tokens
-// split over the sequence ranks as --sequence-split says, the tensor ranks replicating.
-Layout activation_layout(const StageMesh& m, SequenceSplit split) {
+Layout boundary_layout(const StageMesh& m, SequenceSplit split) {
   Layout layout{{-1, m.sp > 1 ? 0 : -1, -1}, {0, 0, 0}};
   layout.zigzag[1] = m.sp > 1 && split == SequenceSplit::kZigzag;
   return layout;
 }
-
-}  // namespace
 
 std::vector<StageMesh> parse_stage_meshes(std::string_view text, std::string_view flag) {
   std::vector<StageMesh> meshes;
@@ -149,8 +142,8 @@ void PipelineEngine::plan_boundaries(int microbatch) {
     const StageMesh &a = meshes_[static_cast<std::size_t>(from)], &b = meshes_[static_cast<std::size_t>(to)];
     boundaries_->exchanges.emplace(
         std::pair{from, to},
-        plan_exchange(Mesh{{a.sp, a.tp}}, activation_layout(a, config_.split), ranks_of(from), Mesh{{b.sp, b.tp}},
-                      activation_layout(b, config_.split), ranks_of(to), shape, config_.reshard));
+        plan_exchange(Mesh{{a.sp, a.tp}}, boundary_layout(a, config_.split), ranks_of(from), Mesh{{b.sp, b.tp}},
+                      boundary_layout(b, config_.split), ranks_of(to), shape, config_.reshard));
   };
   // Activations forward from virtual stage k to k + 1, their gradients back.
   for (int k = 0; k + 1 < shape_.virtual_stages(); ++k) {
@@ -412,8 +405,7 @@ float PipelineEngine::step(std::span<const float> params, const GlobalBatch& bat
       for (const auto& chunk : worker(p, 0, 0).chunks)
         for (int u = std::max(chunk.first_unit, 1); u < std::min(chunk.end_unit, units - 1); ++u)
           st.parameter_bytes -=
-              sizeof(float) * (model_.unit_parameters(u).size -
-                               model::tensor_shard(model_.config(), model_.layout().blocks[u - 1], tp, 0).floats);
+              sizeof(float) * (model_.unit_parameters(u).size - model::tensor_shard_floats(model_.config(), tp));
     const auto here = stage_workers(p);
     const double n = static_cast<double>(here.size());
     for (const auto& w : here) {

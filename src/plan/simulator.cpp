@@ -39,12 +39,6 @@ const std::vector<std::vector<parallel::PipelineOp>>& schedule_of(const parallel
   return it->second;
 }
 
-parallel::Layout activation_layout(const parallel::StageMesh& m, parallel::SequenceSplit split) {
-  parallel::Layout layout{{-1, m.sp > 1 ? 0 : -1, -1}, {0, 0, 0}};
-  layout.zigzag[1] = m.sp > 1 && split == parallel::SequenceSplit::kZigzag;
-  return layout;
-}
-
 }  // namespace
 
 std::string Strategy::describe() const {
@@ -220,8 +214,8 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     const auto& d = meshes[static_cast<std::size_t>(to)];
     const double tile_bytes = 4.0 * b * (c.tokens() / d.sp) * c.d_model;
     const parallel::Mesh source{{a.sp, a.tp}}, destination{{d.sp, d.tp}};
-    const auto tasks = parallel::plan_reshard(source, activation_layout(a, e.split), destination,
-                                              activation_layout(d, e.split), tensor);
+    const auto tasks = parallel::plan_reshard(source, parallel::boundary_layout(a, e.split), destination,
+                                              parallel::boundary_layout(d, e.split), tensor);
     const auto schedule = parallel::schedule_reshard(tasks, e.reshard, source.workers(), destination.workers());
     // The engine's copies: pack, into the outgoing parcel, across, unpack.
     double seconds = 4 * tile_bytes / machine.copy_bytes_per_s;

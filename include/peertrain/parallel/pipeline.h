@@ -59,6 +59,10 @@ struct StageMesh {
   bool operator==(const StageMesh&) const = default;
 };
 
+// A stage's boundary tensor [micro-batch, tokens, d_model] on its mesh {sp, tp} (reshard.h):
+// the tokens split over the sequence ranks as `split` says, the tensor ranks replicating.
+Layout boundary_layout(const StageMesh& mesh, SequenceSplit split);
+
 // "sp=2,tp=1;sp=1,tp=4": one mesh per stage, in order, separated by ';'; an axis left out
 // is 1. Throws Error(kInvalidArgument) naming `flag`, the stage and the axis.
 std::vector<StageMesh> parse_stage_meshes(std::string_view text, std::string_view flag = "--stage-mesh");
