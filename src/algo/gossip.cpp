@@ -280,6 +280,60 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
   return waited;
 }
 
+void Gossip::start_message(std::uint64_t step, net::Payload message) {
+  PEERTRAIN_CHECK(!sending(), "start_message() twice without finish_message() at step ", step);
+  PEERTRAIN_CHECK(max_staleness_ == 0 && !parts_given_, "messages are exchanged synchronously and whole");
+  started_ = true;
+  step_ = step;
+  if (sends_.size() != 1) sends_.resize(1);
+  message_ = std::move(message);
+  for (int peer : rows_[step % rows_.size()].peers)
+    if (!is_lost(peer)) sends_[0].push_back(network_.send(peer, net::MessageType::kParameters, step, 0, message_));
+}
+
+double Gossip::finish_message(const TakeMessage& take) {
+  const auto begin = std::chrono::steady_clock::now();
+  newly_lost_.clear();
+  MixingRow row = rows_[step_ % rows_.size()];
+  auto stay_home = [&](std::size_t j) {
+    row.self_weight += row.weights[j];
+    row.weights[j] = 0;
+  };
+  double taking = 0;  // time in take(): the caller's arithmetic, not waiting
+  for (std::size_t j = 0; j < row.peers.size(); ++j) {
+    const int peer = row.peers[j];
+    if (is_lost(peer)) {
+      stay_home(j);
+      continue;
+    }
+    try {
+      net::Payload payload = receive_or_give_up(peer, step_, 0);
+      const auto took = std::chrono::steady_clock::now();
+      take(peer, row.weights[j], payload);
+      taking += std::chrono::duration<double>(std::chrono::steady_clock::now() - took).count();
+      network_.recycle(std::move(payload));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout && e.kind() != ErrorKind::kParse) throw;
+      give_up_on(peer, e.what());
+      stay_home(j);
+    }
+  }
+  if (!sends_.empty()) {
+    for (auto& send : sends_[0]) {
+      try {
+        send.wait();
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+      }
+    }
+    sends_[0].clear();
+  }
+  applied_ = std::move(row);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() - taking;
+  note_round(waited);
+  return waited;
+}
+
 // One pass over memory: the mix is bandwidth-bound, so fusing the neighbours (two per
 // pass) and the update halves its time against a pass per term (bench/gossip_bench.cpp).
 void Gossip::mix(std::span<float> x, float self_weight, const std::vector<float>& weights,

@@ -284,7 +284,7 @@ int run_launch(int argc, char** argv) {
   }
 
   ProgressLine progress(isatty(STDERR_FILENO));
-  const bool survivable = config.algorithm == train::Algorithm::kDpsgd;
+  const bool survivable = train::gossips(config.algorithm);
   std::vector<int> lost;
   std::optional<Clock::time_point> coordinator_done;
   std::string failure;

@@ -66,7 +66,11 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "reshard",
                                                  "link-between-gbps",
                                                  "link-within-gbps",
-                                                 "link-latency-us"};
+                                                 "link-latency-us",
+                                                 "update",
+                                                 "compression",
+                                                 "gossip-step",
+                                                 "allreduce-algo"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -188,51 +192,102 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   }
 }
 
+// --update, --compression, --gossip-step, --allreduce-algo: each only with the algorithms
+// it belongs to, so a flag that would be ignored is an error instead.
+void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
+  const std::string algorithm(train::to_string(c.algorithm));
+  auto only_for = [&](const char* flag, bool applies, const char* which) {
+    if (args.count(flag) && !applies)
+      throw UsageError(str("--", flag, " applies to --algorithm ", which, ", not ", algorithm));
+  };
+  const bool choco = c.algorithm == train::Algorithm::kChoco;
+  only_for("update", c.algorithm == train::Algorithm::kDpsgd || choco, "dpsgd or choco");
+  only_for("compression", choco, "choco (compressed gossip)");
+  only_for("gossip-step", choco, "choco");
+  only_for("allreduce-algo", c.algorithm == train::Algorithm::kAllreduce, "allreduce");
+  const std::string update = args["update"].as<std::string>();
+  if (update != "cta" && update != "atc") throw UsageError("--update '" + update + "' is not one of cta, atc");
+  c.update = update == "atc" ? train::UpdateForm::kAtc : train::UpdateForm::kCta;
+  try {
+    c.compression = algo::parse_compression(args["compression"].as<std::string>());
+    c.allreduce_algo = algo::parse_allreduce_algo(args["allreduce-algo"].as<std::string>());
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (args.count("gossip-step")) {
+    c.gossip_step = positive<double>(args, "gossip-step");
+    if (c.gossip_step > 1)
+      throw UsageError(str("--gossip-step ", args["gossip-step"].as<std::string>(), " is outside (0, 1]"));
+  }
+  if ((choco || c.algorithm == train::Algorithm::kD2) && (c.resume || args.count("rejoin")))
+    throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
+                         " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
+  if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
+    throw UsageError("--max-staleness applies to --algorithm dpsgd only");
+}
+
 }  // namespace
 
 void add_training_options(cxxopts::Options& options) {
-  options.add_options("training")
-      ("algorithm", "dpsgd | allreduce | ps | local", cxxopts::value<std::string>()->default_value("dpsgd"))
-      ("model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
-       cxxopts::value<std::string>()->default_value("mlp"))
-      ("hidden", "MLP hidden layer widths", cxxopts::value<std::string>()->default_value("512,512"))
-      ("epochs", "passes over the training set (all peers together)", cxxopts::value<std::string>()->default_value("5"))
-      ("max-steps", "stop after this many steps (0: no cap)", cxxopts::value<std::string>()->default_value("0"))
-      ("batch", "examples per peer per step (default: 32; gpt: 8 sequences)", cxxopts::value<std::string>())
-      ("optimizer", "sgd | adam (default: sgd for mlp, adam for gpt and vit)", cxxopts::value<std::string>())
-      ("lr", "learning rate (default: 0.05 for sgd, 0.001 for adam)", cxxopts::value<std::string>())
-      ("lr-schedule", "constant | cosine (linear warm-up, then cosine decay to 10% at the last step); "
-                      "default: constant for mlp, cosine for gpt and vit", cxxopts::value<std::string>())
-      ("warmup-steps", "steps of linear warm-up for --lr-schedule cosine",
-       cxxopts::value<std::string>()->default_value("20"))
-      ("momentum", "SGD momentum", cxxopts::value<std::string>()->default_value("0.9"))
-      ("weight-decay", "L2 weight decay", cxxopts::value<std::string>()->default_value("0.0001"))
-      ("seed", "seed of the model, the shards and the batches", cxxopts::value<std::string>()->default_value("1"))
-      ("eval-every", "steps between evaluations (0: once per epoch)", cxxopts::value<std::string>()->default_value("0"))
-      ("partition", "iid | dirichlet", cxxopts::value<std::string>()->default_value("iid"))
-      ("alpha", "Dirichlet concentration for --partition dirichlet", cxxopts::value<std::string>()->default_value("0.5"))
-      ("data-dir", "Fashion-MNIST IDX files", cxxopts::value<std::string>()->default_value(train::kFashionMnistDir))
-      ("peer-timeout", "seconds any wait for a peer may take", cxxopts::value<std::string>()->default_value("60"))
-      ("connect-timeout", "seconds to wait for every peer to come up", cxxopts::value<std::string>()->default_value("60"))
-      ("threads", "Eigen threads per peer", cxxopts::value<std::string>()->default_value("1"))
-      ("run-id", "run id all peers share (default: derived from the configuration)",
-       cxxopts::value<std::string>()->default_value("0"))
-      ("max-staleness", "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
-                        "(0: synchronous, exact D-PSGD)",
-       cxxopts::value<std::string>()->default_value("0"))
-      ("on-split", "D-PSGD when lost peers split the graph or a partition may have: continue (each piece "
-                   "alone) | stop (everyone, unless one piece of more than half the peers is left)",
-       cxxopts::value<std::string>()->default_value("continue"))
-      ("checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))
-      ("checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())
-      ("resume", "restart every peer from the latest complete set of checkpoints")
-      ("mixing-trace", "dpsgd: every peer writes the mixing row it applied, whenever it changes, to "
-                       "OUT/mixing-peer-R.csv (step,self_weight,peer:weight ...)")
-      ("text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))
-      ("eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("256"))
-      ("secret-file", "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
-                      "join or inject frames (make one: peertrain keygen run.key)",
-       cxxopts::value<std::string>());
+  options.add_options("training")(
+      "algorithm",
+      "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | allreduce | ps | "
+      "local",
+      cxxopts::value<std::string>()->default_value("dpsgd"))(
+      "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
+      cxxopts::value<std::string>()->default_value("cta"))("compression",
+                                                           "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",
+                                                           cxxopts::value<std::string>()->default_value("none"))(
+      "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.04 for top-k:0.01)",
+      cxxopts::value<std::string>())("allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
+                                     cxxopts::value<std::string>()->default_value("ring"))(
+      "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
+      cxxopts::value<std::string>()->default_value("mlp"))("hidden", "MLP hidden layer widths",
+                                                           cxxopts::value<std::string>()->default_value("512,512"))(
+      "epochs", "passes over the training set (all peers together)", cxxopts::value<std::string>()->default_value("5"))(
+      "max-steps", "stop after this many steps (0: no cap)", cxxopts::value<std::string>()->default_value("0"))(
+      "batch", "examples per peer per step (default: 32; gpt: 8 sequences)", cxxopts::value<std::string>())(
+      "optimizer", "sgd | adam (default: sgd for mlp, adam for gpt and vit)", cxxopts::value<std::string>())(
+      "lr", "learning rate (default: 0.05 for sgd, 0.001 for adam)", cxxopts::value<std::string>())(
+      "lr-schedule",
+      "constant | cosine (linear warm-up, then cosine decay to 10% at the last step); "
+      "default: constant for mlp, cosine for gpt and vit",
+      cxxopts::value<std::string>())("warmup-steps", "steps of linear warm-up for --lr-schedule cosine",
+                                     cxxopts::value<std::string>()->default_value("20"))(
+      "momentum", "SGD momentum", cxxopts::value<std::string>()->default_value("0.9"))(
+      "weight-decay", "L2 weight decay", cxxopts::value<std::string>()->default_value("0.0001"))(
+      "seed", "seed of the model, the shards and the batches", cxxopts::value<std::string>()->default_value("1"))(
+      "eval-every", "steps between evaluations (0: once per epoch)", cxxopts::value<std::string>()->default_value("0"))(
+      "partition", "iid | dirichlet", cxxopts::value<std::string>()->default_value("iid"))(
+      "alpha", "Dirichlet concentration for --partition dirichlet",
+      cxxopts::value<std::string>()->default_value("0.5"))(
+      "data-dir", "Fashion-MNIST IDX files", cxxopts::value<std::string>()->default_value(train::kFashionMnistDir))(
+      "peer-timeout", "seconds any wait for a peer may take", cxxopts::value<std::string>()->default_value("60"))(
+      "connect-timeout", "seconds to wait for every peer to come up",
+      cxxopts::value<std::string>()->default_value("60"))("threads", "Eigen threads per peer",
+                                                          cxxopts::value<std::string>()->default_value("1"))(
+      "run-id", "run id all peers share (default: derived from the configuration)",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "max-staleness",
+      "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
+      "(0: synchronous, exact D-PSGD)",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "on-split",
+      "D-PSGD when lost peers split the graph or a partition may have: continue (each piece "
+      "alone) | stop (everyone, unless one piece of more than half the peers is left)",
+      cxxopts::value<std::string>()->default_value("continue"))(
+      "checkpoint-every", "steps between checkpoints (0: none)", cxxopts::value<std::string>()->default_value("0"))(
+      "checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())(
+      "resume", "restart every peer from the latest complete set of checkpoints")(
+      "mixing-trace",
+      "dpsgd: every peer writes the mixing row it applied, whenever it changes, to "
+      "OUT/mixing-peer-R.csv (step,self_weight,peer:weight ...)")(
+      "text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))(
+      "eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("256"))(
+      "secret-file",
+      "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
+      "join or inject frames (make one: peertrain keygen run.key)",
+      cxxopts::value<std::string>());
   options.add_options("transformer (gpt, vit)")("d-model", "width of the residual stream",
                                                 cxxopts::value<std::string>()->default_value("128"))(
       "layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))(
@@ -333,6 +388,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   if (c.max_staleness > 1000) throw UsageError("--max-staleness must be at most 1000, got " + std::to_string(c.max_staleness));
   if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
     throw UsageError("--max-staleness applies to --algorithm dpsgd only");
+  algorithm_options(args, c);
   transformer_options(args, c);
   return c;
 }

@@ -15,11 +15,21 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                 str("--max-staleness ", config.max_staleness, ": ", topology.path, " changes every peer's neighbours "
                     "from step to step (", topology.name, "), so a neighbour's last parameters may be many steps old; "
                     "use --max-staleness 0 with it"));
+  // CHOCO's public copies and D²'s previous iterate are not in the checkpoints, and a
+  // peer coming back would not hold its neighbours' copies.
+  const bool keeps_more = config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2;
+  if (config.resume && keeps_more)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--resume: --algorithm ", to_string(config.algorithm), " keeps state the checkpoints do not hold (",
+                    config.algorithm == Algorithm::kChoco ? "the public copies x̂" : "the previous iterate and update",
+                    "); resume works with dpsgd and the centralized algorithms"));
   if (!config.rejoin) return;
   if (config.resume) throw Error(ErrorKind::kInvalidArgument, "--rejoin and --resume exclude each other");
   if (config.algorithm != Algorithm::kDpsgd)
-    throw Error(ErrorKind::kInvalidArgument, str("--rejoin needs --algorithm dpsgd; ", to_string(config.algorithm),
-                                                 " stops the whole run when a peer is lost"));
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--rejoin needs --algorithm dpsgd; ", to_string(config.algorithm),
+                    keeps_more ? " goes on without a lost peer but cannot take it back (its state is not shared)"
+                               : " stops the whole run when a peer is lost"));
 }
 
 Membership::Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options)

@@ -21,19 +21,17 @@ namespace {
 // reports. Under D-PSGD any survivor may take over from a lost coordinator
 // (membership.h), so every peer is linked to every other; an idle link costs one
 // heartbeat a second.
-std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int rank) {
+std::vector<int> links_for(const TrainConfig& config, const topology::Topology& t, int rank) {
   const int n = t.num_peers();
   std::vector<int> links;
-  if (rank == 0 || algorithm == Algorithm::kDpsgd) {
+  if (rank == 0 || gossips(config.algorithm)) {
     for (int p = 0; p < n; ++p)
       if (p != rank) links.push_back(p);
     return links;
   }
   links.push_back(0);
-  if (algorithm == Algorithm::kAllreduce && n > 1) {
-    links.push_back((rank + 1) % n);
-    links.push_back((rank + n - 1) % n);
-  }
+  if (config.algorithm == Algorithm::kAllreduce)
+    for (int p : algo::allreduce_partners(config.allreduce_algo, n, rank)) links.push_back(p);
   std::sort(links.begin(), links.end());
   links.erase(std::unique(links.begin(), links.end()), links.end());
   return links;
@@ -42,7 +40,7 @@ std::vector<int> links_for(Algorithm algorithm, const topology::Topology& t, int
 }  // namespace
 
 PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config)
-    : t_(t), rank_(rank), n_(t.num_peers()), config_(config), tolerant_(config.algorithm == Algorithm::kDpsgd) {
+    : t_(t), rank_(rank), n_(t.num_peers()), config_(config), tolerant_(gossips(config.algorithm)) {
   if (rank < 0 || rank >= n_)
     throw Error(ErrorKind::kInvalidArgument,
                 str("rank ", rank, " is not a peer of ", t.path, " (peers 0..", n_ - 1, ")"));
@@ -66,7 +64,8 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   const std::uint64_t resume_step = find_resume_step();
   connect(resume_step);
   gossip_ = std::make_unique<algo::Gossip>(*network_, algo::mixing_rows(t, rank), config.max_staleness);
-  gossip_->set_parts(task_->gossip_parts());  // the transformer: one message per unit, see gossip_parts()
+  // The transformer: one message per unit, see gossip_parts(). CHOCO's compressed message is one.
+  if (config.algorithm != Algorithm::kChoco) gossip_->set_parts(task_->gossip_parts());
   membership_ =
       std::make_unique<Membership>(*network_, t, rank,
                                    MembershipOptions{config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue,
@@ -74,9 +73,9 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   // (A restarted peer 0 coming back with --rejoin is not the coordinator: it must not touch the files.)
   if (rank == 0 && !config.rejoin) recorder_if_coordinator(static_cast<long long>(resume_step));
   open_mixing_trace();
-  algorithm_ = make_step_algorithm(config.algorithm,
+  algorithm_ = make_step_algorithm(config,
                                    {*network_, rank, n_, gossip_.get(), membership_.get(),
-                                    [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }},
+                                    [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }, &t},
                                    size_);
   if (config.resume) resume(resume_step);
   if (config.rejoin) rejoin();
@@ -99,7 +98,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
   if (!config_.secret_file.empty()) options.secret = net::Secret::load(config_.secret_file);
   options.self = rank_;
   for (const auto& p : t_.peers) options.endpoints.push_back({p.host, p.port});
-  options.links = links_for(config_.algorithm, t_, rank_);
+  options.links = links_for(config_, t_, rank_);
   options.fingerprint = t_.fingerprint();
   options.run_id = match_.run_id ^ (resume_step * 0x9e3779b97f4a7c15ULL);
   check_fault_options(config_, t_, rank_);  // --rejoin, --max-staleness: before waiting for anyone
@@ -126,7 +125,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
 }
 
 void PeerRun::open_mixing_trace() {
-  if (!config_.mixing_trace || config_.algorithm != Algorithm::kDpsgd || config_.out_dir.empty()) return;
+  if (!config_.mixing_trace || !gossips(config_.algorithm) || config_.out_dir.empty()) return;
   std::filesystem::create_directories(config_.out_dir);
   const auto path = std::filesystem::path(config_.out_dir) / str("mixing-peer-", rank_, ".csv");
   mixing_trace_.open(path, config_.rejoin ? std::ios::app : std::ios::trunc);
@@ -238,7 +237,7 @@ void PeerRun::train() {
     if (done % eval_every_ == 0 || done == total_steps_) {
       // With stale gossip, parameters may still be on their way to a neighbour that is about
       // to finish; the last round waits for them, so no peer closes under another's sends.
-      if (done == total_steps_ && config_.algorithm == Algorithm::kDpsgd) gossip_->flush();
+      if (done == total_steps_ && gossips(config_.algorithm)) gossip_->flush();
       evaluate(step, epoch);
       gossip_->expect_slow_round();
     }

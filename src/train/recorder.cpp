@@ -180,6 +180,12 @@ void Recorder::finish(const Membership& membership, int coordinator) {
       .add("items_per_s", wall > 0 ? last_[self_].step * config_.batch * n / wall : 0.0)
       .add("spectral_gap", spectral_gap_);
   if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
+  if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kChoco)
+    o.add("update", config_.update == UpdateForm::kAtc ? "atc" : "cta");
+  if (config_.algorithm == Algorithm::kChoco)
+    o.add("compression", config_.compression.describe()).add("gossip_step", config_.choco_gamma());
+  if (config_.algorithm == Algorithm::kAllreduce)
+    o.add("allreduce_algo", std::string(algo::to_string(config_.allreduce_algo)));
   if (config_.model != ModelKind::kMlp)
     o.add("sp", config_.engine.sp)
         .add("tp", config_.engine.tp)

@@ -3,7 +3,10 @@
 #include <chrono>
 
 #include "membership.h"
+#include "peertrain/algo/choco.h"
 #include "peertrain/algo/collectives.h"
+#include "peertrain/core/log.h"
+#include "peertrain/topology/spectrum.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
@@ -22,44 +25,160 @@ double step_on_mean(std::span<float> x, std::span<float> grads, int peers, Optim
   return seconds_since(begin);
 }
 
-// D-PSGD (Lian et al. 2017): x ← Σ_j W_ij x_j − u, the exchange of x_k overlapping the
-// gradient. Before each step the membership may switch W (a lost peer, a comeback).
-class Dpsgd final : public StepAlgorithm {
- public:
-  Dpsgd(StepContext c, std::size_t parameters) : c_(std::move(c)), update_(parameters) {
-    PEERTRAIN_CHECK(c_.gossip && c_.membership, "D-PSGD needs the gossip and the membership");
+// What the gossiping algorithms share: the membership may switch W before a step (a lost
+// peer, a comeback), and after the exchange the applied row is traced and newly lost
+// neighbours are reported.
+class Gossiping : public StepAlgorithm {
+ protected:
+  explicit Gossiping(StepContext c) : c_(std::move(c)) {
+    PEERTRAIN_CHECK(c_.gossip && c_.membership, to_string(Algorithm::kDpsgd), " needs the gossip and the membership");
   }
+  void switch_rows(long long step, std::span<const float> x) {
+    if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x))
+      c_.gossip->set_rows(adjust(std::move(*rows)));
+  }
+  virtual std::vector<algo::MixingRow> adjust(std::vector<algo::MixingRow> rows) { return rows; }
+  void after_exchange(long long step) {
+    if (c_.trace) c_.trace(step, c_.gossip->applied_row());
+    if (!c_.gossip->newly_lost().empty())
+      c_.membership->report_lost(static_cast<std::uint64_t>(step), c_.gossip->newly_lost());
+  }
+  StepContext c_;
+};
+
+// D-PSGD (Lian et al. 2017). cta: x ← Σ_j W_ij x_j − u, the exchange of x_k overlapping
+// the gradient. atc: x ← Σ_j W_ij (x_j − u_j), the exchange after the local step. The
+// momentum is local in both (u = η·m, m ← βm + g at the peer's own model), the form of
+// Lian et al. for cta and of Lin et al. 2021 and Koloskova et al. 2020 for atc.
+class Dpsgd final : public Gossiping {
+ public:
+  Dpsgd(StepContext c, std::size_t parameters, UpdateForm form)
+      : Gossiping(std::move(c)), update_(parameters), form_(form) {}
   void start(long long step, std::span<float> x) override {
-    if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x)) c_.gossip->set_rows(std::move(*rows));
-    c_.gossip->start(step, x);  // overlaps the gradient: both read x_k
+    switch_rows(step, x);
+    if (form_ == UpdateForm::kCta) c_.gossip->start(step, x);  // overlaps the gradient: both read x_k
   }
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
     StepTiming t;
     const auto begin = Clock::now();
     optimizer.compute_update(x, grads, update_);
-    t.compute_s = seconds_since(begin);
-    t.wait_s = c_.gossip->finish(x, update_);
-    if (c_.trace) c_.trace(step, c_.gossip->applied_row());
-    if (!c_.gossip->newly_lost().empty())
-      c_.membership->report_lost(static_cast<std::uint64_t>(step), c_.gossip->newly_lost());
+    if (form_ == UpdateForm::kAtc) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update_[i];
+      t.compute_s = seconds_since(begin);
+      c_.gossip->start(step, x);
+      t.wait_s = c_.gossip->finish(x);
+    } else {
+      t.compute_s = seconds_since(begin);
+      t.wait_s = c_.gossip->finish(x, update_);
+    }
+    after_exchange(step);
     return t;
   }
 
  private:
-  StepContext c_;
   std::vector<float> update_;
+  UpdateForm form_;
 };
 
-// C-PSGD with a ring all-reduce of the gradients, then the same step on every peer.
+// CHOCO-SGD (Koloskova, Stich, Jaggi 2019) over algo::ChocoGossip. cta: the compressed
+// difference of x_k travels while the gradient is computed, then x ← x + γ·mix − u. atc
+// (the paper's Algorithm 2): x − u first, then its difference is compressed, sent and
+// mixed. With --compression none and γ = 1 each form is D-PSGD's, up to rounding.
+class Choco final : public Gossiping {
+ public:
+  Choco(StepContext c, std::size_t parameters, UpdateForm form, algo::Compression compression, float gamma,
+        std::uint64_t seed)
+      : Gossiping(std::move(c)),
+        update_(parameters),
+        form_(form),
+        choco_(*c_.gossip, compression, gamma, seed, c_.topology && c_.topology->time_varying(),
+               /*common_start=*/true) {}  // every peer initializes the model from the shared seed
+  void start(long long step, std::span<float> x) override {
+    switch_rows(step, x);
+    choco_.prime(x);  // x_0, which every peer shares
+    if (form_ == UpdateForm::kCta) choco_.start(static_cast<std::uint64_t>(step), x);
+  }
+  StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
+    StepTiming t;
+    auto begin = Clock::now();
+    optimizer.compute_update(x, grads, update_);
+    if (form_ == UpdateForm::kAtc) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update_[i];
+      choco_.start(static_cast<std::uint64_t>(step), x);
+      t.compute_s = seconds_since(begin);
+      begin = Clock::now();
+      t.wait_s = choco_.finish(x);
+    } else {
+      t.compute_s = seconds_since(begin);
+      begin = Clock::now();
+      t.wait_s = choco_.finish(x, update_);
+    }
+    t.compute_s += seconds_since(begin) - t.wait_s;  // decoding and mixing
+    after_exchange(step);
+    return t;
+  }
+
+ private:
+  std::vector<float> update_;
+  UpdateForm form_;
+  algo::ChocoGossip choco_;
+};
+
+// D² (Tang, Lian, Yan, Zhang, Liu, ICML 2018): x_{k+1} = W (2x_k − x_{k−1} − u_k + u_{k−1}),
+// the first step x_1 = W (x_0 − u_0). The correction cancels the bias that different
+// local objectives (non-iid shards) leave in D-PSGD's fixed point. The exchanged vector
+// needs u_k, so nothing overlaps the exchange (like atc). With momentum, u is the
+// optimizer's update η·m; Tang et al. analyse plain SGD (--momentum 0).
+class D2 final : public Gossiping {
+ public:
+  D2(StepContext c, std::size_t parameters, bool lazy) : Gossiping(std::move(c)), update_(parameters), lazy_(lazy) {
+    if (lazy_) c_.gossip->set_rows(lazy_rows(algo::mixing_rows(*c_.topology, c_.rank)));
+  }
+  void start(long long step, std::span<float> x) override { switch_rows(step, x); }
+  StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
+    StepTiming t;
+    const auto begin = Clock::now();
+    optimizer.compute_update(x, grads, update_);
+    const std::size_t n = x.size();
+    if (previous_x_.empty()) {
+      previous_x_.assign(x.begin(), x.end());
+      previous_u_ = update_;
+      for (std::size_t i = 0; i < n; ++i) x[i] -= update_[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float next = 2 * x[i] - previous_x_[i] - update_[i] + previous_u_[i];
+        previous_x_[i] = x[i];
+        x[i] = next;
+      }
+      std::swap(previous_u_, update_);
+    }
+    t.compute_s = seconds_since(begin);
+    c_.gossip->start(step, x);
+    t.wait_s = c_.gossip->finish(x);
+    after_exchange(step);
+    return t;
+  }
+
+ private:
+  std::vector<algo::MixingRow> adjust(std::vector<algo::MixingRow> rows) override {
+    return lazy_ ? lazy_rows(std::move(rows)) : rows;
+  }
+  std::vector<float> update_, previous_x_, previous_u_;
+  bool lazy_;
+};
+
+// C-PSGD with an all-reduce of the gradients (ring, tree or recursive doubling), then the
+// same step on every peer.
 class Allreduce final : public StepAlgorithm {
  public:
-  explicit Allreduce(StepContext c) : c_(std::move(c)), ring_(static_cast<std::size_t>(c_.peers)) {
-    for (int p = 0; p < c_.peers; ++p) ring_[static_cast<std::size_t>(p)] = p;
+  Allreduce(StepContext c, algo::AllreduceAlgo algo)
+      : c_(std::move(c)), algo_(algo), peers_(static_cast<std::size_t>(c_.peers)) {
+    for (int p = 0; p < c_.peers; ++p) peers_[static_cast<std::size_t>(p)] = p;
   }
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
     StepTiming t;
     const auto begin = Clock::now();
-    algo::ring_allreduce(c_.network, ring_, step, grads);
+    algo::allreduce(algo_, c_.network, peers_, static_cast<std::uint64_t>(step), grads);
     t.wait_s = seconds_since(begin);
     t.compute_s = step_on_mean(x, grads, c_.peers, optimizer);
     return t;
@@ -67,7 +186,8 @@ class Allreduce final : public StepAlgorithm {
 
  private:
   StepContext c_;
-  std::vector<int> ring_;
+  algo::AllreduceAlgo algo_;
+  std::vector<int> peers_;
 };
 
 // C-PSGD with a parameter server on peer 0: the workers push gradients and pull x.
@@ -112,12 +232,37 @@ class Local final : public StepAlgorithm {
 
 }  // namespace
 
-std::unique_ptr<StepAlgorithm> make_step_algorithm(Algorithm algorithm, StepContext context, std::size_t parameters) {
+std::vector<algo::MixingRow> lazy_rows(std::vector<algo::MixingRow> rows) {
+  for (algo::MixingRow& row : rows) {
+    row.self_weight = 0.5f + 0.5f * row.self_weight;
+    for (float& w : row.weights) w *= 0.5f;
+  }
+  return rows;
+}
+
+std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, StepContext context,
+                                                   std::size_t parameters) {
+  const Algorithm algorithm = config.algorithm;
   switch (algorithm) {
     case Algorithm::kDpsgd:
-      return std::make_unique<Dpsgd>(std::move(context), parameters);
+      return std::make_unique<Dpsgd>(std::move(context), parameters, config.update);
+    case Algorithm::kChoco:
+      return std::make_unique<Choco>(std::move(context), parameters, config.update, config.compression,
+                                     static_cast<float>(config.choco_gamma()),
+                                     config.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(context.rank));
+    case Algorithm::kD2: {
+      bool lazy = false;
+      if (context.topology && !context.topology->time_varying()) {
+        const auto spectrum = topology::analyze_spectrum(context.topology->mixing, context.topology->graph);
+        lazy = spectrum.lambda_min <= -1.0 / 3.0 + 1e-6;
+        if (lazy && context.rank == 0)
+          log::info("d2: W's smallest eigenvalue is ", spectrum.lambda_min,
+                    " (D² needs more than -1/3); mixing with (I + W)/2");
+      }
+      return std::make_unique<D2>(std::move(context), parameters, lazy);
+    }
     case Algorithm::kAllreduce:
-      return std::make_unique<Allreduce>(std::move(context));
+      return std::make_unique<Allreduce>(std::move(context), config.allreduce_algo);
     case Algorithm::kPs:
       return std::make_unique<ParameterServer>(std::move(context));
     case Algorithm::kLocal:

@@ -52,8 +52,17 @@ struct StepContext {
   algo::Gossip* gossip = nullptr;
   Membership* membership = nullptr;
   std::function<void(long long, const algo::MixingRow&)> trace;
+  const topology::Topology* topology = nullptr;  // d2: W's smallest eigenvalue; choco: is it time-varying
 };
 
-std::unique_ptr<StepAlgorithm> make_step_algorithm(Algorithm algorithm, StepContext context, std::size_t parameters);
+// The algorithm of config.algorithm with its options (--update, --compression,
+// --gossip-step, --allreduce-algo).
+std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, StepContext context,
+                                                   std::size_t parameters);
+
+// D² needs W's eigenvalues above −1/3 (Tang et al. 2018, Assumption 1); for a W whose
+// smallest is not (the ring of even n with Metropolis weights has exactly −1/3), it mixes
+// with (I + W)/2, whose smallest eigenvalue is (1 + λ_min)/2 ≥ 0. Row by row.
+std::vector<algo::MixingRow> lazy_rows(std::vector<algo::MixingRow> rows);
 
 }  // namespace peertrain::train

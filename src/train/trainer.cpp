@@ -13,14 +13,24 @@ std::string_view to_string(Algorithm algorithm) {
     case Algorithm::kAllreduce: return "allreduce";
     case Algorithm::kPs: return "ps";
     case Algorithm::kLocal: return "local";
+    case Algorithm::kChoco:
+      return "choco";
+    case Algorithm::kD2:
+      return "d2";
   }
   return "?";
 }
 
 Algorithm parse_algorithm(std::string_view name) {
-  for (auto a : {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal})
+  for (auto a :
+       {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal, Algorithm::kChoco, Algorithm::kD2})
     if (to_string(a) == name) return a;
-  throw Error(ErrorKind::kInvalidArgument, str("--algorithm '", name, "' is not one of dpsgd, allreduce, ps, local"));
+  throw Error(ErrorKind::kInvalidArgument,
+              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, allreduce, ps, local"));
+}
+
+bool gossips(Algorithm algorithm) {
+  return algorithm == Algorithm::kDpsgd || algorithm == Algorithm::kChoco || algorithm == Algorithm::kD2;
 }
 
 std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
@@ -56,6 +66,15 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
     mix(static_cast<double>(c.warmup_steps));
   }
   if (c.max_staleness > 0) mix(c.max_staleness + 1000.0);  // left out at 0: older run ids stay valid
+  // Left out at their defaults, likewise.
+  if (c.update != UpdateForm::kCta) mix(2000.0 + static_cast<double>(c.update));
+  if (c.algorithm == Algorithm::kChoco) {
+    mix(3000.0 + static_cast<double>(c.compression.kind));
+    mix(c.compression.fraction);
+    mix(c.compression.bits);
+    mix(c.choco_gamma());
+  }
+  if (c.allreduce_algo != algo::AllreduceAlgo::kRing) mix(4000.0 + static_cast<double>(c.allreduce_algo));
   if (c.model == ModelKind::kGpt && c.tokenizer != TokenizerKind::kBytes) {  // left out for bytes, likewise
     mix(double(c.tokenizer) + 40);
     mix(static_cast<double>(c.transformer.vocab));

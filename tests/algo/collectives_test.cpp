@@ -4,9 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "../net/test_cluster.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/net/loopback.h"
 
 namespace peertrain::algo {
 namespace {
@@ -77,6 +82,77 @@ TEST(ParameterServer, GathersEveryGradientAndReturnsTheParameters) {
     }
     net.close();
   });
+}
+
+}  // namespace
+}  // namespace peertrain::algo
+
+namespace peertrain::algo {
+namespace {
+
+// Tree and recursive doubling against the exact sum in double precision, on random data,
+// for powers of two and not; every peer ends with bitwise the same vector; each peer's
+// links are the partners allreduce_partners() names, and they are symmetric.
+TEST(LatencyOptimalAllreduce, EqualsTheExactSumOnEveryPeerBitForBit) {
+  for (AllreduceAlgo algo : {AllreduceAlgo::kTree, AllreduceAlgo::kRecursiveDoubling}) {
+    for (int n : {1, 2, 3, 5, 6, 8, 9}) {
+      for (int p = 0; p < n; ++p)
+        for (int q : allreduce_partners(algo, n, p)) {
+          const auto back = allreduce_partners(algo, n, q);
+          EXPECT_NE(std::find(back.begin(), back.end(), p), back.end())
+              << to_string(algo) << " n=" << n << ": " << p << " → " << q << " only one way";
+        }
+      for (std::size_t size : {0, 1, 1001}) {
+        SCOPED_TRACE(::testing::Message() << to_string(algo) << " n=" << n << " size=" << size);
+        net::LoopbackOptions options{n, {}, 10};
+        for (int p = 0; p < n; ++p) options.links.push_back(allreduce_partners(algo, n, p));
+        net::LoopbackFabric fabric(options);
+        std::vector<int> peers(n);
+        std::iota(peers.begin(), peers.end(), 0);
+        std::vector<std::vector<float>> inputs(n), results(n);
+        for (int r = 0; r < n; ++r) {
+          Rng rng(100 + r + 17 * size);
+          for (std::size_t i = 0; i < size; ++i) inputs[r].push_back(static_cast<float>(rng.normal()));
+        }
+        peertrain::testing::run_peers(n, [&](int rank) {
+          auto net = fabric.transport(rank);
+          std::vector<float> data = inputs[rank];
+          allreduce(algo, *net, peers, 3, data);
+          results[rank] = data;
+          net->close();
+        });
+        double err = 0, norm = 0;
+        for (std::size_t i = 0; i < size; ++i) {
+          double exact = 0;
+          for (int r = 0; r < n; ++r) exact += inputs[r][i];
+          err += (results[0][i] - exact) * (results[0][i] - exact);
+          norm += exact * exact;
+        }
+        if (size > 0) EXPECT_LT(std::sqrt(err / norm), 1e-6);
+        for (int r = 1; r < n; ++r)
+          EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), size * 4), 0) << "peer " << r;
+      }
+    }
+  }
+}
+
+TEST(LatencyOptimalAllreduce, NamesAreParsedAndBadOnesNamed) {
+  EXPECT_EQ(parse_allreduce_algo("rd"), AllreduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(parse_allreduce_algo("tree"), AllreduceAlgo::kTree);
+  try {
+    parse_allreduce_algo("butterfly");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--allreduce-algo 'butterfly'"), std::string::npos) << e.what();
+  }
+}
+
+// Hops on the critical path, the reason for these baselines: 2(n−1) for the ring against
+// 2⌈log₂ n⌉ for the tree and ⌈log₂ n⌉ (+2 when n is not a power of two) for rd.
+TEST(LatencyOptimalAllreduce, PartnersAreLogarithmic) {
+  EXPECT_EQ(allreduce_partners(AllreduceAlgo::kRecursiveDoubling, 16, 5).size(), 4u);
+  EXPECT_EQ(allreduce_partners(AllreduceAlgo::kTree, 16, 0).size(), 4u);
+  EXPECT_EQ(allreduce_partners(AllreduceAlgo::kTree, 16, 1).size(), 1u);  // a leaf: its parent only
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "peertrain/net/transport.h"
@@ -16,6 +17,26 @@ namespace peertrain::algo {
 // Sums `data` over the peers of `ring` (every peer in the same order, self included) in
 // place; every peer ends with bitwise the same result. Any size, 0 included.
 void ring_allreduce(net::Transport& network, const std::vector<int>& ring, std::uint64_t step, std::span<float> data);
+
+// The latency-optimal all-reduces, for small messages and slow links, where the ring's
+// 2(n−1) serial hops dominate:
+//  - recursive doubling: ⌈log₂ n⌉ rounds of exchanging the whole vector with the peer
+//    whose position differs in one bit (Thakur, Rabenseifner, Gropp 2005); with n not a
+//    power of two the first 2r positions (r = n − 2^⌊log₂ n⌋) pair up first, and the
+//    even one of each pair sits the rounds out and gets the result at the end;
+//  - a binomial tree: reduce to position 0 in ⌈log₂ n⌉ rounds, broadcast back in as many.
+// Both sum in place over `peers` (every peer the same list, self included) and leave
+// bitwise the same result everywhere (floating-point addition is commutative, and each
+// partial sum is formed once and copied). Any size, 0 included.
+enum class AllreduceAlgo { kRing, kTree, kRecursiveDoubling };
+AllreduceAlgo parse_allreduce_algo(std::string_view name);  // throws Error naming the choices
+std::string_view to_string(AllreduceAlgo algo);
+void rd_allreduce(net::Transport& network, const std::vector<int>& peers, std::uint64_t step, std::span<float> data);
+void tree_allreduce(net::Transport& network, const std::vector<int>& peers, std::uint64_t step, std::span<float> data);
+void allreduce(AllreduceAlgo algo, net::Transport& network, const std::vector<int>& peers, std::uint64_t step,
+               std::span<float> data);
+// The positions in `peers` that position `self` exchanges with under `algo` (its links).
+std::vector<int> allreduce_partners(AllreduceAlgo algo, int n, int self);
 
 // Worker side: sends gradients to the server, then receives the new parameters.
 void ps_push_pull(net::Transport& network, int server, std::uint64_t step, std::span<const float> grads,

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -61,6 +62,7 @@ class Gossip {
   // new rows and whose link is up again (it rejoined) is taken back into the mix.
   void set_rows(std::vector<MixingRow> rows);
   int max_staleness() const { return max_staleness_; }
+  net::Transport& network() const { return network_; }
 
   // A contiguous range of x: (offset, size).
   using Part = std::pair<std::size_t, std::size_t>;
@@ -98,6 +100,17 @@ class Gossip {
   // the rest (per element, the rule for a lost neighbour). Returns the seconds spent
   // waiting (receives and sends, not the mix).
   double finish(std::span<float> x, std::span<const float> update = {});
+  // The same exchange for a message of any bytes (compressed gossip): start_message sends
+  // one message to this step's neighbours (tag 0; held until finish_message); finish_message
+  // receives each neighbour's, with the same deadlines and the same rule for a lost
+  // neighbour (its weight stays home), and calls take(peer, weight, payload) for each one
+  // received. An Error(kParse) thrown by take counts that neighbour lost, as a frame it
+  // could not have sent. Synchronous, one part only. Returns the seconds spent waiting;
+  // applied_row() is the row with lost neighbours' weights moved home.
+  void start_message(std::uint64_t step, net::Payload message);
+  using TakeMessage = std::function<void(int peer, float weight, const net::Payload& payload)>;
+  double finish_message(const TakeMessage& take);
+
   // How long a silent neighbour may keep us waiting before it counts as lost: 30 times
   // the slowest recent round (a decaying maximum), at least 10 s, at most half of
   // --peer-timeout (half in the first rounds and after an evaluation); one that still
@@ -144,6 +157,7 @@ class Gossip {
   bool parts_given_ = false;
   bool started_ = false;  // set_parts() only before the first start()
   std::vector<std::vector<Work>> sends_;  // per part
+  net::Payload message_;                  // start_message's, borrowed by its sends
   std::vector<int> lost_;
   std::vector<std::pair<int, std::string>> newly_lost_;
   double slowest_round_s_ = 0;  // decaying maximum of the wait per round

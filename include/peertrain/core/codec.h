@@ -24,6 +24,7 @@ static_assert(std::endian::native == std::endian::little, "peertrain's wire form
 class Writer {
  public:
   explicit Writer(std::size_t reserve = 0) { out_.reserve(reserve); }
+  Writer& u8(std::uint8_t v) { return raw(&v, sizeof v); }
   Writer& u32(std::uint32_t v) { return raw(&v, sizeof v); }
   Writer& u64(std::uint64_t v) { return raw(&v, sizeof v); }
   Writer& i64(std::int64_t v) { return raw(&v, sizeof v); }

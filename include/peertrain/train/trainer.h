@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "peertrain/algo/collectives.h"
+#include "peertrain/algo/compression.h"
 #include "peertrain/model/device_model.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
@@ -27,9 +29,18 @@
 
 namespace peertrain::train {
 
-enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal };
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2 };
 std::string_view to_string(Algorithm algorithm);
 Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
+// The algorithms that gossip with neighbours through W (D-PSGD, CHOCO-SGD, D²): they
+// survive a lost peer through the membership protocol; the centralized ones stop.
+bool gossips(Algorithm algorithm);
+
+// Where the neighbours' average enters the step. cta (combine-then-adapt, Lian et al.
+// 2017): x ← W·x − u, the exchange of x overlapping the gradient. atc (adapt-then-combine,
+// Sayed 2014): x ← W·(x − u), the exchange after the local step, so nothing overlaps it,
+// but with W = J it is exactly the all-reduce step.
+enum class UpdateForm { kCta, kAtc };
 
 enum class Partition { kIid, kDirichlet };
 
@@ -75,6 +86,11 @@ struct TrainConfig {
   int max_staleness = 0;  // D-PSGD: mix neighbours' parameters up to this many steps old (0: synchronous)
   bool rejoin = false;    // this process restarts a peer the others dropped: it comes back into the run
   bool mixing_trace = false;  // D-PSGD: write the applied mixing row whenever it changes (out_dir)
+  UpdateForm update = UpdateForm::kCta;                             // dpsgd, choco: --update
+  algo::Compression compression;                                    // choco: --compression
+  double gossip_step = 0;                                           // choco: γ; 0: the compressor's default
+  algo::AllreduceAlgo allreduce_algo = algo::AllreduceAlgo::kRing;  // allreduce: --allreduce-algo
+  double choco_gamma() const { return gossip_step > 0 ? gossip_step : compression.default_gossip_step(); }
 };
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.

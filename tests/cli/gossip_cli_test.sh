@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The gossip algorithms of the second wave from the command line, as a user runs them:
+# choco (compressed), d2, dpsgd --update atc and the tree and recursive-doubling
+# all-reduces train end to end with launch; top-k:0.01 sends at most 3 % of D-PSGD's bytes;
+# choco survives a killed peer as D-PSGD does; bad flags get an error naming them.
+# Usage: PEERTRAIN=build/peertrain gossip_cli_test.sh SOURCE_DIR
+set -u
+source "$(dirname "$0")/common.sh"
+write_topology "$work/ring4.yaml" ring4 ring 4 $((21000 + RANDOM % 2000))
+write_topology "$work/ring6.yaml" ring6 ring 6 $((23000 + RANDOM % 2000))
+small=(--batch 16 --connect-timeout 20 --peer-timeout 20 --max-steps 30 --eval-every 15)
+
+summary() { grep -o "\"$2\": [0-9.e+-]*" "$1/summary.json" | head -1 | cut -d' ' -f2; }
+
+# 1. Each trains end to end, and its summary says how it was configured.
+for flags in "dpsgd" "choco --compression top-k:0.01" "choco --compression qsgd:8 --update atc" \
+             "choco --compression sign --gossip-step 0.4" "d2 --momentum 0" "dpsgd --update atc" \
+             "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd"; do
+  out="$work/run-${flags//[ :.]/_}"
+  # shellcheck disable=SC2086
+  if timeout 300 "$bin" launch --topology "$work/ring4.yaml" --algorithm $flags "${small[@]}" --out "$out" \
+      >"$out.log" 2>&1 && [[ -s $out/summary.json ]]; then
+    ok
+  else
+    fail "launch --algorithm $flags"; tail -5 "$out.log"; continue
+  fi
+  acc=$(summary "$out" test_accuracy)
+  awk -v a="${acc:-0}" 'BEGIN { exit !(a > 0.3) }' && ok || fail "$flags: x̄ accuracy ${acc:-?} after 30 steps"
+done
+grep -q '"compression": "top-k:0.01"' "$work/run-choco_--compression_top-k_0_01/summary.json" && ok ||
+  fail "summary.json does not name the compression"
+grep -q '"allreduce_algo": "rd"' "$work/run-allreduce_--allreduce-algo_rd/summary.json" && ok ||
+  fail "summary.json does not name the all-reduce"
+
+# 2. Bytes: top-k:0.01 sends at most 3 % of D-PSGD's per peer (the frames and the
+# evaluation reports included).
+dense=$(summary "$work/run-dpsgd" bytes_sent_per_peer)
+sparse=$(summary "$work/run-choco_--compression_top-k_0_01" bytes_sent_per_peer)
+echo "bytes per peer: dpsgd $dense, choco top-k:0.01 $sparse"
+awk -v d="${dense:-0}" -v s="${sparse:-1e99}" 'BEGIN { exit !(d > 0 && s <= 0.03 * d) }' && ok ||
+  fail "top-k:0.01 sent ${sparse:-?} bytes against D-PSGD's ${dense:-?}"
+
+# 3. A peer killed mid-run: choco drops it and the others finish, as D-PSGD does.
+out="$work/choco-kill"
+"$bin" launch --topology "$work/ring6.yaml" --algorithm choco --compression qsgd:8 --batch 16 --max-steps 600 \
+  --eval-every 300 --peer-timeout 10 --connect-timeout 20 --out "$out" >"$out.log" 2>&1 &
+launcher=$!
+for _ in $(seq 200); do grep -q '"step": [0-9]*[0-9][0-9]' "$out.log" 2>/dev/null && break; sleep 0.1; done
+pkill -9 -f -- "peer --rank 4 --topology $work/ring6.yaml"
+wait $launcher
+code=$?
+[[ $code -eq 0 ]] && ok || { fail "choco: launch exited $code after losing peer 4"; tail -5 "$out.log"; }
+grep -q '"failed_peers": \[4\]' "$out/summary.json" 2>/dev/null && ok || fail "choco: peer 4 not in failed_peers"
+
+# 4. Bad flags: an error naming the flag, exit 2, nothing started.
+expect_error() {  # expect_error TEXT FLAGS...
+  local text=$1
+  shift
+  if "$bin" launch --topology "$work/ring4.yaml" "$@" >"$work/err.log" 2>&1; then
+    fail "launch $* was accepted"
+  elif grep -q "^error: .*$text" "$work/err.log"; then
+    ok
+  else
+    fail "launch $*: expected '$text'"; cat "$work/err.log"
+  fi
+}
+expect_error "--compression 'top-k:0'.*outside (0, 1\]" --algorithm choco --compression top-k:0
+expect_error "--compression 'random-k:2'.*outside (0, 1\]" --algorithm choco --compression random-k:2
+expect_error "--compression 'qsgd:0': 0 bits" --algorithm choco --compression qsgd:0
+expect_error "--compression 'zip'" --algorithm choco --compression zip
+expect_error "--gossip-step 1.5 is outside (0, 1\]" --algorithm choco --gossip-step 1.5
+expect_error "--compression applies to --algorithm choco" --algorithm allreduce --compression sign
+expect_error "--allreduce-algo applies to --algorithm allreduce" --allreduce-algo tree
+expect_error "--allreduce-algo 'star'" --algorithm allreduce --allreduce-algo star
+expect_error "--update applies to --algorithm dpsgd or choco" --algorithm d2 --update atc
+expect_error "--algorithm 'choc'" --algorithm choc
+expect_error "--resume: --algorithm choco" --algorithm choco --resume
+
+echo "gossip CLI: $pass passed, $failures failed"
+[[ $failures -eq 0 ]]

@@ -1,0 +1,143 @@
+// The step algorithms as the trainer drives them (start, gradient, finish with the
+// optimizer), against their serial twins on fresh random gradients that do not depend on
+// x, so each twin is a few lines of dense algebra:
+//  - D-PSGD atc on the complete graph with W = J is the all-reduce step, to 1e-6;
+//  - CHOCO with --compression none and γ = 1 is D-PSGD, in both update forms;
+//  - D² is W(2x_k − x_{k−1} − u_k + u_{k−1}), with (I + W)/2 when λ_min(W) ≤ −1/3;
+//  - tree and recursive-doubling all-reduce give the ring's iterates.
+#include "../../src/train/step_algorithm.h"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+
+#include "../../src/train/membership.h"
+#include "../net/test_cluster.h"
+#include "peertrain/core/rng.h"
+#include "peertrain/net/loopback.h"
+
+namespace peertrain::train {
+namespace {
+
+using topology::Topology;
+
+Topology topology_from(const std::string& yaml) { return topology::parse_topology(yaml, "test.yaml", "."); }
+
+constexpr int kDim = 257, kSteps = 6;
+
+// Peer i's gradient at step k: fresh normal entries from (i, k).
+std::vector<float> gradient(int rank, int step) {
+  Rng rng(1000 * static_cast<std::uint64_t>(step) + static_cast<std::uint64_t>(rank) + 7);
+  std::vector<float> g(kDim);
+  for (float& v : g) v = static_cast<float>(rng.normal());
+  return g;
+}
+
+// Every peer's x after kSteps of `config.algorithm`, all starting from the same x_0.
+Eigen::MatrixXf run_algorithm(const Topology& t, const TrainConfig& config) {
+  const int n = t.num_peers();
+  net::LoopbackOptions options{n, {}, 10};
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> all;
+    for (int j = 0; j < n; ++j)
+      if (j != i) all.push_back(j);
+    options.links.push_back(all);
+  }
+  net::LoopbackFabric fabric(options);
+  Eigen::MatrixXf out(n, kDim);
+  testing::run_peers(n, [&](int rank) {
+    auto net = fabric.transport(rank);
+    algo::Gossip gossip(*net, algo::mixing_rows(t, rank));
+    Membership membership(*net, t, rank, {SplitPolicy::kContinue, 0, kSteps, 0});
+    auto algorithm = make_step_algorithm(config, {*net, rank, n, &gossip, &membership, {}, &t}, kDim);
+    auto optimizer = make_optimizer(OptimizerKind::kSgd, kDim, config.sgd, config.adam);
+    Rng init(3);
+    std::vector<float> x(kDim);
+    for (float& v : x) v = static_cast<float>(init.normal());
+    for (int k = 0; k < kSteps; ++k) {
+      algorithm->start(k, x);
+      std::vector<float> g = gradient(rank, k);
+      algorithm->finish(k, x, g, *optimizer);
+    }
+    for (int j = 0; j < kDim; ++j) out(rank, j) = x[static_cast<std::size_t>(j)];
+    net->close();
+  });
+  return out;
+}
+
+TrainConfig config_for(Algorithm algorithm, float momentum = 0.9f) {
+  TrainConfig c;
+  c.algorithm = algorithm;
+  c.sgd = {0.05f, momentum, 1e-4f};
+  return c;
+}
+
+double relative(const Eigen::MatrixXf& a, const Eigen::MatrixXf& b) { return (a - b).norm() / b.norm(); }
+
+TEST(UpdateForm, AtcWithEqualWeightsIsTheAllreduceStep) {
+  const Topology t = topology_from("graph: {generator: complete, n: 4}");  // Metropolis: every weight 1/4
+  TrainConfig atc = config_for(Algorithm::kDpsgd);
+  atc.update = UpdateForm::kAtc;
+  const Eigen::MatrixXf got = run_algorithm(t, atc);
+  const Eigen::MatrixXf reference = run_algorithm(t, config_for(Algorithm::kAllreduce));
+  EXPECT_LT(relative(got, reference), 1e-6);
+  // cta is not: its momentum is taken at the unmixed model, a step behind.
+  EXPECT_GT(relative(run_algorithm(t, config_for(Algorithm::kDpsgd)), reference), 1e-3);
+}
+
+TEST(UpdateForm, ChocoWithoutCompressionIsDpsgdInBothForms) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  for (UpdateForm form : {UpdateForm::kCta, UpdateForm::kAtc}) {
+    SCOPED_TRACE(form == UpdateForm::kCta ? "cta" : "atc");
+    TrainConfig dpsgd = config_for(Algorithm::kDpsgd), choco = config_for(Algorithm::kChoco);
+    dpsgd.update = choco.update = form;
+    choco.gossip_step = 1.0;
+    EXPECT_LT(relative(run_algorithm(t, choco), run_algorithm(t, dpsgd)), 1e-6);
+  }
+}
+
+// D² in dense form: X_1 = W(X_0 − U_0), X_{k+1} = W(2X_k − X_{k−1} − U_k + U_{k−1}), U = lr·G.
+Eigen::MatrixXf d2_twin(const Eigen::MatrixXf& w, int n, float lr) {
+  Rng init(3);
+  Eigen::RowVectorXf x0(kDim);
+  for (int j = 0; j < kDim; ++j) x0(j) = static_cast<float>(init.normal());
+  Eigen::MatrixXf x = x0.replicate(n, 1), previous_x, previous_u;
+  for (int k = 0; k < kSteps; ++k) {
+    Eigen::MatrixXf u(n, kDim);
+    for (int i = 0; i < n; ++i) {
+      const auto g = gradient(i, k);
+      for (int j = 0; j < kDim; ++j) u(i, j) = lr * g[static_cast<std::size_t>(j)];
+    }
+    Eigen::MatrixXf z = k == 0 ? Eigen::MatrixXf(x - u) : Eigen::MatrixXf(2 * x - previous_x - u + previous_u);
+    previous_x = x;
+    previous_u = u;
+    x = w * z;
+  }
+  return x;
+}
+
+TEST(D2, EqualsItsDenseRecursion) {
+  for (const auto& [yaml, lazy] : {std::pair{"graph: {generator: ring, n: 5}", false},    // λ_min ≈ −0.21
+                                   std::pair{"graph: {generator: ring, n: 6}", true}}) {  // λ_min = −1/3
+    SCOPED_TRACE(yaml);
+    const Topology t = topology_from(yaml);
+    TrainConfig d2 = config_for(Algorithm::kD2, 0.0f);
+    d2.sgd.weight_decay = 0;
+    Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+    if (lazy) w = (0.5f * (Eigen::MatrixXf::Identity(t.num_peers(), t.num_peers()) + w)).eval();
+    EXPECT_LT(relative(run_algorithm(t, d2), d2_twin(w, t.num_peers(), d2.sgd.lr)), 1e-5);
+  }
+}
+
+TEST(Allreduce, TreeAndRecursiveDoublingGiveTheRingsIterates) {
+  const Topology t = topology_from("graph: {generator: complete, n: 6}");
+  const Eigen::MatrixXf ring = run_algorithm(t, config_for(Algorithm::kAllreduce));
+  for (auto algo : {algo::AllreduceAlgo::kTree, algo::AllreduceAlgo::kRecursiveDoubling}) {
+    TrainConfig c = config_for(Algorithm::kAllreduce);
+    c.allreduce_algo = algo;
+    EXPECT_LT(relative(run_algorithm(t, c), ring), 1e-6) << algo::to_string(algo);
+  }
+}
+
+}  // namespace
+}  // namespace peertrain::train
