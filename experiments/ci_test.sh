@@ -114,6 +114,12 @@ check_experiment() {
       check_csv "$out/speedup.csv" 2 network peers target_loss time_dpsgd_s time_ps_s time_allreduce_s speedup_vs_ps \
         speedup_vs_allreduce || fail "$name: speedup.csv"
       ;;
+    gossip)
+      check_csv "$out/runs.csv" "$runs" label part algorithm epochs steps test_accuracy wall_s bytes_per_step_per_peer \
+        time_to_target_s || fail "$name: runs.csv"
+      check_csv "$out/curves.csv" "$evaluations" label step epoch train_loss avg_accuracy wall_s_max ||
+        fail "$name: curves.csv"
+      ;;
   esac
   local png
   for png in "$out"/*.png; do
@@ -132,9 +138,10 @@ check_experiment() {
 start=$SECONDS
 check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png
 check_experiment lian2017 6 loss_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png
+check_experiment gossip 16 loss_vs_time.png
 
 echo "== command line"
-for name in topologies lian2017; do
+for name in topologies lian2017 gossip; do
   "$here/$name/run.sh" --help | grep -q -- '--quick' || fail "$name/run.sh --help does not describe --quick"
   msg=$("$here/$name/run.sh" --no-such-flag 2>&1) && fail "$name/run.sh accepted --no-such-flag"
   [[ $msg == error:* ]] || fail "$name/run.sh --no-such-flag: expected an 'error:' line, got: $msg"

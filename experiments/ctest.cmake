@@ -9,7 +9,7 @@ add_test(NAME experiments.tiny
          COMMAND ${CMAKE_COMMAND} -E env PEERTRAIN=$<TARGET_FILE:peertrain>
                  bash ${PROJECT_SOURCE_DIR}/experiments/ci_test.sh)
 set_tests_properties(experiments.tiny PROPERTIES
-                     TIMEOUT 180
+                     TIMEOUT 300
                      SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE
                      LABELS experiments)

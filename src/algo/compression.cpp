@@ -142,7 +142,7 @@ double Compression::default_gossip_step() const {
     case CompressionKind::kNone:
       return 1.0;
     case CompressionKind::kTopK:
-      return std::clamp(2 * fraction, 0.04, 1.0);
+      return fraction >= 1 ? 1.0 : std::clamp(10 * fraction, 0.01, 0.2);
     case CompressionKind::kRandomK:
       return std::clamp(fraction, 0.005, 1.0);
     case CompressionKind::kQsgd:

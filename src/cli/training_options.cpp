@@ -238,7 +238,7 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>()->default_value("cta"))("compression",
                                                            "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",
                                                            cxxopts::value<std::string>()->default_value("none"))(
-      "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.04 for top-k:0.01)",
+      "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.1 for top-k:0.01)",
       cxxopts::value<std::string>())("allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
                                      cxxopts::value<std::string>()->default_value("ring"))(
       "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",

@@ -42,11 +42,12 @@ struct Outgoing {
 };
 
 struct Link {
-  explicit Link(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Link(asio::io_context& io) : socket(io), timer(io), read_timer(io) {}
   int peer = 0;
   std::string name;
   tcp::socket socket;
-  asio::steady_timer timer;  // shaping waits
+  asio::steady_timer timer;       // shaping waits
+  asio::steady_timer read_timer;  // ingress shaping waits
   LinkShaping shaping;
   TokenBucket bucket;
   std::deque<Outgoing> queue;  // I/O thread only
@@ -97,7 +98,8 @@ struct TcpCore {
   std::mutex mutex;  // guards the mailbox and the link states marked above
   std::condition_variable changed;
   Mailbox mailbox;
-  TokenBucket node_bucket;  // the shared egress cap (I/O thread only)
+  TokenBucket node_bucket;     // the shared egress cap (I/O thread only)
+  TokenBucket ingress_bucket;  // the shared ingress cap (I/O thread only)
   std::string fatal;        // a refusal that ends connect()
   std::string last_refusal;
   bool closed = false;
@@ -110,6 +112,8 @@ struct TcpCore {
   void stop_links(void (*how)(Link&, boost::system::error_code&));
   void start_read(Link& l);
   void read_failed(Link& l, const boost::system::error_code& ec);
+  void read_payload_shaped(Link& l, std::uint64_t generation, std::size_t done);
+  void payload_read(Link& l);
   void deliver(Link& l);
   void enqueue(Link& l, Outgoing out);
   void write_next(Link& l);

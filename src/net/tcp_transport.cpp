@@ -53,6 +53,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
   boost::system::error_code ignored;
   l.socket.close(ignored);
   l.timer.cancel();
+  l.read_timer.cancel();
   if (l.heartbeat) l.heartbeat->cancel();
   for (Outgoing& out : l.queue) out.state->complete(lost);
   l.queue.clear();
@@ -94,23 +95,58 @@ void TcpCore::start_read(Link& l) {
       if (l.payload_in.capacity() < l.pending.length) l.payload_in = mailbox.reuse(l.pending.length);
     }
     l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
+    const MessageType type = l.pending.type;
+    const bool data =
+        type == MessageType::kParameters || type == MessageType::kGradients || type == MessageType::kReduceChunk;
+    if (data && options.node_ingress_mbps > 0) return read_payload_shaped(l, generation, 0);
     asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l, generation](boost::system::error_code ec2, std::size_t) {
       if (generation != l.generation) return;
       if (ec2) return read_failed(l, ec2);
-      if (l.auth) {
-        if (!l.auth->verify(l.header_in, l.payload_in))
-          return fail_link(l, str("bad frame from ", l.name, ": authentication failed on a ", to_string(l.pending.type),
-                                  " frame for step ", l.pending.step, " (forged, corrupted or replayed); closing the link"));
-      } else {
-        try {
-          verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
-        } catch (const Error& e) {
-          return fail_link(l, e.what());
-        }
-      }
-      deliver(l);
+      payload_read(l);
     });
   });
+}
+
+// The receiving card's capacity (node_ingress_mbps): the payload of a data frame is read
+// in pieces, each once the bucket every link shares holds its bytes; meanwhile the bytes
+// wait in the socket, and TCP's flow control holds the sender back, as a full card would.
+// Control frames (handshake, membership, heartbeats, reports) are read at once, like the
+// unshaped sends.
+void TcpCore::read_payload_shaped(Link& l, std::uint64_t generation, std::size_t done) {
+  if (done == l.payload_in.size()) return payload_read(l);
+  const double mbps = options.node_ingress_mbps;
+  const std::size_t piece = std::min(shaped_piece(mbps), l.payload_in.size() - done);
+  const double wait_s = ingress_bucket.refill(Clock::now(), mbps, piece);
+  if (wait_s > 0) {
+    l.read_timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
+    l.read_timer.async_wait([this, &l, generation, done](boost::system::error_code ec) {
+      if (!ec && generation == l.generation) read_payload_shaped(l, generation, done);
+    });
+    return;
+  }
+  ingress_bucket.spend(piece);
+  asio::async_read(l.socket, asio::buffer(l.payload_in.data() + done, piece),
+                   [this, &l, generation, done, piece](boost::system::error_code ec, std::size_t) {
+                     if (generation != l.generation) return;
+                     if (ec) return read_failed(l, ec);
+                     read_payload_shaped(l, generation, done + piece);
+                   });
+}
+
+void TcpCore::payload_read(Link& l) {
+  if (l.auth) {
+    if (!l.auth->verify(l.header_in, l.payload_in))
+      return fail_link(l,
+                       str("bad frame from ", l.name, ": authentication failed on a ", to_string(l.pending.type),
+                           " frame for step ", l.pending.step, " (forged, corrupted or replayed); closing the link"));
+  } else {
+    try {
+      verify_checksum(l.pending, l.payload_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+    } catch (const Error& e) {
+      return fail_link(l, e.what());
+    }
+  }
+  deliver(l);
 }
 
 void TcpCore::read_failed(Link& l, const boost::system::error_code& ec) {
@@ -284,6 +320,7 @@ void TcpCore::established(Link& l, tcp::socket socket) {
     }
   }
   l.timer.cancel();
+  l.read_timer.cancel();
   l.socket.close(ignored);
   l.socket = std::move(socket);
   {
@@ -470,6 +507,8 @@ class TcpTransport final : public Transport {
       boost::system::error_code ignored;
       l.socket.close(ignored);
       l.timer.cancel();
+      l.read_timer.cancel();
+      l.read_timer.cancel();
       const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, why));
       for (Outgoing& out : l.queue) out.state->complete(lost);
       l.queue.clear();
@@ -526,6 +565,7 @@ class TcpTransport final : public Transport {
     m.stop_links([](Link& link, boost::system::error_code& ignored) {
       link.socket.shutdown(tcp::socket::shutdown_send, ignored);  // FIN after what is queued
       link.timer.cancel();
+      link.read_timer.cancel();
       if (link.heartbeat) link.heartbeat->cancel();
     });
   }

@@ -353,9 +353,11 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
     if (root["peers"]) t.peers = read_peers(r, root["peers"], n);
     if (root["links"]) {
       const YAML::Node& links = root["links"];
-      r.only_keys(links, "links", {"default", "overrides", "node_bandwidth_mbps"});
+      r.only_keys(links, "links", {"default", "overrides", "node_bandwidth_mbps", "node_ingress_mbps"});
       if (links["node_bandwidth_mbps"])
         t.node_bandwidth_mbps = r.nonnegative(links["node_bandwidth_mbps"], "links.node_bandwidth_mbps");
+      if (links["node_ingress_mbps"])
+        t.node_ingress_mbps = r.nonnegative(links["node_ingress_mbps"], "links.node_ingress_mbps");
       if (links["default"]) {
         r.only_keys(links["default"], "links.default", {"latency_ms", "bandwidth_mbps"});
         t.default_link = read_link(r, links["default"], "links.default");
@@ -434,10 +436,12 @@ std::string to_yaml(const Topology& t, const WriteOptions& options) {
     out << "peers:\n";
     for (const auto& p : t.peers) out << "  - {id: " << p.id << ", host: " << p.host << ", port: " << p.port << "}\n";
   }
-  if (!(t.default_link == LinkProperties{}) || !t.link_overrides.empty() || t.node_bandwidth_mbps > 0) {
+  if (!(t.default_link == LinkProperties{}) || !t.link_overrides.empty() || t.node_bandwidth_mbps > 0 ||
+      t.node_ingress_mbps > 0) {
     out << "links:\n  default: {latency_ms: " << t.default_link.latency_ms
         << ", bandwidth_mbps: " << t.default_link.bandwidth_mbps << "}\n";
     if (t.node_bandwidth_mbps > 0) out << "  node_bandwidth_mbps: " << t.node_bandwidth_mbps << "\n";
+    if (t.node_ingress_mbps > 0) out << "  node_ingress_mbps: " << t.node_ingress_mbps << "\n";
     if (!t.link_overrides.empty()) {
       out << "  overrides:\n";
       for (const auto& o : t.link_overrides)

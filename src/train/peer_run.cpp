@@ -107,6 +107,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
   options.peer_timeout_s = config_.peer_timeout_s;
   options.max_payload_bytes = size_ * sizeof(float) + kReportDoubles * sizeof(double);
   options.node_bandwidth_mbps = t_.node_bandwidth_mbps;
+  options.node_ingress_mbps = t_.node_ingress_mbps;
   options.shaping = [&t = t_, rank = rank_](int peer) {
     const auto link = t.link(rank, peer);
     return net::LinkShaping{link.latency_ms, link.bandwidth_mbps};

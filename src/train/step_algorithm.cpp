@@ -31,7 +31,7 @@ double step_on_mean(std::span<float> x, std::span<float> grads, int peers, Optim
 class Gossiping : public StepAlgorithm {
  protected:
   explicit Gossiping(StepContext c) : c_(std::move(c)) {
-    PEERTRAIN_CHECK(c_.gossip && c_.membership, to_string(Algorithm::kDpsgd), " needs the gossip and the membership");
+    PEERTRAIN_CHECK(c_.gossip && c_.membership, "a gossiping algorithm needs the gossip and the membership");
   }
   void switch_rows(long long step, std::span<const float> x) {
     if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x))

@@ -128,7 +128,9 @@ TEST(LatencyOptimalAllreduce, EqualsTheExactSumOnEveryPeerBitForBit) {
           err += (results[0][i] - exact) * (results[0][i] - exact);
           norm += exact * exact;
         }
-        if (size > 0) EXPECT_LT(std::sqrt(err / norm), 1e-6);
+        if (size > 0) {
+          EXPECT_LT(std::sqrt(err / norm), 1e-6);
+        }
         for (int r = 1; r < n; ++r)
           EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), size * 4), 0) << "peer " << r;
       }

@@ -256,6 +256,43 @@ TEST(TcpTransport, ANodeCapIsSharedByAllLinks) {
   });
 }
 
+// The receiving side's card: two senders with no cap of their own share peer 0's
+// node_ingress_mbps, so both messages together take at least their bytes at that rate.
+TEST(TcpTransport, AnIngressCapIsSharedByAllIncomingLinks) {
+  const auto endpoints = loopback_endpoints(3);
+  run_peers(3, [&](int rank) {
+    std::vector<int> links;
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) links.push_back(p);
+    auto o = options_for(rank, endpoints, links);
+    if (rank == 0) o.node_ingress_mbps = 80.0;  // 10 MB/s for both links together
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
+    net.connect();
+    std::vector<float> x(1 << 18);  // 1 MiB from each of two peers
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(rank * 1000 + static_cast<int>(i % 997));
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      const Payload a = net.receive(1, MessageType::kParameters, 0, 0);
+      const Payload b = net.receive(2, MessageType::kParameters, 0, 0);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_GE(seconds, 0.8 * 2 * (1 << 20) / 10e6) << seconds;  // a lower bound: the card is shared
+      // and the bytes arrive whole and in order, piece after piece
+      ASSERT_EQ(a.size(), 1u << 20);
+      ASSERT_EQ(b.size(), 1u << 20);
+      const auto* fa = reinterpret_cast<const float*>(a.data());
+      const auto* fb = reinterpret_cast<const float*>(b.data());
+      for (std::size_t i = 0; i < x.size(); i += 4099) {
+        EXPECT_EQ(fa[i], static_cast<float>(1000 + static_cast<int>(i % 997)));
+        EXPECT_EQ(fb[i], static_cast<float>(2000 + static_cast<int>(i % 997)));
+      }
+    } else {
+      net.send(0, MessageType::kParameters, 0, 0, as_bytes(x)).wait(20);
+    }
+    net.close();
+  });
+}
+
 // A key of 32 bytes made from a label, so that two tests' keys differ when their labels do.
 Secret secret_of(const std::string& text) {
   std::vector<std::uint8_t> key(kSecretBytes);

@@ -37,11 +37,12 @@ struct Compression {
   std::string describe() const;
   // The entries a vector of n keeps (top-k, random-k): ⌈fraction·n⌉, at least 1 when n > 0.
   std::size_t kept(std::size_t n) const;
-  // CHOCO's consensus step γ when --gossip-step is not given: 1 for none; 2F (at least
-  // 0.04) for top-k and F for random-k (about their δ); 1/τ for qsgd; 0.5 for sign
-  // (δ ≈ 2/π on Gaussian-like differences). From a scan of γ for gossip alone on a ring of
-  // 8 (docs/algo.md): each default is within 2× of the fastest γ and clear of divergence,
-  // which comes at 3–4× the best γ for top-k, random-k and qsgd:2.
+  // CHOCO's consensus step γ when --gossip-step is not given: 1 for none; 10F within
+  // [0.01, 0.2] for top-k and F for random-k; 1/τ for qsgd; 0.5 for sign (δ ≈ 2/π on
+  // Gaussian-like differences). From a scan of γ for gossip alone on a ring of 8 and of
+  // training on a 16-peer ring (docs/algo.md): each default is at least 2× below where
+  // gossip diverges; top-k's leans to the large side, which trains faster (0.04 at F = 0.01
+  // never reached experiments/gossip's target loss, 0.1 did).
   double default_gossip_step() const;
   // The exact wire size of Q(v) for a vector of n (top-k: an upper bound, the varints
   // depend on the gaps; compress() returns the exact bytes).

@@ -49,6 +49,7 @@ struct TcpOptions {
   std::uint64_t max_payload_bytes = 1 << 20;
   std::function<LinkShaping(int peer)> shaping;  // empty: no emulation
   double node_bandwidth_mbps = 0;  // cap on this peer's outgoing traffic over all links; 0 = none
+  double node_ingress_mbps = 0;    // cap on its incoming data frames over all links; 0 = none
   // The shared key (--secret-file): the handshake then proves both sides hold it, and every
   // later frame carries a ChaCha20-Poly1305 tag instead of the checksum (docs/net.md).
   std::optional<Secret> secret;

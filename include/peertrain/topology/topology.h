@@ -57,6 +57,7 @@ class Topology {
   // Cap on each peer's total outgoing traffic, shared by its links like one network card
   // (0 = none). A parameter server's links then share one card, as in Lian et al. 2017.
   double node_bandwidth_mbps = 0;
+  double node_ingress_mbps = 0;  // the card's incoming capacity (links.node_ingress_mbps); 0: none
 
   int num_peers() const { return graph.num_peers(); }
   bool time_varying() const;

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Experiment: the second wave's gossip (issue 18) against its baselines, on one machine.
+#  1. slow network: n peers on a ring at 10 Mbit/s per link and per network card; ring and
+#     recursive-doubling all-reduce, D-PSGD, and CHOCO-SGD with several compressors: time
+#     until the training loss reaches a target, x̄'s accuracy, bytes per step;
+#  2. non-iid shards (Dirichlet α = 0.1), n peers on a ring, no emulation: D-PSGD (cta),
+#     D-PSGD --update atc and D² against all-reduce: x̄'s final accuracy;
+#  3. high latency (10 ms one way on every link): ring, tree and recursive-doubling
+#     all-reduce against D-PSGD, time per step and to the target loss (the fair baseline).
+# Writes the runs, CSVs, a PNG and a README.md computed from them. See --help.
+set -euo pipefail
+
+PT_SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../lib/common.sh
+source "$PT_SCRIPT_DIR/../lib/common.sh"
+
+usage() {
+  cat << USAGE
+Usage: experiments/gossip/run.sh [--quick] [--out DIR]
+
+  --quick     8 peers instead of 16, one epoch each: about 5 minutes on 2 cores
+  --out DIR   where results go (default: experiments/gossip/results)
+  -h, --help  this help
+
+Full mode: 16 peers, MLP 784-32-10, batch 32 per peer; on the slow network 4 epochs for
+CHOCO and D-PSGD and 1 for the all-reduces (they reach the target loss within it); non-iid
+3 epochs; at 10 ms latency one epoch each. About 12 minutes on a quiet 2-core machine.
+Environment: PEERTRAIN (default: <repo>/build/peertrain).
+USAGE
+}
+
+command_line="experiments/gossip/run.sh${*:+ $*}"
+mode=full
+out=$PT_SCRIPT_DIR/results
+while (($#)); do
+  case $1 in
+    --quick) mode=quick ;;
+    --tiny) mode=tiny ;;  # hidden: the CI test's reduced form
+    --out)
+      (($# >= 2)) || pt_die "--out needs a directory"
+      out=$2
+      shift
+      ;;
+    --out=*) out=${1#--out=} ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *) pt_die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+
+pt_find_binary "$PT_SCRIPT_DIR"
+pt_check_tools
+
+hidden=32 batch=32 lr=0.05 seed=1 extra=()
+case $mode in
+  full) n=16 slow_epochs=4 base_epochs=1 noniid_epochs=3 ;;
+  quick) n=8 slow_epochs=1 base_epochs=1 noniid_epochs=1 ;;
+  tiny) n=4 slow_epochs=1 base_epochs=1 noniid_epochs=1 hidden=16 extra=(--max-steps 20) ;;
+esac
+slow=("allreduce" "allreduce --allreduce-algo rd" "dpsgd" "choco --compression top-k:0.01"
+  "choco --compression top-k:0.01 --gossip-step 0.04" "choco --compression top-k:0.05" "choco --compression qsgd:4"
+  "choco --compression sign")
+noniid=("allreduce" "dpsgd" "dpsgd --update atc" "d2")
+latency=("allreduce" "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd" "dpsgd")
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -rf "$out/runs" "$out/plotdata" "$out"/*.png "$out"/*.csv "$out/README.md" "$out/manifest.tsv" "$out/meta.json"
+mkdir -p "$out/runs"
+PT_T0=$SECONDS
+pt_init_ports
+pt_write_meta "$out/meta.json" "$mode" "$command_line"
+total=$((${#slow[@]} + ${#noniid[@]} + ${#latency[@]}))
+echo "gossip ($mode): $total trainings, $n peers on a ring, MLP 784-$hidden-10, batch $batch per peer; results -> $out"
+printf 'label\tpart\talgorithm\trun_dir\tepochs\tpeers\n' > "$out/manifest.tsv"
+index=0
+slug() { tr ' :.' '___' <<< "$1"; }
+for flags in "${slow[@]}"; do
+  index=$((index + 1))
+  dir=runs/slow-$(slug "$flags")
+  epochs=$slow_epochs
+  [[ $flags == allreduce* ]] && epochs=$base_epochs
+  mkdir -p "$out/$dir"
+  pt_write_topology "$out/$dir/topology.yaml" "ring$n-10mbit" "$n" "{generator: ring, n: $n}" \
+    "$(printf '  default: {latency_ms: 0, bandwidth_mbps: 10}\n  node_bandwidth_mbps: 10')"
+  # shellcheck disable=SC2086
+  pt_launch "$index" "$total" "slow/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
+    --hidden "$hidden" --epochs "$epochs" --batch "$batch" --lr "$lr" --seed "$seed" --eval-every 20 "${extra[@]}"
+  printf 'slow/%s\tslow\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$epochs" "$n" >> "$out/manifest.tsv"
+done
+for flags in "${noniid[@]}"; do
+  index=$((index + 1))
+  dir=runs/noniid-$(slug "$flags")
+  mkdir -p "$out/$dir"
+  pt_write_topology "$out/$dir/topology.yaml" "ring$n" "$n" "{generator: ring, n: $n}" ""
+  # shellcheck disable=SC2086
+  pt_launch "$index" "$total" "noniid/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
+    --hidden "$hidden" --epochs "$noniid_epochs" --batch "$batch" --lr "$lr" --seed "$seed" \
+    --partition dirichlet --alpha 0.1 "${extra[@]}"
+  printf 'noniid/%s\tnoniid\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$noniid_epochs" "$n" >> "$out/manifest.tsv"
+done
+for flags in "${latency[@]}"; do
+  index=$((index + 1))
+  dir=runs/latency-$(slug "$flags")
+  mkdir -p "$out/$dir"
+  pt_write_topology "$out/$dir/topology.yaml" "ring$n-10ms" "$n" "{generator: ring, n: $n}" \
+    "  default: {latency_ms: 10, bandwidth_mbps: 0}"
+  # shellcheck disable=SC2086
+  pt_launch "$index" "$total" "latency/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
+    --hidden "$hidden" --epochs "$base_epochs" --batch "$batch" --lr "$lr" --seed "$seed" --eval-every 20 "${extra[@]}"
+  printf 'latency/%s\tlatency\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$base_epochs" "$n" >> "$out/manifest.tsv"
+done
+pt_finish_meta "$out/meta.json"
+echo "trainings done in $(pt_clock $((SECONDS - PT_T0))); writing the report"
+/usr/bin/python3 -B "$PT_SCRIPT_DIR/report.py" "$out" || pt_die "the report generator failed (experiments/gossip/report.py $out)"
+echo "report: $out/README.md"
