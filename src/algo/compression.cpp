@@ -98,6 +98,7 @@ std::vector<std::uint32_t> random_indices(std::size_t n, std::size_t k, std::uin
 // Top-k's indices, sorted: the k entries of largest magnitude (ties at the threshold
 // taken in index order), found with one selection over the magnitudes.
 std::vector<std::uint32_t> top_indices(std::span<const float> v, std::size_t k) {
+  if (k == 0) return {};
   std::vector<float> mag(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) mag[i] = std::fabs(v[i]);
   std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(v.size() - k), mag.end());
