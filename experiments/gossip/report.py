@@ -20,15 +20,18 @@ def main(out):
         r["points"] = ek.per_evaluation(ek.read_metrics(os.path.join(out, r["run_dir"], "metrics.csv")))
     slow = [r for r in runs if r["part"] == "slow"]
     noniid = [r for r in runs if r["part"] == "noniid"]
+    noniid_m0 = [r for r in runs if r["part"] == "noniid-m0"]
     latency = [r for r in runs if r["part"] == "latency"]
     write_tables(out, runs)
     lines = ["# Compressed gossip, update forms and fair baselines (issue 18)", ""]
     lines.append(f"Command: `{meta.get('command', 'experiments/gossip/run.sh')}` ({meta.get('mode', '?')} mode).")
     lines.append("")
     lines += slow_section(out, slow)
-    lines += noniid_section(noniid)
+    lines += noniid_section(noniid, "2", "momentum 0.9 (the default)")
+    lines += noniid_section(noniid_m0, "2b", "momentum 0 (plain SGD, as D² is analysed)")
     lines += latency_section(latency)
     lines += observations(slow, noniid, latency)
+    lines = lines[:-1] + observations([], noniid_m0, [], "with momentum 0")[2:]
     lines += ["## Machine and run", "", ek.machine_section(meta), ""]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -75,7 +78,7 @@ def latency_section(latency):
                          "x̄ accuracy (end)"], rows), ""]
 
 
-def observations(slow, noniid, latency=()):
+def observations(slow, noniid, latency=(), noniid_label=""):
     """Sentences computed from the tables above, for the reader in a hurry."""
     lines = ["## Observations", ""]
     by = {r["algorithm"]: r for r in slow}
@@ -107,7 +110,7 @@ def observations(slow, noniid, latency=()):
         gap = acc["allreduce"] - acc["dpsgd"]
         for name in ("dpsgd --update atc", "d2"):
             if name in acc:
-                lines.append(f"- Non-iid: `{name}` closes {100 * (acc[name] - acc['dpsgd']) / gap:.0f} % of the "
+                lines.append(f"- Non-iid{' ' + noniid_label if noniid_label else ''}: `{name}` closes {100 * (acc[name] - acc['dpsgd']) / gap:.0f} % of the "
                              f"{100 * gap:.1f}-point gap between D-PSGD and all-reduce (target ≥ 50 %).")
     steps = {r["algorithm"]: r["summary"]["wall_s"] / max(1, r["summary"]["steps"]) for r in latency}
     fair = [k for k in ("allreduce --allreduce-algo rd", "allreduce --allreduce-algo tree") if k in steps]
@@ -188,7 +191,7 @@ def plot(out, slow):
     ek.run_gnuplot(script, png)
 
 
-def noniid_section(noniid):
+def noniid_section(noniid, number, which):
     if not noniid:
         return []
     by = {r["algorithm"]: r["summary"]["test_accuracy"] for r in noniid}
@@ -199,7 +202,7 @@ def noniid_section(noniid):
         closed = ((acc - base) / (ceiling - base)) if (base is not None and ceiling is not None and ceiling != base) else None
         rows.append([f"`{r['algorithm']}`", f"{acc:.4f}", f"{100 * closed:.0f} %" if closed is not None and r["algorithm"] not in ("dpsgd", "allreduce") else "–"])
     peers = noniid[0]["peers"]
-    return [f"## 2. Non-iid shards: {peers} peers on a ring, Dirichlet α = 0.1", "",
+    return [f"## {number}. Non-iid shards: {peers} peers on a ring, Dirichlet α = 0.1, {which}", "",
             f"{noniid[0]['epochs']} epochs, no emulation. Gap closed: (run − D-PSGD cta) / (all-reduce − D-PSGD cta) "
             "on x̄'s final test accuracy. One seed: differences below about 0.5 points are within evaluation noise.", "",
             ek.md_table(["algorithm", "x̄ accuracy", "gap closed"], rows), ""]

@@ -73,7 +73,7 @@ mkdir -p "$out/runs"
 PT_T0=$SECONDS
 pt_init_ports
 pt_write_meta "$out/meta.json" "$mode" "$command_line"
-total=$((${#slow[@]} + ${#noniid[@]} + ${#latency[@]}))
+total=$((${#slow[@]} + 2 * ${#noniid[@]} + ${#latency[@]}))
 echo "gossip ($mode): $total trainings, $n peers on a ring, MLP 784-$hidden-10, batch $batch per peer; results -> $out"
 printf 'label\tpart\talgorithm\trun_dir\tepochs\tpeers\n' > "$out/manifest.tsv"
 index=0
@@ -91,16 +91,21 @@ for flags in "${slow[@]}"; do
     --hidden "$hidden" --epochs "$epochs" --batch "$batch" --lr "$lr" --seed "$seed" --eval-every 20 "${extra[@]}"
   printf 'slow/%s\tslow\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$epochs" "$n" >> "$out/manifest.tsv"
 done
-for flags in "${noniid[@]}"; do
-  index=$((index + 1))
-  dir=runs/noniid-$(slug "$flags")
-  mkdir -p "$out/$dir"
-  pt_write_topology "$out/$dir/topology.yaml" "ring$n" "$n" "{generator: ring, n: $n}" ""
-  # shellcheck disable=SC2086
-  pt_launch "$index" "$total" "noniid/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
-    --hidden "$hidden" --epochs "$noniid_epochs" --batch "$batch" --lr "$lr" --seed "$seed" \
-    --partition dirichlet --alpha 0.1 "${extra[@]}"
-  printf 'noniid/%s\tnoniid\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$noniid_epochs" "$n" >> "$out/manifest.tsv"
+# With the default momentum 0.9 and without momentum (D² is analysed for plain SGD).
+for momentum in 0.9 0; do
+  part=noniid
+  [[ $momentum == 0 ]] && part=noniid-m0
+  for flags in "${noniid[@]}"; do
+    index=$((index + 1))
+    dir=runs/$part-$(slug "$flags")
+    mkdir -p "$out/$dir"
+    pt_write_topology "$out/$dir/topology.yaml" "ring$n" "$n" "{generator: ring, n: $n}" ""
+    # shellcheck disable=SC2086
+    pt_launch "$index" "$total" "$part/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
+      --hidden "$hidden" --epochs "$noniid_epochs" --batch "$batch" --lr "$lr" --seed "$seed" \
+      --partition dirichlet --alpha 0.1 --momentum "$momentum" "${extra[@]}"
+    printf '%s/%s\t%s\t%s\t%s\t%s\t%s\n' "$part" "$flags" "$part" "$flags" "$dir" "$noniid_epochs" "$n" >> "$out/manifest.tsv"
+  done
 done
 for flags in "${latency[@]}"; do
   index=$((index + 1))
