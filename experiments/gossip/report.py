@@ -30,8 +30,7 @@ def main(out):
     lines += noniid_section(noniid, "2", "momentum 0.9 (the default)")
     lines += noniid_section(noniid_m0, "2b", "momentum 0 (plain SGD, as D² is analysed)")
     lines += latency_section(latency)
-    lines += observations(slow, noniid, latency)
-    lines = lines[:-1] + observations([], noniid_m0, [], "with momentum 0")[2:]
+    lines += observations(slow, [(noniid, ""), (noniid_m0, " with momentum 0")], latency)
     lines += ["## Machine and run", "", ek.machine_section(meta), ""]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -78,7 +77,7 @@ def latency_section(latency):
                          "x̄ accuracy (end)"], rows), ""]
 
 
-def observations(slow, noniid, latency=(), noniid_label=""):
+def observations(slow, noniid_sets, latency):
     """Sentences computed from the tables above, for the reader in a hurry."""
     lines = ["## Observations", ""]
     by = {r["algorithm"]: r for r in slow}
@@ -105,13 +104,14 @@ def observations(slow, noniid, latency=(), noniid_label=""):
         c = by["choco --compression top-k:0.01"]["summary"]
         ratio = (c["bytes_sent_per_peer"] / max(1, c["steps"])) / (d["bytes_sent_per_peer"] / max(1, d["steps"]))
         lines.append(f"- top-k:0.01 sends {100 * ratio:.1f} % of D-PSGD's bytes per step (target ≤ 3 %).")
-    acc = {r["algorithm"]: r["summary"]["test_accuracy"] for r in noniid}
-    if {"dpsgd", "allreduce"} <= acc.keys() and acc["allreduce"] != acc["dpsgd"]:
-        gap = acc["allreduce"] - acc["dpsgd"]
-        for name in ("dpsgd --update atc", "d2"):
-            if name in acc:
-                lines.append(f"- Non-iid{' ' + noniid_label if noniid_label else ''}: `{name}` closes {100 * (acc[name] - acc['dpsgd']) / gap:.0f} % of the "
-                             f"{100 * gap:.1f}-point gap between D-PSGD and all-reduce (target ≥ 50 %).")
+    for noniid, label in noniid_sets:
+        acc = {r["algorithm"]: r["summary"]["test_accuracy"] for r in noniid}
+        if {"dpsgd", "allreduce"} <= acc.keys() and acc["allreduce"] != acc["dpsgd"]:
+            gap = acc["allreduce"] - acc["dpsgd"]
+            for name in ("dpsgd --update atc", "d2"):
+                if name in acc:
+                    lines.append(f"- Non-iid{label}: `{name}` closes {100 * (acc[name] - acc['dpsgd']) / gap:.0f} % of "
+                                 f"the {100 * gap:.1f}-point gap between D-PSGD and all-reduce (target ≥ 50 %).")
     steps = {r["algorithm"]: r["summary"]["wall_s"] / max(1, r["summary"]["steps"]) for r in latency}
     fair = [k for k in ("allreduce --allreduce-algo rd", "allreduce --allreduce-algo tree") if k in steps]
     if "dpsgd" in steps and "allreduce" in steps and fair:

@@ -78,45 +78,35 @@ echo "gossip ($mode): $total trainings, $n peers on a ring, MLP 784-$hidden-10, 
 printf 'label\tpart\talgorithm\trun_dir\tepochs\tpeers\n' > "$out/manifest.tsv"
 index=0
 slug() { tr ' :.' '___' <<< "$1"; }
-for flags in "${slow[@]}"; do
+# train PART FLAGS EPOCHS TOPOLOGY_NAME LINKS [MORE_FLAGS...]: one training on a ring of n,
+# its run folder runs/PART-FLAGS, and its line in the manifest.
+train() {
+  local part=$1 flags=$2 epochs=$3 name=$4 links=$5
+  shift 5
   index=$((index + 1))
-  dir=runs/slow-$(slug "$flags")
+  local dir=runs/$part-$(slug "$flags")
+  mkdir -p "$out/$dir"
+  pt_write_topology "$out/$dir/topology.yaml" "$name" "$n" "{generator: ring, n: $n}" "$links"
+  # shellcheck disable=SC2086
+  pt_launch "$index" "$total" "$part/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
+    --hidden "$hidden" --epochs "$epochs" --batch "$batch" --lr "$lr" --seed "$seed" "$@" "${extra[@]}"
+  printf '%s/%s\t%s\t%s\t%s\t%s\t%s\n' "$part" "$flags" "$part" "$flags" "$dir" "$epochs" "$n" >> "$out/manifest.tsv"
+}
+slow_links=$(printf '  default: {latency_ms: 0, bandwidth_mbps: 10}\n  node_bandwidth_mbps: 10')
+for flags in "${slow[@]}"; do
   epochs=$slow_epochs
   [[ $flags == allreduce* ]] && epochs=$base_epochs
-  mkdir -p "$out/$dir"
-  pt_write_topology "$out/$dir/topology.yaml" "ring$n-10mbit" "$n" "{generator: ring, n: $n}" \
-    "$(printf '  default: {latency_ms: 0, bandwidth_mbps: 10}\n  node_bandwidth_mbps: 10')"
-  # shellcheck disable=SC2086
-  pt_launch "$index" "$total" "slow/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
-    --hidden "$hidden" --epochs "$epochs" --batch "$batch" --lr "$lr" --seed "$seed" --eval-every 20 "${extra[@]}"
-  printf 'slow/%s\tslow\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$epochs" "$n" >> "$out/manifest.tsv"
+  train slow "$flags" "$epochs" "ring$n-10mbit" "$slow_links" --eval-every 20
 done
 # With the default momentum 0.9 and without momentum (D² is analysed for plain SGD).
-for momentum in 0.9 0; do
-  part=noniid
-  [[ $momentum == 0 ]] && part=noniid-m0
-  for flags in "${noniid[@]}"; do
-    index=$((index + 1))
-    dir=runs/$part-$(slug "$flags")
-    mkdir -p "$out/$dir"
-    pt_write_topology "$out/$dir/topology.yaml" "ring$n" "$n" "{generator: ring, n: $n}" ""
-    # shellcheck disable=SC2086
-    pt_launch "$index" "$total" "$part/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
-      --hidden "$hidden" --epochs "$noniid_epochs" --batch "$batch" --lr "$lr" --seed "$seed" \
-      --partition dirichlet --alpha 0.1 --momentum "$momentum" "${extra[@]}"
-    printf '%s/%s\t%s\t%s\t%s\t%s\t%s\n' "$part" "$flags" "$part" "$flags" "$dir" "$noniid_epochs" "$n" >> "$out/manifest.tsv"
-  done
+for flags in "${noniid[@]}"; do
+  train noniid "$flags" "$noniid_epochs" "ring$n" "" --partition dirichlet --alpha 0.1 --momentum 0.9
+done
+for flags in "${noniid[@]}"; do
+  train noniid-m0 "$flags" "$noniid_epochs" "ring$n" "" --partition dirichlet --alpha 0.1 --momentum 0
 done
 for flags in "${latency[@]}"; do
-  index=$((index + 1))
-  dir=runs/latency-$(slug "$flags")
-  mkdir -p "$out/$dir"
-  pt_write_topology "$out/$dir/topology.yaml" "ring$n-10ms" "$n" "{generator: ring, n: $n}" \
-    "  default: {latency_ms: 10, bandwidth_mbps: 0}"
-  # shellcheck disable=SC2086
-  pt_launch "$index" "$total" "latency/$flags" "$out/$dir" "$out/$dir/topology.yaml" --algorithm $flags \
-    --hidden "$hidden" --epochs "$base_epochs" --batch "$batch" --lr "$lr" --seed "$seed" --eval-every 20 "${extra[@]}"
-  printf 'latency/%s\tlatency\t%s\t%s\t%s\t%s\n' "$flags" "$flags" "$dir" "$base_epochs" "$n" >> "$out/manifest.tsv"
+  train latency "$flags" "$base_epochs" "ring$n-10ms" "  default: {latency_ms: 10, bandwidth_mbps: 0}" --eval-every 20
 done
 pt_finish_meta "$out/meta.json"
 echo "trainings done in $(pt_clock $((SECONDS - PT_T0))); writing the report"

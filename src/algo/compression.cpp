@@ -72,12 +72,12 @@ class BitReader {
 
 std::size_t packed_bytes(std::size_t n, int width) { return (n * static_cast<std::size_t>(width) + 7) / 8; }
 
-void put_varint(std::vector<std::byte>& out, std::uint32_t v) {
+void put_varint(codec::Writer& w, std::uint32_t v) {
   while (v >= 0x80) {
-    out.push_back(static_cast<std::byte>((v & 0x7f) | 0x80));
+    w.u8(static_cast<std::uint8_t>((v & 0x7f) | 0x80));
     v >>= 7;
   }
-  out.push_back(static_cast<std::byte>(v));
+  w.u8(static_cast<std::uint8_t>(v));
 }
 
 // Random-k's indices: k distinct of n, sorted, from the seed alone (Floyd's sampling).
@@ -211,34 +211,28 @@ std::vector<std::byte> compress(const Compression& c, std::span<const float> v, 
   const std::size_t n = v.size();
   codec::Writer w(c.max_bytes(n));
   w.u8(static_cast<std::uint8_t>(c.kind)).u8(static_cast<std::uint8_t>(c.bits)).u32(static_cast<std::uint32_t>(n));
-  std::vector<std::byte> out = w.take();
-  auto put_floats = [&](const float* p, std::size_t count) {
-    const auto* b = reinterpret_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + count * sizeof(float));
-  };
-  auto put_u32 = [&](std::uint32_t x) { put_floats(reinterpret_cast<const float*>(&x), 1); };
   switch (c.kind) {
     case CompressionKind::kNone:
-      put_floats(v.data(), n);
+      w.floats(v);
       break;
     case CompressionKind::kTopK: {
       const std::size_t k = c.kept(n);
-      put_u32(static_cast<std::uint32_t>(k));
+      w.u32(static_cast<std::uint32_t>(k));
       const auto idx = top_indices(v, k);
       std::uint32_t next = 0;  // gaps: index − (previous index + 1)
       for (std::uint32_t i : idx) {
-        put_varint(out, i - next);
+        put_varint(w, i - next);
         next = i + 1;
       }
-      for (std::uint32_t i : idx) put_floats(&v[i], 1);
+      for (std::uint32_t i : idx) w.floats(v.subspan(i, 1));
       break;
     }
     case CompressionKind::kRandomK: {
       const std::size_t k = c.kept(n);
-      put_u32(static_cast<std::uint32_t>(k));
+      w.u32(static_cast<std::uint32_t>(k));
       const std::uint64_t seed = rng.next_u64();
-      put_floats(reinterpret_cast<const float*>(&seed), 2);
-      for (std::uint32_t i : random_indices(n, k, seed)) put_floats(&v[i], 1);
+      w.u64(seed);
+      for (std::uint32_t i : random_indices(n, k, seed)) w.floats(v.subspan(i, 1));
       break;
     }
     case CompressionKind::kQsgd:
@@ -253,7 +247,8 @@ std::vector<std::byte> compress(const Compression& c, std::span<const float> v, 
         for (std::size_t i = lo; i < hi; ++i) acc += sign ? std::fabs(v[i]) : static_cast<double>(v[i]) * v[i];
         scales[b] = static_cast<float>(sign ? acc / static_cast<double>(hi - lo) : std::sqrt(acc));
       }
-      put_floats(scales.data(), scales.size());
+      w.floats(scales);
+      std::vector<std::byte> out = w.take();  // the packed fields close the message
       BitWriter bits(out);
       for (std::size_t i = 0; i < n; ++i) {
         const std::uint32_t negative = std::signbit(v[i]) ? 1u : 0u;
@@ -272,10 +267,10 @@ std::vector<std::byte> compress(const Compression& c, std::span<const float> v, 
         bits.put(negative | (level << 1), width);
       }
       bits.flush();
-      break;
+      return out;
     }
   }
-  return out;
+  return w.take();
 }
 
 void decompress_add(const Compression& c, std::span<const std::byte> bytes, float weight, std::span<float> out,

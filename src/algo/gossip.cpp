@@ -185,6 +185,18 @@ net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_
   }
 }
 
+void Gossip::wait_sends(std::vector<Work>& sends) {
+  for (auto& send : sends) {
+    try {
+      send.wait();
+    } catch (const Error& e) {
+      // A send to a peer that was lost meanwhile fails; the receive side reports the loss.
+      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
+    }
+  }
+  sends.clear();
+}
+
 bool Gossip::is_lost(int peer) const { return std::find(lost_.begin(), lost_.end(), peer) != lost_.end(); }
 
 void Gossip::start(std::uint64_t step, std::span<const float> x) {
@@ -259,14 +271,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
       }
     }
     // This part of x must not change while it is being sent; a send to a peer just lost may fail.
-    for (auto& send : sends_[p]) {
-      try {
-        send.wait();
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-      }
-    }
-    sends_[p].clear();
+    wait_sends(sends_[p]);
     waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     inputs.clear();
     for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload.data()));
@@ -318,16 +323,7 @@ double Gossip::finish_message(const TakeMessage& take) {
       stay_home(j);
     }
   }
-  if (!sends_.empty()) {
-    for (auto& send : sends_[0]) {
-      try {
-        send.wait();
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-      }
-    }
-    sends_[0].clear();
-  }
+  if (!sends_.empty()) wait_sends(sends_[0]);
   applied_ = std::move(row);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() - taking;
   note_round(waited);

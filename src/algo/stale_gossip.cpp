@@ -39,26 +39,10 @@
 
 namespace peertrain::algo {
 
-namespace {
-
-void wait_all(std::vector<Work>& sends) {
-  for (auto& send : sends) {
-    try {
-      send.wait();
-    } catch (const Error& e) {
-      // A send to a peer that was lost meanwhile fails; the receive side reports the loss.
-      if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-    }
-  }
-  sends.clear();
-}
-
-}  // namespace
-
 void Gossip::start_stale(std::span<const float> x) {
   // Bound the memory held by sends that have not left yet (a slow link).
   while (in_flight_.size() > static_cast<std::size_t>(max_staleness_) + 1) {
-    wait_all(in_flight_.front().sends);
+    wait_sends(in_flight_.front().sends);
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
   }
@@ -90,7 +74,7 @@ void Gossip::start_stale(std::span<const float> x) {
 
 void Gossip::flush() {
   PEERTRAIN_CHECK(!sending(), "flush() between start() and finish()");
-  for (Snapshot& snapshot : in_flight_) wait_all(snapshot.sends);
+  for (Snapshot& snapshot : in_flight_) wait_sends(snapshot.sends);
   while (!in_flight_.empty()) {
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
@@ -169,7 +153,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
     bool done = true;
     for (auto& send : in_flight_.front().sends) done = done && send.done();
     if (!done) break;
-    wait_all(in_flight_.front().sends);
+    wait_sends(in_flight_.front().sends);
     spare_.push_back(std::move(in_flight_.front().x));
     in_flight_.pop_front();
   }

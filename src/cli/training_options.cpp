@@ -222,8 +222,6 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   if ((choco || c.algorithm == train::Algorithm::kD2) && (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
-  if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
-    throw UsageError("--max-staleness applies to --algorithm dpsgd only");
 }
 
 }  // namespace

@@ -134,6 +134,8 @@ class Gossip {
 
  private:
   bool is_lost(int peer) const;
+  // Waits for each send and clears the list; a send to a peer lost meanwhile may fail.
+  static void wait_sends(std::vector<Work>& sends);
   bool sending() const;
   MixingRow applied_;
   // The parts for a vector of n floats (the default: one part of n); checks they cover it.
