@@ -17,6 +17,7 @@
 #include <fstream>
 #include <algorithm>
 #include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 
@@ -179,13 +180,22 @@ void print_summary(const fs::path& out) {
                 field(s.substr(p), "from"), field(s.substr(p), "step"));
   long long final_step = 0;
   for (const auto& [peer, c] : last) final_step = std::max(final_step, std::stoll(c[0]));
-  std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s\n");
+  // AD-PSGD's peers end at steps of their own: the lost ones are those the summary names.
+  const bool async = get_string("algorithm") == "adpsgd";
+  std::set<int> failed;
+  if (const auto at = s.find("\"failed_peers\": ["); at != std::string::npos) {
+    std::stringstream list(s.substr(at + 17, s.find(']', at) - at - 17));
+    for (std::string id; std::getline(list, id, ',');)
+      if (id.find_first_of("0123456789") != std::string::npos) failed.insert(std::stoi(id));
+  }
+  std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s%s\n", async ? "  steps" : "");
   for (const auto& [peer, c] : last)
-    if (std::stoll(c[0]) < final_step)
+    if (async ? failed.count(peer) > 0 : std::stoll(c[0]) < final_step)
       std::printf("  %4d  lost: its last report was at step %s\n", peer, c[0].c_str());
     else
-      std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s\n", peer, c[3].c_str(), c[4].c_str(),
-                human_bytes(std::stod(c[7])).c_str(), c[10].c_str(), c[11].c_str());
+      std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s%s\n", peer, c[3].c_str(), c[4].c_str(),
+                  human_bytes(std::stod(c[7])).c_str(), c[10].c_str(), c[11].c_str(),
+                  async ? str("  ", c[0]).c_str() : "");
   std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
 }
 

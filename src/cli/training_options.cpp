@@ -70,7 +70,8 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "update",
                                                  "compression",
                                                  "gossip-step",
-                                                 "allreduce-algo"};
+                                                 "allreduce-algo",
+                                                 "time-budget"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -205,6 +206,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   only_for("compression", choco, "choco (compressed gossip)");
   only_for("gossip-step", choco, "choco");
   only_for("allreduce-algo", c.algorithm == train::Algorithm::kAllreduce, "allreduce");
+  only_for("time-budget", c.algorithm == train::Algorithm::kAdpsgd, "adpsgd (the others end at a step)");
+  if (args.count("time-budget")) c.time_budget_s = positive<double>(args, "time-budget");
   const std::string update = args["update"].as<std::string>();
   if (update != "cta" && update != "atc") throw UsageError("--update '" + update + "' is not one of cta, atc");
   c.update = update == "atc" ? train::UpdateForm::kAtc : train::UpdateForm::kCta;
@@ -219,6 +222,12 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
     if (c.gossip_step > 1)
       throw UsageError(str("--gossip-step ", args["gossip-step"].as<std::string>(), " is outside (0, 1]"));
   }
+  if (c.algorithm == train::Algorithm::kAdpsgd && (c.resume || args.count("rejoin") || c.checkpoint_every > 0))
+    throw UsageError(str(c.resume               ? "--resume"
+                         : args.count("rejoin") ? "--rejoin"
+                                                : "--checkpoint-every",
+                         ": --algorithm adpsgd has no global step to checkpoint at or rejoin at (it goes on without a "
+                         "lost peer); use dpsgd"));
   if ((choco || c.algorithm == train::Algorithm::kD2) && (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
@@ -227,16 +236,17 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
 }  // namespace
 
 void add_training_options(cxxopts::Options& options) {
-  options.add_options("training")(
-      "algorithm",
-      "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | allreduce | ps | "
-      "local",
-      cxxopts::value<std::string>()->default_value("dpsgd"))(
+  options.add_options("training")("algorithm",
+                                  "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | adpsgd "
+                                  "(asynchronous pairwise gossip, AD-PSGD) | allreduce | ps | local",
+                                  cxxopts::value<std::string>()->default_value("dpsgd"))(
       "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
       cxxopts::value<std::string>()->default_value("cta"))("compression",
                                                            "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",
                                                            cxxopts::value<std::string>()->default_value("none"))(
       "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.1 for top-k:0.01)",
+      cxxopts::value<std::string>())(
+      "time-budget", "adpsgd: end the run after this many seconds (default: at --epochs' samples, all peers together)",
       cxxopts::value<std::string>())("allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
                                      cxxopts::value<std::string>()->default_value("ring"))(
       "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",

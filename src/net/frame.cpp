@@ -45,6 +45,8 @@ const char* to_string(MessageType type) {
     case MessageType::kMembership: return "membership";
     case MessageType::kHelloProof: return "hello-proof";
     case MessageType::kHeartbeat: return "heartbeat";
+    case MessageType::kAverage:
+      return "averaging";
   }
   return "unknown";
 }

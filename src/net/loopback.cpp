@@ -112,6 +112,23 @@ class LoopbackTransport final : public Transport {
     }
   }
 
+  std::optional<Arrival> receive_any(std::span<const Wanted> wanted, double timeout_s) override {
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    std::unique_lock lock(s_->mutex);
+    auto& box = s_->mailboxes[static_cast<std::size_t>(rank_)];
+    while (true) {
+      for (std::size_t i = 0; i < wanted.size(); ++i) {
+        const Wanted& w = wanted[i];
+        if (auto p = box.take(Mailbox::key(w.peer, w.type, w.step, w.tag))) return Arrival{i, std::move(*p), false, {}};
+        const auto& l = s_->side(rank_, w.peer);
+        if (l.dead) return Arrival{i, {}, true, l.death};
+        if (l.left) return Arrival{i, {}, true, str(LoopbackFabric::State::name(w.peer), " finished and left")};
+      }
+      if (s_->changed.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    }
+  }
+
   std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) override {
     std::lock_guard lock(s_->mutex);
     auto& l = s_->side(rank_, peer);

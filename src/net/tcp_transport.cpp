@@ -491,6 +491,26 @@ class TcpTransport final : public Transport {
     return std::nullopt;
   }
 
+  std::optional<Arrival> receive_any(std::span<const Wanted> wanted, double timeout_s) override {
+    TcpCore& m = *core_;
+    std::vector<Link*> links;
+    for (const Wanted& w : wanted) links.push_back(&m.link(w.peer));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    std::unique_lock lock(m.mutex);
+    while (true) {
+      for (std::size_t i = 0; i < wanted.size(); ++i) {
+        const Wanted& w = wanted[i];
+        if (auto payload = m.mailbox.take(Mailbox::key(w.peer, w.type, w.step, w.tag)))
+          return Arrival{i, std::move(*payload), false, {}};
+        const Link& l = *links[i];
+        if (l.dead) return Arrival{i, {}, true, l.death};
+        if (l.left) return Arrival{i, {}, true, str(l.name, " finished and left")};
+      }
+      if (m.changed.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    }
+  }
+
   void drop(int peer, const std::string& why) override {
     TcpCore& m = *core_;
     Link& l = m.link(peer);

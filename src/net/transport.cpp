@@ -1,6 +1,8 @@
 #include "peertrain/net/transport.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
@@ -29,6 +31,24 @@ Payload Transport::receive_while_alive(int peer, MessageType type, std::uint64_t
                                              " within ", static_cast<int>(cap_s), " s, though it still sounds alive; peer ",
                                              self(), " gives up"));
     }
+  }
+}
+
+std::optional<Transport::Arrival> Transport::receive_any(std::span<const Wanted> wanted, double timeout_s) {
+  const auto start = SteadyClock::now();
+  for (;;) {
+    for (std::size_t i = 0; i < wanted.size(); ++i) {
+      const Wanted& w = wanted[i];
+      try {
+        if (auto payload = try_receive(w.peer, w.type, w.step, w.tag))
+          return Arrival{i, std::move(*payload), false, {}};
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kPeerLost) throw;
+        return Arrival{i, {}, true, e.what()};
+      }
+    }
+    if (seconds_since(start) >= timeout_s) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
 }
 

@@ -252,6 +252,12 @@ SparseMatrix Topology::mixing_at(long long step) const {
   return build_mixing_matrix(graph_at(step), weights);
 }
 
+double Topology::compute_slowdown(int peer) const {
+  for (const auto& [p, slowdown] : stragglers)
+    if (p == peer) return slowdown;
+  return 1.0;
+}
+
 LinkProperties Topology::link(int a, int b) const {
   for (const auto& o : link_overrides)
     if ((o.a == a && o.b == b) || (o.a == b && o.b == a)) return o.properties;
@@ -319,7 +325,7 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
   if (!root.IsMap())
     throw Error(ErrorKind::kParse, str(origin, ": expected a YAML mapping with at least a 'graph' key"));
   try {
-    r.only_keys(root, "the topology file", {"name", "graph", "weights", "matrix", "peers", "links"});
+    r.only_keys(root, "the topology file", {"name", "graph", "weights", "matrix", "peers", "links", "stragglers"});
     if (!root["graph"]) throw Error(ErrorKind::kInvalidArgument, str(origin, ": missing the 'graph' section"));
     Graph graph;
     GraphSource source = read_graph_source(r, root["graph"], &graph, base_dir);
@@ -376,6 +382,19 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
           lo.properties = read_link(r, o, "link override");
           t.link_overrides.push_back(lo);
         }
+      }
+    }
+    if (root["stragglers"]) {
+      if (!root["stragglers"].IsSequence()) r.fail(root["stragglers"], "stragglers must be a list of {peer, slowdown}");
+      for (const auto& s : root["stragglers"]) {
+        r.only_keys(s, "a straggler", {"peer", "slowdown"});
+        if (!s["peer"] || !s["slowdown"]) r.fail(s, "a straggler needs peer and slowdown");
+        const int peer = static_cast<int>(r.integer(s["peer"], "straggler peer", 0, n - 1));
+        const double slowdown = r.nonnegative(s["slowdown"], "straggler slowdown");
+        if (slowdown < 1)
+          r.fail(s["slowdown"], str("straggler slowdown must be at least 1 (1: full speed), got ", slowdown));
+        if (t.compute_slowdown(peer) != 1) r.fail(s, str("peer ", peer, " is named twice in stragglers"));
+        t.stragglers.emplace_back(peer, slowdown);
       }
     }
     return t;
@@ -448,6 +467,11 @@ std::string to_yaml(const Topology& t, const WriteOptions& options) {
         out << "    - {between: [" << o.a << ", " << o.b << "], latency_ms: " << o.properties.latency_ms
             << ", bandwidth_mbps: " << o.properties.bandwidth_mbps << "}\n";
     }
+  }
+  if (!t.stragglers.empty()) {
+    out << "stragglers:\n";
+    for (const auto& [peer, slowdown] : t.stragglers)
+      out << "  - {peer: " << peer << ", slowdown: " << slowdown << "}\n";
   }
   return out.str();
 }

@@ -17,6 +17,13 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                     "use --max-staleness 0 with it"));
   // CHOCO's public copies and D²'s previous iterate are not in the checkpoints, and a
   // peer coming back would not hold its neighbours' copies.
+  if (config.algorithm == Algorithm::kAdpsgd && (config.resume || config.checkpoint_every > 0 || config.rejoin))
+    throw Error(ErrorKind::kInvalidArgument,
+                str(config.resume   ? "--resume"
+                    : config.rejoin ? "--rejoin"
+                                    : "--checkpoint-every",
+                    ": --algorithm adpsgd has no global step to checkpoint at or rejoin at; it goes on without a lost "
+                    "peer. Use dpsgd for checkpoints and rejoins"));
   const bool keeps_more = config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2;
   if (config.resume && keeps_more)
     throw Error(ErrorKind::kInvalidArgument,

@@ -7,8 +7,9 @@
 
 namespace peertrain::train {
 
-void PeerRun::evaluate(long long step, double epoch) {
+void PeerRun::evaluate(long long step, double epoch, std::uint64_t round) {
   const long long done = step + 1;
+  if (round == 0) round = static_cast<std::uint64_t>(done);
   const TaskEvaluation local = task_->evaluate(x_);
   const auto counters = network_->total_counters();
   Report report{static_cast<double>(done),
@@ -29,27 +30,25 @@ void PeerRun::evaluate(long long step, double epoch) {
   while (!membership_->is_coordinator()) {
     const int to = membership_->coordinator();
     try {
-      return send_report(to, done, report);
+      return send_report(to, round, report);
     } catch (const Error& e) {
       if (!tolerant_) throw;
       membership_->report_lost(static_cast<std::uint64_t>(step), to, e.what());
     }
   }
-  coordinate(step, done, report);
+  coordinate(step, round, report);
 }
 
-void PeerRun::send_report(int to, long long done, const Report& report) {
-  network_->send(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0, encode_report(report, x_), false)
-      .wait();
+void PeerRun::send_report(int to, std::uint64_t round, const Report& report) {
+  network_->send(to, net::MessageType::kReport, round, 0, encode_report(report, x_), false).wait();
   eval_sent_ += report_bytes_;
   // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
   // the timing of our next exchange. It may itself wait up to three times --peer-timeout
   // on a report (below), so we wait longer, while it sounds alive.
   if (tolerant_)
-    network_->receive_while_alive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1,
-                                  4 * network_->peer_timeout_s());
+    network_->receive_while_alive(to, net::MessageType::kReport, round, 1, 4 * network_->peer_timeout_s());
   else
-    network_->receive(to, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1);
+    network_->receive(to, net::MessageType::kReport, round, 1);
   eval_received_ += net::kHeaderBytes;
 }
 
@@ -58,13 +57,12 @@ void PeerRun::send_report(int to, long long done, const Report& report) {
 // before turning to us. A silent sender (stopped, cut off, on the far side of a
 // partition) is given up after half of --peer-timeout, before the peers waiting on this
 // coordinator's release give up on it.
-net::Payload PeerRun::receive_report(int p, long long done) {
-  if (!tolerant_) return network_->receive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0);
-  return network_->receive_while_alive(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 0,
-                                       3 * network_->peer_timeout_s());
+net::Payload PeerRun::receive_report(int p, std::uint64_t round) {
+  if (!tolerant_) return network_->receive(p, net::MessageType::kReport, round, 0);
+  return network_->receive_while_alive(p, net::MessageType::kReport, round, 0, 3 * network_->peer_timeout_s());
 }
 
-void PeerRun::coordinate(long long step, long long done, const Report& report) {
+void PeerRun::coordinate(long long step, std::uint64_t round, const Report& report) {
   std::vector<Report> reports(n_);  // step 0 marks a lost peer
   reports[rank_] = report;
   std::vector<net::Payload> others(n_);
@@ -74,7 +72,7 @@ void PeerRun::coordinate(long long step, long long done, const Report& report) {
     if (p == rank_ || membership_->is_lost(p) || std::count(gossip_lost.begin(), gossip_lost.end(), p)) continue;
     std::span<const float> theirs;
     try {
-      others[p] = receive_report(p, done);
+      others[p] = receive_report(p, round);
       reports[p] = decode_report(others[p], size_, network_->peer_name(p), theirs);
     } catch (const Error& e) {
       // A peer that is gone, silent, or sends a malformed report is counted lost.
@@ -97,7 +95,7 @@ void PeerRun::coordinate(long long step, long long done, const Report& report) {
   for (int p = 0; p < n_; ++p)
     if (!others[p].empty()) {
       eval_received_ += report_bytes_;
-      released.push_back(network_->send(p, net::MessageType::kReport, static_cast<std::uint64_t>(done), 1, {}, false));
+      released.push_back(network_->send(p, net::MessageType::kReport, round, 1, {}, false));
       eval_sent_ += net::kHeaderBytes;
     }
   for (auto& r : released) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
@@ -73,10 +74,11 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   // (A restarted peer 0 coming back with --rejoin is not the coordinator: it must not touch the files.)
   if (rank == 0 && !config.rejoin) recorder_if_coordinator(static_cast<long long>(resume_step));
   open_mixing_trace();
-  algorithm_ = make_step_algorithm(config,
-                                   {*network_, rank, n_, gossip_.get(), membership_.get(),
-                                    [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }, &t},
-                                   size_);
+  if (config.algorithm != Algorithm::kAdpsgd)
+    algorithm_ = make_step_algorithm(config,
+                                     {*network_, rank, n_, gossip_.get(), membership_.get(),
+                                      [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }, &t},
+                                     size_);
   if (config.resume) resume(resume_step);
   if (config.rejoin) rejoin();
 }
@@ -115,18 +117,23 @@ void PeerRun::connect(std::uint64_t resume_step) {
   network_ = net::make_tcp_transport(options);
   log::info("listening on port ", t_.peers[rank_].port, "; connecting to ", options.links.size(), " peers");
   network_->connect();
-  // The I/O thread must never wait behind the gradient for a core, or the exchange stops
-  // while the gradient is computed and nothing overlaps (seen on 2 cores: 17.6 ms steps
-  // for 3.1 ms of compute and 13.1 ms of exchange). Lowering this compute thread's
-  // priority, which needs no privileges, keeps the I/O thread (started above at the normal
-  // priority) first in line.
-  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 5);
+  // AD-PSGD lowers it after starting its protocol thread, which must not inherit it.
+  if (config_.algorithm != Algorithm::kAdpsgd) lower_compute_priority();
   log::info("connected; training ", total_steps_, " steps (", steps_per_epoch_, " per epoch), ",
             to_string(config_.algorithm), ", ", task_->describe(), ", ", size_, " parameters");
 }
 
+// The I/O thread must never wait behind the gradient for a core, or the exchange stops
+// while the gradient is computed and nothing overlaps (seen on 2 cores: 17.6 ms steps for
+// 3.1 ms of compute and 13.1 ms of exchange). Lowering this compute thread's priority,
+// which needs no privileges, keeps the I/O thread (started at the normal priority) first
+// in line. Threads started from here afterwards inherit it.
+void PeerRun::lower_compute_priority() { setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 5); }
+
 void PeerRun::open_mixing_trace() {
-  if (!config_.mixing_trace || !gossips(config_.algorithm) || config_.out_dir.empty()) return;
+  if (!config_.mixing_trace || !gossips(config_.algorithm) || config_.algorithm == Algorithm::kAdpsgd ||
+      config_.out_dir.empty())
+    return;
   std::filesystem::create_directories(config_.out_dir);
   const auto path = std::filesystem::path(config_.out_dir) / str("mixing-peer-", rank_, ".csv");
   mixing_trace_.open(path, config_.rejoin ? std::ios::app : std::ios::trunc);
@@ -206,7 +213,13 @@ void PeerRun::save(long long done) {
   if (membership_->is_coordinator()) prune_checkpoints(config_.checkpoint_dir, n_, 2, match_);
 }
 
+void PeerRun::emulate_straggler(double gradient_s) const {
+  const double slowdown = t_.compute_slowdown(rank_);
+  if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * gradient_s));
+}
+
 void PeerRun::train() {
+  if (config_.algorithm == Algorithm::kAdpsgd) return train_async();
   const float base_lr = config_.optimizer == OptimizerKind::kAdam ? config_.adam.lr : config_.sgd.lr;
   auto last_progress = Clock::now();
   for (long long step = first_step_; step < total_steps_; ++step) {
@@ -217,6 +230,7 @@ void PeerRun::train() {
     recorder_if_coordinator(step);  // taken over: keep the rows written so far
     const auto gradient_start = Clock::now();
     const float loss = task_->compute_gradient(x_, grads_);
+    emulate_straggler(seconds_since(gradient_start));
     const double gradient_s = seconds_since(gradient_start);
     const StepTiming timing = algorithm_->finish(step, x_, grads_, *optimizer_);
     if (!std::isfinite(loss))

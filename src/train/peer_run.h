@@ -27,12 +27,14 @@ class PeerRun {
  public:
   PeerRun(const topology::Topology& t, int rank, const TrainConfig& config);
   void train();
+  void train_async();  // AD-PSGD: no global step (peer_async.cpp)
 
  private:
   using Clock = std::chrono::steady_clock;
 
   std::uint64_t find_resume_step() const;
   void connect(std::uint64_t resume_step);
+  static void lower_compute_priority();
   void open_mixing_trace();
   void trace_row(long long step, const algo::MixingRow& row);
   void resume(std::uint64_t resume_step);
@@ -42,10 +44,14 @@ class PeerRun {
   Recorder* recorder_if_coordinator(long long kept_through);
   void save(long long done);
   // peer_evaluation.cpp
-  void evaluate(long long step, double epoch);
-  void send_report(int to, long long done, const Report& report);
-  net::Payload receive_report(int p, long long done);
-  void coordinate(long long step, long long done, const Report& report);
+  // The round's messages are keyed by `round` (default: step + 1); AD-PSGD's peers end at
+  // different steps and meet in one final round.
+  void evaluate(long long step, double epoch, std::uint64_t round = 0);
+  void send_report(int to, std::uint64_t round, const Report& report);
+  net::Payload receive_report(int p, std::uint64_t round);
+  void coordinate(long long step, std::uint64_t round, const Report& report);
+  // A straggler (the topology's stragglers) sleeps so that its gradient took `slowdown` times as long.
+  void emulate_straggler(double gradient_s) const;
 
   const topology::Topology& t_;
   const int rank_;

@@ -267,6 +267,8 @@ std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, St
       return std::make_unique<ParameterServer>(std::move(context));
     case Algorithm::kLocal:
       return std::make_unique<Local>();
+    case Algorithm::kAdpsgd:
+      break;  // no global step: PeerRun::train_async (peer_async.cpp) runs it
   }
   throw Error(ErrorKind::kInvalidArgument, str("no step algorithm for ", to_string(algorithm)));
 }

@@ -8,27 +8,18 @@
 #include <Eigen/Dense>
 
 #include "../net/test_cluster.h"
+#include "gossip_test_data.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/net/loopback.h"
 
 namespace peertrain::algo {
 namespace {
 
+using testdata::consensus_distance;
+using testdata::random_rows;
+using testdata::topology_from;
+
 using topology::Topology;
-
-Topology topology_from(const std::string& yaml) { return topology::parse_topology(yaml, "test.yaml", "."); }
-
-Eigen::MatrixXf random_rows(int n, int d, std::uint64_t seed) {
-  Rng rng(seed);
-  Eigen::MatrixXf x(n, d);
-  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>(rng.normal());
-  return x;
-}
-
-double consensus_distance(const Eigen::MatrixXf& x) {
-  const Eigen::RowVectorXf mean = x.colwise().mean();
-  return (x.rowwise() - mean).squaredNorm() / static_cast<double>(x.rows());
-}
 
 struct ChocoRun {
   Eigen::MatrixXf x;

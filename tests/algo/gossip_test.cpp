@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "../net/test_cluster.h"
+#include "gossip_test_data.h"
 #include "peertrain/net/faulty.h"
 #include "peertrain/net/loopback.h"
 #include "peertrain/core/rng.h"
@@ -20,9 +21,11 @@
 namespace peertrain::algo {
 namespace {
 
-using topology::Topology;
+using testdata::consensus_distance;
+using testdata::random_rows;
+using testdata::topology_from;
 
-Topology topology_from(const std::string& yaml) { return topology::parse_topology(yaml, "test.yaml", "."); }
+using topology::Topology;
 
 std::vector<int> union_links(const Topology& t, int self) {
   auto neighbours = t.graph.neighbors(self);
@@ -50,13 +53,6 @@ std::vector<Eigen::MatrixXf> gossip_steps(const Topology& t, const Eigen::Matrix
     net.close();
   });
   return history;
-}
-
-Eigen::MatrixXf random_rows(int n, int d, std::uint64_t seed) {
-  Rng rng(seed);
-  Eigen::MatrixXf x(n, d);
-  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>(rng.normal());
-  return x;
 }
 
 TEST(Gossip, OneStepEqualsDenseWTimesX) {
@@ -114,11 +110,6 @@ TEST(Gossip, OnePeerExponentialFollowsItsScheduleAndAveragesInOnePeriod) {
   // Three steps (log2 8) average exactly: every row equals the mean.
   const Eigen::RowVectorXf mean = x.colwise().mean();
   for (int i = 0; i < 8; ++i) EXPECT_LT((got[2].row(i) - mean).norm() / mean.norm(), 1e-5);
-}
-
-double consensus_distance(const Eigen::MatrixXf& x) {
-  const Eigen::RowVectorXf mean = x.colwise().mean();
-  return (x.rowwise() - mean).squaredNorm() / static_cast<double>(x.rows());
 }
 
 TEST(Gossip, ReachesTheAverageAtTheRateTheSpectralGapPredicts) {

@@ -56,6 +56,9 @@ links:
   EXPECT_EQ(t.link(2, 3).bandwidth_mbps, 100);
   EXPECT_EQ(t.node_bandwidth_mbps, 0);
   EXPECT_EQ(parse("graph: {generator: ring, n: 3}\nlinks: {node_bandwidth_mbps: 250}").node_bandwidth_mbps, 250);
+  const Topology slow = parse("graph: {generator: ring, n: 3}\nstragglers: [{peer: 2, slowdown: 5}]");
+  EXPECT_EQ(slow.compute_slowdown(2), 5);
+  EXPECT_EQ(slow.compute_slowdown(1), 1);
   const Topology d = parse("graph: {generator: ring, n: 3}");
   EXPECT_EQ(d.name, "t");
   EXPECT_EQ(d.peers[2].host, "127.0.0.1");
@@ -71,7 +74,8 @@ TEST(TopologyFile, WritesWhatItReads) {
         "matrix: [[0.5, 0.5, 0, 0], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5], [0, 0, 0.5, 0.5]]",
         "graph: {generator: ring, n: 4}\npeers: [{id: 0, host: a, port: 1}, {id: 1, host: a, port: 2}, "
         "{id: 2, host: b, port: 1}, {id: 3, host: b, port: 2}]\nlinks: {overrides: [{between: [0, 3], latency_ms: 2}]}",
-        "graph: {generator: star, n: 5}\nlinks: {node_bandwidth_mbps: 100}"}) {
+        "graph: {generator: star, n: 5}\nlinks: {node_bandwidth_mbps: 100}",
+        "graph: {generator: ring, n: 4}\nstragglers: [{peer: 2, slowdown: 5}, {peer: 0, slowdown: 1.5}]"}) {
     SCOPED_TRACE(yaml);
     const Topology a = parse(yaml);
     const Topology b = parse(to_yaml(a));
@@ -134,38 +138,71 @@ TEST(TopologyFile, BadInputIsRejectedWithFileLineAndReason) {
       {"no graph", "name: x\n", {"t.yaml", "missing the 'graph'"}},
       {"unknown key", "graph: {generator: ring, n: 4}\nweight: metropolis\n", {"t.yaml:2", "unknown key 'weight'"}},
       {"unknown generator", "graph:\n  generator: mesh\n  n: 4\n", {"t.yaml:2", "unknown generator 'mesh'"}},
-      {"unknown weights", "graph: {generator: ring, n: 4}\nweights: fancy\n", {"t.yaml:2", "unknown weight scheme 'fancy'"}},
+      {"unknown weights",
+       "graph: {generator: ring, n: 4}\nweights: fancy\n",
+       {"t.yaml:2", "unknown weight scheme 'fancy'"}},
       {"n < 1", "graph:\n  generator: ring\n  n: 0\n", {"t.yaml:3", "graph.n = 0", "out of range"}},
       {"n not a number", "graph: {generator: ring, n: four}\n", {"t.yaml:1", "integer", "'four'"}},
       {"two sources", "graph: {generator: ring, n: 4, edges: [[0, 1]]}\n", {"exactly one"}},
-      {"edge out of range", "graph:\n  n: 3\n  edges:\n    - [0, 1]\n    - [1, 3]\n", {"t.yaml", "line 5", "out of range"}},
+      {"edge out of range",
+       "graph:\n  n: 3\n  edges:\n    - [0, 1]\n    - [1, 3]\n",
+       {"t.yaml", "line 5", "out of range"}},
       {"self-loop", "graph:\n  n: 3\n  edges:\n    - [0, 1]\n    - [2, 2]\n", {"line 5", "self-loop"}},
-      {"duplicate", "graph:\n  n: 3\n  edges:\n    - [0, 1]\n    - [1, 2]\n    - [1, 0]\n", {"line 6", "duplicate", "line 4"}},
+      {"duplicate",
+       "graph:\n  n: 3\n  edges:\n    - [0, 1]\n    - [1, 2]\n    - [1, 0]\n",
+       {"line 6", "duplicate", "line 4"}},
       {"disconnected", "graph: {n: 4, edges: [[0, 1], [2, 3]]}\n", {"t.yaml", "disconnected", "peer 2"}},
-      {"matrix wrong shape", "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix: [[0.5, 0.5]]\n",
+      {"matrix wrong shape",
+       "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix: [[0.5, 0.5]]\n",
        {"t.yaml:3", "1 rows", "2x2"}},
-      {"matrix row wrong length", "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix:\n  - [0.5, 0.5]\n  - [0.5]\n",
+      {"matrix row wrong length",
+       "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix:\n  - [0.5, 0.5]\n  - [0.5]\n",
        {"t.yaml:5", "row 1", "expected 2"}},
-      {"matrix not stochastic", "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix: [[0.6, 0.5], [0.5, 0.5]]\n",
+      {"matrix not stochastic",
+       "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix: [[0.6, 0.5], [0.5, 0.5]]\n",
        {"t.yaml", "not doubly stochastic", "row 0"}},
-      {"matrix NaN", "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix:\n  - [.nan, 0.5]\n  - [0.5, 0.5]\n",
+      {"matrix NaN",
+       "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\nmatrix:\n  - [.nan, 0.5]\n  - [0.5, 0.5]\n",
        {"t.yaml:4", "not finite"}},
-      {"matrix off edge", "graph: {n: 3, edges: [[0, 1], [1, 2]]}\nweights: explicit\n"
-                          "matrix:\n  - [0.4, 0.5, 0.1]\n  - [0.5, 0, 0.5]\n  - [0.1, 0.5, 0.4]\n",
+      {"matrix off edge",
+       "graph: {n: 3, edges: [[0, 1], [1, 2]]}\nweights: explicit\n"
+       "matrix:\n  - [0.4, 0.5, 0.1]\n  - [0.5, 0, 0.5]\n  - [0.1, 0.5, 0.4]\n",
        {"t.yaml:4", "W[0][2]", "not linked"}},
-      {"matrix without explicit", "graph: {n: 2, edges: [[0, 1]]}\nmatrix: [[0.5, 0.5], [0.5, 0.5]]\n", {"weights: explicit"}},
+      {"matrix without explicit",
+       "graph: {n: 2, edges: [[0, 1]]}\nmatrix: [[0.5, 0.5], [0.5, 0.5]]\n",
+       {"weights: explicit"}},
       {"explicit without matrix", "graph: {n: 2, edges: [[0, 1]]}\nweights: explicit\n", {"t.yaml:2", "'matrix'"}},
-      {"peer listed twice", "graph: {generator: ring, n: 2}\npeers:\n  - {id: 0, host: a, port: 1}\n  - {id: 0, host: a, port: 2}\n",
+      {"peer listed twice",
+       "graph: {generator: ring, n: 2}\npeers:\n  - {id: 0, host: a, port: 1}\n  - {id: 0, host: a, port: 2}\n",
        {"t.yaml:4", "listed twice"}},
-      {"peer missing", "graph: {generator: ring, n: 2}\npeers: [{id: 0, host: a, port: 1}]\n", {"peer 1 has no address"}},
+      {"peer missing",
+       "graph: {generator: ring, n: 2}\npeers: [{id: 0, host: a, port: 1}]\n",
+       {"peer 1 has no address"}},
       {"bad port", "graph: {generator: ring, n: 1}\npeers: [{id: 0, host: a, port: 70000}]\n", {"port = 70000"}},
-      {"negative latency", "graph: {generator: ring, n: 2}\nlinks: {default: {latency_ms: -1}}\n", {"latency_ms", ">= 0"}},
-      {"link to nobody", "graph: {generator: ring, n: 2}\nlinks: {overrides: [{between: [0, 5]}]}\n", {"link endpoint = 5"}},
+      {"negative latency",
+       "graph: {generator: ring, n: 2}\nlinks: {default: {latency_ms: -1}}\n",
+       {"latency_ms", ">= 0"}},
+      {"link to nobody",
+       "graph: {generator: ring, n: 2}\nlinks: {overrides: [{between: [0, 5]}]}\n",
+       {"link endpoint = 5"}},
       {"huge complete", "graph: {generator: complete, n: 9000000}\n", {"edges", "supported"}},
       {"uniform on irregular", "graph: {generator: star, n: 4}\nweights: uniform-neighbors\n", {"regular"}},
-      {"time-varying explicit", "graph: {generator: one-peer-exponential, n: 2}\nweights: explicit\nmatrix: [[0, 1], [1, 0]]\n",
+      {"time-varying explicit",
+       "graph: {generator: one-peer-exponential, n: 2}\nweights: explicit\nmatrix: [[0, 1], [1, 0]]\n",
        {"time-varying"}},
       {"torus without rows", "graph: {generator: torus, n: 4}\n", {"rows and cols"}},
+      {"straggler too fast",
+       "graph: {generator: ring, n: 3}\nstragglers:\n  - {peer: 1, slowdown: 0.5}\n",
+       {"t.yaml:3", "slowdown must be at least 1"}},
+      {"straggler nobody",
+       "graph: {generator: ring, n: 3}\nstragglers: [{peer: 3, slowdown: 2}]\n",
+       {"t.yaml:2", "straggler peer = 3", "out of range"}},
+      {"straggler twice",
+       "graph: {generator: ring, n: 3}\nstragglers: [{peer: 1, slowdown: 2}, {peer: 1, slowdown: 3}]\n",
+       {"peer 1 is named twice"}},
+      {"straggler not a list",
+       "graph: {generator: ring, n: 3}\nstragglers: {peer: 1}\n",
+       {"stragglers must be a list"}},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);

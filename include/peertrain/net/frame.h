@@ -34,7 +34,8 @@ enum class MessageType : std::uint16_t {
   kMembership = 8,   // a lost peer reported to peer 0, or peer 0's new membership
   kHelloProof = 9,   // handshake, dialer's proof that it holds the shared secret
   kHeartbeat = 10,   // "still here": sent on a link that has been quiet for a second
-  kLast = kHeartbeat,
+  kAverage = 11,     // AD-PSGD: a pairwise averaging request, its answer, or "done"
+  kLast = kAverage,
 };
 const char* to_string(MessageType type);
 

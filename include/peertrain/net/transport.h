@@ -88,6 +88,26 @@ class Transport {
   // lost. A peer that finished cleanly is not lost: it simply has nothing more to say.
   virtual std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) = 0;
 
+  // Whichever of several expected messages comes first: a peer that serves requests from
+  // any neighbour at any time (AD-PSGD's pairwise averaging) waits on all of its links at
+  // once. Returns the index in `wanted` of the message taken, with its payload; or, for a
+  // wanted peer whose link is lost or who left, that index with `gone` set and the reason
+  // (the caller stops expecting it); or nothing once timeout_s has passed. The base form
+  // polls try_receive(); the TCP and loopback transports wait on their arrivals.
+  struct Wanted {
+    int peer = 0;
+    MessageType type = MessageType::kParameters;
+    std::uint64_t step = 0;
+    std::uint32_t tag = 0;
+  };
+  struct Arrival {
+    std::size_t index = 0;
+    Payload payload;
+    bool gone = false;
+    std::string why;  // when gone
+  };
+  virtual std::optional<Arrival> receive_any(std::span<const Wanted> wanted, double timeout_s);
+
   // Closes the link to a peer this one has given up on, so that peer learns it was
   // dropped. Nothing more is read from the link, but what had already arrived can still be
   // taken (a coordinator's last announcement before it stopped the run). A dropped peer

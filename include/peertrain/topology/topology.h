@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "peertrain/topology/generators.h"
@@ -58,6 +59,10 @@ class Topology {
   // (0 = none). A parameter server's links then share one card, as in Lian et al. 2017.
   double node_bandwidth_mbps = 0;
   double node_ingress_mbps = 0;  // the card's incoming capacity (links.node_ingress_mbps); 0: none
+  // Emulated slow machines: (peer, slowdown) takes slowdown times as long for each
+  // gradient (the trainer sleeps the difference), to study stragglers.
+  std::vector<std::pair<int, double>> stragglers;
+  double compute_slowdown(int peer) const;  // 1 unless named in stragglers
 
   int num_peers() const { return graph.num_peers(); }
   bool time_varying() const;

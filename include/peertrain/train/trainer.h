@@ -29,11 +29,11 @@
 
 namespace peertrain::train {
 
-enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2 };
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd };
 std::string_view to_string(Algorithm algorithm);
 Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
-// The algorithms that gossip with neighbours through W (D-PSGD, CHOCO-SGD, D²): they
-// survive a lost peer through the membership protocol; the centralized ones stop.
+// The algorithms that gossip with neighbours (D-PSGD, CHOCO-SGD, D² through W; AD-PSGD
+// pairwise): they survive a lost peer; the centralized ones stop.
 bool gossips(Algorithm algorithm);
 
 // Where the neighbours' average enters the step. cta (combine-then-adapt, Lian et al.
@@ -90,6 +90,7 @@ struct TrainConfig {
   algo::Compression compression;                                    // choco: --compression
   double gossip_step = 0;                                           // choco: γ; 0: the compressor's default
   algo::AllreduceAlgo allreduce_algo = algo::AllreduceAlgo::kRing;  // allreduce: --allreduce-algo
+  double time_budget_s = 0;  // adpsgd: end the run after this long (0: at the sample budget of --epochs)
   double choco_gamma() const { return gossip_step > 0 ? gossip_step : compression.default_gossip_step(); }
 };
 
