@@ -118,6 +118,28 @@ def concordant_pairs(xs, ys):
 
 # ---------------------------------------------------------------- writing
 
+# Student's t at 97.5 % for 1..30 degrees of freedom: the two-sided 95 % interval.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci95(values):
+    """(mean, half-width of the 95 % confidence interval of the mean; None for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, T975[min(n - 1, len(T975)) - 1] * (var / n) ** 0.5
+
+
+def fmt_ci(mean, half, scale=1.0, digits=2):
+    """'84.12 ± 0.31', or the mean alone without an interval."""
+    if half is None:
+        return f"{scale * mean:.{digits}f}"
+    return f"{scale * mean:.{digits}f} ± {scale * half:.{digits}f}"
+
+
 def write_csv(path, fields, rows):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", lineterminator="\n")

@@ -71,7 +71,8 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "compression",
                                                  "gossip-step",
                                                  "allreduce-algo",
-                                                 "time-budget"};
+                                                 "time-budget",
+                                                 "momentum-form"};
 
 std::vector<int> parse_widths(const std::string& text) {
   std::vector<int> widths;
@@ -203,6 +204,19 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   };
   const bool choco = c.algorithm == train::Algorithm::kChoco;
   only_for("update", c.algorithm == train::Algorithm::kDpsgd || choco, "dpsgd or choco");
+  only_for("momentum-form", c.algorithm == train::Algorithm::kDpsgd, "dpsgd");
+  const std::string momentum_form = args["momentum-form"].as<std::string>();
+  if (momentum_form != "local" && momentum_form != "quasi-global")
+    throw UsageError("--momentum-form '" + momentum_form + "' is not one of local, quasi-global");
+  if (momentum_form == "quasi-global") {
+    c.momentum_form = train::MomentumForm::kQuasiGlobal;
+    if (c.optimizer != train::OptimizerKind::kSgd)
+      throw UsageError("--momentum-form quasi-global is SGD's heavy ball; it does not apply to --optimizer adam");
+    if (c.resume || args.count("rejoin") || c.checkpoint_every > 0)
+      throw UsageError(
+          "--momentum-form quasi-global: its buffer m̂ is not in the checkpoints; use local with --resume, "
+          "--rejoin and --checkpoint-every");
+  }
   only_for("compression", choco, "choco (compressed gossip)");
   only_for("gossip-step", choco, "choco");
   only_for("allreduce-algo", c.algorithm == train::Algorithm::kAllreduce, "allreduce");
@@ -241,9 +255,13 @@ void add_training_options(cxxopts::Options& options) {
                                   "(asynchronous pairwise gossip, AD-PSGD) | allreduce | ps | local",
                                   cxxopts::value<std::string>()->default_value("dpsgd"))(
       "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
-      cxxopts::value<std::string>()->default_value("cta"))("compression",
-                                                           "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",
-                                                           cxxopts::value<std::string>()->default_value("none"))(
+      cxxopts::value<std::string>()->default_value("cta"))(
+      "momentum-form",
+      "dpsgd: local (each peer's heavy ball over its own gradients) | quasi-global (QG-DSGDm, Lin et al. 2021: the "
+      "momentum follows the peer's whole move, mix included; for non-iid shards)",
+      cxxopts::value<std::string>()->default_value("local"))("compression",
+                                                             "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",
+                                                             cxxopts::value<std::string>()->default_value("none"))(
       "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.1 for top-k:0.01)",
       cxxopts::value<std::string>())(
       "time-budget", "adpsgd: end the run after this many seconds (default: at --epochs' samples, all peers together)",

@@ -160,6 +160,12 @@ void Recorder::finish(const Membership& membership, int coordinator) {
     details += (details.size() > 1 ? ", " : "") + one.dump(0);
   }
   details += "]";
+  // AD-PSGD's peers end at steps of their own: count each one's.
+  double items = last_[self_].step * config_.batch * n;
+  if (config_.algorithm == Algorithm::kAdpsgd) {
+    items = 0;
+    for (const Report& r : last_) items += r.step * config_.batch;
+  }
   json::Object o;
   o.add("topology", topology_.name)
       .add("algorithm", to_string(config_.algorithm))
@@ -177,11 +183,13 @@ void Recorder::finish(const Membership& membership, int coordinator) {
       .add("mean_comm_wait_s", wait / n)
       .add("bytes_sent_per_peer", sent / n)
       .add("survivors", static_cast<long long>(alive))
-      .add("items_per_s", wall > 0 ? last_[self_].step * config_.batch * n / wall : 0.0)
+      .add("items_per_s", wall > 0 ? items / wall : 0.0)
       .add("spectral_gap", spectral_gap_);
   if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
   if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kChoco)
     o.add("update", config_.update == UpdateForm::kAtc ? "atc" : "cta");
+  if (config_.algorithm == Algorithm::kDpsgd)
+    o.add("momentum_form", config_.momentum_form == MomentumForm::kQuasiGlobal ? "quasi-global" : "local");
   if (config_.algorithm == Algorithm::kChoco)
     o.add("compression", config_.compression.describe()).add("gossip_step", config_.choco_gamma());
   if (config_.algorithm == Algorithm::kAllreduce)

@@ -48,12 +48,22 @@ class Gossiping : public StepAlgorithm {
 
 // D-PSGD (Lian et al. 2017). cta: x ← Σ_j W_ij x_j − u, the exchange of x_k overlapping
 // the gradient. atc: x ← Σ_j W_ij (x_j − u_j), the exchange after the local step. The
-// momentum is local in both (u = η·m, m ← βm + g at the peer's own model), the form of
-// Lian et al. for cta and of Lin et al. 2021 and Koloskova et al. 2020 for atc.
+// momentum is local in both by default (u = η·m, m ← βm + g at the peer's own model), the
+// form of Lian et al. for cta and of Lin et al. 2021 and Koloskova et al. 2020 for atc;
+// quasi-global (Lin et al. 2021, Algorithm 1) is u = η(βm̂ + g) with m̂ following the
+// peer's whole move, m̂ ← βm̂ + (1 − β)(x_k − x_{k+1})/η (SGD only).
 class Dpsgd final : public Gossiping {
  public:
-  Dpsgd(StepContext c, std::size_t parameters, UpdateForm form)
-      : Gossiping(std::move(c)), update_(parameters), form_(form) {}
+  Dpsgd(StepContext c, std::size_t parameters, UpdateForm form, MomentumForm momentum)
+      : Gossiping(std::move(c)),
+        update_(parameters),
+        form_(form),
+        quasi_global_(momentum == MomentumForm::kQuasiGlobal) {
+    if (quasi_global_) {
+      buffer_.assign(parameters, 0.0f);
+      before_.resize(parameters);
+    }
+  }
   void start(long long step, std::span<float> x) override {
     switch_rows(step, x);
     if (form_ == UpdateForm::kCta) c_.gossip->start(step, x);  // overlaps the gradient: both read x_k
@@ -61,7 +71,15 @@ class Dpsgd final : public Gossiping {
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
     StepTiming t;
     const auto begin = Clock::now();
-    optimizer.compute_update(x, grads, update_);
+    const Sgd* sgd = quasi_global_ ? dynamic_cast<const Sgd*>(&optimizer) : nullptr;
+    PEERTRAIN_CHECK(!quasi_global_ || sgd, "quasi-global momentum needs SGD");
+    if (sgd) {
+      const float lr = sgd->config().lr, beta = sgd->config().momentum, wd = sgd->config().weight_decay;
+      std::copy(x.begin(), x.end(), before_.begin());
+      for (std::size_t i = 0; i < x.size(); ++i) update_[i] = lr * (beta * buffer_[i] + grads[i] + wd * x[i]);
+    } else {
+      optimizer.compute_update(x, grads, update_);
+    }
     if (form_ == UpdateForm::kAtc) {
       for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update_[i];
       t.compute_s = seconds_since(begin);
@@ -71,6 +89,12 @@ class Dpsgd final : public Gossiping {
       t.compute_s = seconds_since(begin);
       t.wait_s = c_.gossip->finish(x, update_);
     }
+    if (sgd) {
+      const auto after = Clock::now();
+      const float beta = sgd->config().momentum, scale = (1 - beta) / sgd->config().lr;
+      for (std::size_t i = 0; i < x.size(); ++i) buffer_[i] = beta * buffer_[i] + scale * (before_[i] - x[i]);
+      t.compute_s += seconds_since(after);
+    }
     after_exchange(step);
     return t;
   }
@@ -78,6 +102,8 @@ class Dpsgd final : public Gossiping {
  private:
   std::vector<float> update_;
   UpdateForm form_;
+  bool quasi_global_;
+  std::vector<float> buffer_, before_;  // quasi-global: m̂, and x_k
 };
 
 // CHOCO-SGD (Koloskova, Stich, Jaggi 2019) over algo::ChocoGossip. cta: the compressed
@@ -245,7 +271,7 @@ std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, St
   const Algorithm algorithm = config.algorithm;
   switch (algorithm) {
     case Algorithm::kDpsgd:
-      return std::make_unique<Dpsgd>(std::move(context), parameters, config.update);
+      return std::make_unique<Dpsgd>(std::move(context), parameters, config.update, config.momentum_form);
     case Algorithm::kChoco:
       return std::make_unique<Choco>(std::move(context), parameters, config.update, config.compression,
                                      static_cast<float>(config.choco_gamma()),

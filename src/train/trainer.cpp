@@ -71,6 +71,7 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   if (c.max_staleness > 0) mix(c.max_staleness + 1000.0);  // left out at 0: older run ids stay valid
   // Left out at their defaults, likewise.
   if (c.update != UpdateForm::kCta) mix(2000.0 + static_cast<double>(c.update));
+  if (c.momentum_form != MomentumForm::kLocal) mix(5000.0 + static_cast<double>(c.momentum_form));
   if (c.algorithm == Algorithm::kChoco) {
     mix(3000.0 + static_cast<double>(c.compression.kind));
     mix(c.compression.fraction);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gossip algorithms of the second wave from the command line, as a user runs them:
-# choco (compressed), d2, dpsgd --update atc and the tree and recursive-doubling
+# choco (compressed), d2, dpsgd --update atc (also with quasi-global momentum) and the tree and recursive-doubling
 # all-reduces train end to end with launch; top-k:0.01 sends at most 3 % of D-PSGD's bytes;
 # choco survives a killed peer as D-PSGD does; bad flags get an error naming them.
 # Usage: PEERTRAIN=build/peertrain gossip_cli_test.sh SOURCE_DIR
@@ -15,7 +15,8 @@ summary() { grep -o "\"$2\": [0-9.e+-]*" "$1/summary.json" | head -1 | cut -d' '
 # 1. Each trains end to end, and its summary says how it was configured.
 for flags in "dpsgd" "choco --compression top-k:0.01" "choco --compression qsgd:8 --update atc" \
              "choco --compression sign --gossip-step 0.4" "d2 --momentum 0" "dpsgd --update atc" \
-             "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd"; do
+             "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd" \
+             "dpsgd --update atc --momentum-form quasi-global"; do
   out="$work/run-${flags//[ :.]/_}"
   # shellcheck disable=SC2086
   if timeout 300 "$bin" launch --topology "$work/ring4.yaml" --algorithm $flags "${small[@]}" --out "$out" \
@@ -31,6 +32,8 @@ grep -q '"compression": "top-k:0.01"' "$work/run-choco_--compression_top-k_0_01/
   fail "summary.json does not name the compression"
 grep -q '"allreduce_algo": "rd"' "$work/run-allreduce_--allreduce-algo_rd/summary.json" && ok ||
   fail "summary.json does not name the all-reduce"
+grep -q '"momentum_form": "quasi-global"' "$work/run-dpsgd_--update_atc_--momentum-form_quasi-global/summary.json" && ok ||
+  fail "summary.json does not name the momentum form"
 
 # 2. Bytes: top-k:0.01 sends at most 3 % of D-PSGD's per peer (the frames and the
 # evaluation reports included).
@@ -75,6 +78,10 @@ expect_error "--allreduce-algo 'star'" --algorithm allreduce --allreduce-algo st
 expect_error "--update applies to --algorithm dpsgd or choco" --algorithm d2 --update atc
 expect_error "--algorithm 'choc'" --algorithm choc
 expect_error "--resume: --algorithm choco" --algorithm choco --resume
+expect_error "--momentum-form applies to --algorithm dpsgd" --algorithm d2 --momentum-form quasi-global
+expect_error "--momentum-form 'global' is not one of local, quasi-global" --momentum-form global
+expect_error "--momentum-form quasi-global is SGD's heavy ball" --momentum-form quasi-global --optimizer adam
+expect_error "--momentum-form quasi-global: its buffer" --momentum-form quasi-global --checkpoint-every 5
 
 echo "gossip CLI: $pass passed, $failures failed"
 [[ $failures -eq 0 ]]

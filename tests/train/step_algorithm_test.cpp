@@ -4,6 +4,7 @@
 //  - D-PSGD atc on the complete graph with W = J is the all-reduce step, to 1e-6;
 //  - CHOCO with --compression none and γ = 1 is D-PSGD, in both update forms;
 //  - D² is W(2x_k − x_{k−1} − u_k + u_{k−1}), with (I + W)/2 when λ_min(W) ≤ −1/3;
+//  - quasi-global momentum is Lin et al.'s recursion, in both update forms;
 //  - tree and recursive-doubling all-reduce give the ring's iterates.
 #include "../../src/train/step_algorithm.h"
 
@@ -126,6 +127,44 @@ TEST(D2, EqualsItsDenseRecursion) {
     Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
     if (lazy) w = (0.5f * (Eigen::MatrixXf::Identity(t.num_peers(), t.num_peers()) + w)).eval();
     EXPECT_LT(relative(run_algorithm(t, d2), d2_twin(w, t.num_peers(), d2.sgd.lr)), 1e-5);
+  }
+}
+
+// QG-DSGDm in dense form (Lin et al. 2021, Algorithm 1): U = η(βM̂ + G + wd·X); atc
+// X' = W(X − U), cta X' = WX − U; M̂ ← βM̂ + (1 − β)(X − X')/η.
+Eigen::MatrixXf quasi_global_twin(const Eigen::MatrixXf& w, int n, const SgdConfig& sgd, UpdateForm form) {
+  Rng init(3);
+  Eigen::RowVectorXf x0(kDim);
+  for (int j = 0; j < kDim; ++j) x0(j) = static_cast<float>(init.normal());
+  Eigen::MatrixXf x = x0.replicate(n, 1), buffer = Eigen::MatrixXf::Zero(n, kDim);
+  for (int k = 0; k < kSteps; ++k) {
+    Eigen::MatrixXf g(n, kDim);
+    for (int i = 0; i < n; ++i) {
+      const auto gi = gradient(i, k);
+      for (int j = 0; j < kDim; ++j) g(i, j) = gi[static_cast<std::size_t>(j)];
+    }
+    const Eigen::MatrixXf u = sgd.lr * (sgd.momentum * buffer + g + sgd.weight_decay * x);
+    const Eigen::MatrixXf next = form == UpdateForm::kAtc ? Eigen::MatrixXf(w * (x - u)) : Eigen::MatrixXf(w * x - u);
+    buffer = sgd.momentum * buffer + (1 - sgd.momentum) / sgd.lr * (x - next);
+    x = next;
+  }
+  return x;
+}
+
+TEST(UpdateForm, QuasiGlobalMomentumIsLinEtAlsRecursion) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  const Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+  for (UpdateForm form : {UpdateForm::kCta, UpdateForm::kAtc}) {
+    SCOPED_TRACE(form == UpdateForm::kCta ? "cta" : "atc");
+    TrainConfig c = config_for(Algorithm::kDpsgd);
+    c.update = form;
+    c.momentum_form = MomentumForm::kQuasiGlobal;
+    const Eigen::MatrixXf got = run_algorithm(t, c);
+    EXPECT_LT(relative(got, quasi_global_twin(w, t.num_peers(), c.sgd, form)), 1e-5);
+    // It is not the local heavy ball.
+    TrainConfig local = c;
+    local.momentum_form = MomentumForm::kLocal;
+    EXPECT_GT(relative(run_algorithm(t, local), got), 1e-3);
   }
 }
 

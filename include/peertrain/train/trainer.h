@@ -42,6 +42,12 @@ bool gossips(Algorithm algorithm);
 // but with W = J it is exactly the all-reduce step.
 enum class UpdateForm { kCta, kAtc };
 
+// D-PSGD's momentum. local: each peer's heavy ball over its own gradients, m ← βm + g.
+// quasi-global (QG-DSGDm, Lin et al., ICML 2021): the step uses βm̂ + g, and m̂ follows the
+// peer's whole move, mix included: m̂ ← βm̂ + (1 − β)(x_k − x_{k+1})/η, so it carries the
+// neighbours' directions too, which is what non-iid shards need.
+enum class MomentumForm { kLocal, kQuasiGlobal };
+
 enum class Partition { kIid, kDirichlet };
 
 enum class ModelKind { kMlp, kGpt, kVit };
@@ -87,6 +93,7 @@ struct TrainConfig {
   bool rejoin = false;    // this process restarts a peer the others dropped: it comes back into the run
   bool mixing_trace = false;  // D-PSGD: write the applied mixing row whenever it changes (out_dir)
   UpdateForm update = UpdateForm::kCta;                             // dpsgd, choco: --update
+  MomentumForm momentum_form = MomentumForm::kLocal;                // dpsgd: --momentum-form
   algo::Compression compression;                                    // choco: --compression
   double gossip_step = 0;                                           // choco: γ; 0: the compressor's default
   algo::AllreduceAlgo allreduce_algo = algo::AllreduceAlgo::kRing;  // allreduce: --allreduce-algo
