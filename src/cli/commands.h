@@ -2,6 +2,9 @@
 // code: 0 success, 1 a failure at run time, 2 a wrong command line.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace peertrain::cli {
 
 int run_topology(int argc, char** argv);
@@ -14,5 +17,11 @@ int bench_reshard(int argc, char** argv);   // peertrain bench reshard
 int bench_memory(int argc, char** argv);    // peertrain bench memory
 int run_plan(int argc, char** argv);        // peertrain plan
 int run_keygen(int argc, char** argv);
+
+// launch -- PROGRAM: PROGRAM once per local peer of the topology file (launch_program.cpp).
+int launch_program(const std::string& topology_file, const std::string& secret_file,
+                   const std::vector<std::string>& command);
+// Whether a topology's host names this machine.
+bool is_local_host(const std::string& host);
 
 }  // namespace peertrain::cli

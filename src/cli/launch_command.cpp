@@ -36,13 +36,6 @@ using Clock = std::chrono::steady_clock;
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
-bool is_local_host(const std::string& host) {
-  if (host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0" || host.rfind("127.", 0) == 0)
-    return true;
-  char name[256] = {};
-  return gethostname(name, sizeof name - 1) == 0 && host == name;
-}
-
 // The value of "key": in a one-line JSON object (the @progress lines peer 0 prints).
 double field(const std::string& line, const std::string& key, double fallback = NAN) {
   const auto at = line.find("\"" + key + "\":");
@@ -199,11 +192,34 @@ void print_summary(const fs::path& out) {
   std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
 }
 
+// `launch ... -- PROGRAM ARGS`: the peers run a program of the user's (launch_program.cpp).
+int run_launch_program(int argc, char** argv, int separator) {
+  cxxopts::Options options("peertrain launch",
+                           "Start PROGRAM once per local peer of a topology file, with RANK, "
+                           "WORLD_SIZE and PEERTRAIN_TOPOLOGY set (the Python module reads them).");
+  options.custom_help("--topology FILE [--secret-file KEY] -- PROGRAM [ARGS...]");
+  options.add_options()("topology", "topology file (YAML)", cxxopts::value<std::string>())(
+      "secret-file", "key file every peer shares (passed as PEERTRAIN_SECRET_FILE)", cxxopts::value<std::string>())(
+      "h,help", "show this help");
+  cxxopts::ParseResult args;
+  if (auto code = parse_or_exit(options, separator, argv, &args)) return *code;
+  if (!args.count("topology")) {
+    std::fprintf(stderr, "error: --topology FILE is required before '--' (see 'peertrain launch --help')\n");
+    return 2;
+  }
+  return launch_program(args["topology"].as<std::string>(),
+                        args.count("secret-file") ? args["secret-file"].as<std::string>() : std::string(),
+                        std::vector<std::string>(argv + separator + 1, argv + argc));
+}
+
 }  // namespace
 
 int run_launch(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--") == 0) return run_launch_program(argc, argv, i);
   cxxopts::Options options("peertrain launch",
-                           "Start every peer of a topology file that lives on this machine and train them together.");
+                           "Start every peer of a topology file that lives on this machine and train them together, "
+                           "or, with '-- PROGRAM ARGS', run a program of yours once per peer (the Python module).");
   options.add_options()
       ("topology", "topology file (YAML)", cxxopts::value<std::string>())
       ("out", "output directory (default: runs/<topology>-<algorithm>)", cxxopts::value<std::string>())
