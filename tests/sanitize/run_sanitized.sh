@@ -3,7 +3,8 @@
 # folder and runs them (they include the transport, gossip and collectives with peers as
 # threads on loopback, and the emulated CUDA kernels). The multi-process command-line
 # tests are left out: they assert on timeouts that a sanitized build stretches; so are the
-# install test and the format check (this build makes no program to install). Any
+# install test, the format check (this build makes no program to install) and the Python
+# module's tests (a sanitized extension cannot load into an unsanitized interpreter). Any
 # sanitizer report fails the run. Usage: run_sanitized.sh SOURCE BUILD
 set -euo pipefail
 root=$1
@@ -15,4 +16,4 @@ cmake --build "$build" --target unit_tests -j"$(nproc)" >"$build.build.log" 2>&1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 cd "$build"
-ctest --output-on-failure -j"$(nproc)" -E "^(long|fuzz|sanitize|experiments|cli|install|format)\." --timeout 900
+ctest --output-on-failure -j"$(nproc)" -E "^(long|fuzz|sanitize|experiments|cli|python|install|format)\." --timeout 900
