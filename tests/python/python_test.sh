@@ -4,11 +4,14 @@
 #   collectives: collectives_check.py on each (W·X oracle, allreduce, broadcast, bad input),
 #                and lost_check.py (a crashed peer is gone around and named);
 #   torch:       torch_check.py (DistributedOptimizer against the explicit loop); exits 77,
-#                skipped, where Debian's python3-torch is not installed.
-# Usage: PEERTRAIN=build/peertrain PYTHONPATH=build/python python_test.sh collectives|torch
+#                skipped, where Debian's python3-torch is not installed;
+#   examples:    examples/neighbor_average.py (with a secret file: the measured contraction
+#                within the spectral gap's bound) and examples/torch_dpsgd.py, shortened.
+# Usage: PEERTRAIN=build/peertrain PYTHONPATH=build/python python_test.sh collectives|torch|examples
 set -u
 source "$(dirname "$0")/../cli/common.sh"
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
 py=/usr/bin/python3
 "$py" -c "import peertrain" 2>"$work/import.log" || { echo "FAIL: import peertrain:"; cat "$work/import.log"; exit 1; }
 port=$((30000 + RANDOM % 3000))
@@ -46,6 +49,28 @@ case ${1:-collectives} in
     [[ $? -eq 2 ]] && grep -q "error: nothing to run after '--'" "$work/err.log" && ok || fail "launch -- with nothing"
     "$bin" launch --topology "$work/ring4.yaml" -- /nonexistent/python >"$work/err.log" 2>&1
     grep -q "cannot run '/nonexistent/python'" "$work/err.log" && ok || fail "launch -- a missing program"
+    ;;
+  examples)
+    # The README's examples as a user runs them, the gossip one with a shared key.
+    topology "$work/ring8.yaml" "{generator: ring, n: 8}" 8
+    "$bin" keygen "$work/run.key" >/dev/null 2>&1 || fail "keygen"
+    if timeout 300 "$bin" launch --topology "$work/ring8.yaml" --secret-file "$work/run.key" -- "$py" \
+        "$root/examples/neighbor_average.py" --steps 20 >"$work/average.log" 2>&1; then ok; else fail "neighbor_average.py"; fi
+    line=$(grep -o "measured contraction per step [0-9.]* (predicted at most [0-9.]*)" "$work/average.log")
+    read -r measured bound <<<"$(sed 's/[^0-9. ]//g' <<<"$line" | xargs)"
+    echo "neighbor_average.py: contraction ${measured:-?} per step, bound ${bound:-?}"
+    awk -v m="${measured:-9}" -v b="${bound:-0}" 'BEGIN { exit !(m > 0 && m <= b + 0.01) }' && ok ||
+      { fail "neighbor_average.py: ${line:-no result}"; tail -5 "$work/average.log"; }
+    if "$py" -c "import torch" 2>/dev/null; then
+      topology "$work/ring4.yaml" "{generator: ring, n: 4}" 4
+      timeout 300 "$bin" launch --topology "$work/ring4.yaml" -- "$py" "$root/examples/torch_dpsgd.py" --epochs 1 \
+        --limit 8000 >"$work/cnn.log" 2>&1 && ok || fail "torch_dpsgd.py"
+      acc=$(grep -o "test accuracy of x̄ [0-9.]*" "$work/cnn.log" | grep -o "[0-9.]*$")
+      echo "torch_dpsgd.py, 8,000 examples, 1 epoch: x̄ accuracy ${acc:-?}"
+      awk -v a="${acc:-0}" 'BEGIN { exit !(a > 0.6) }' && ok || { fail "torch_dpsgd.py: accuracy ${acc:-?}"; tail -5 "$work/cnn.log"; }
+    else
+      echo "SKIP: examples/torch_dpsgd.py needs torch (Debian: apt-get install python3-torch)"
+    fi
     ;;
   torch)
     "$py" -c "import torch" 2>/dev/null || { echo "SKIP: torch is not installed (Debian: apt-get install python3-torch)"; exit 77; }
