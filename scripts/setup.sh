@@ -11,10 +11,12 @@ packages=(
   dataset-fashion-mnist fortunes
   gnuplot-nox python3 iperf3  # experiment plots and reports, the loopback baseline
   pybind11-dev python3-dev python3-numpy  # the Python module (docs/python.md)
+  libjs-chart.js  # the dashboard's and the reports' curves, compiled into peertrain (docs/dashboard.md)
 )
 if [[ ${1:-} == --test ]]; then
   packages+=(clang libclang-rt-dev clang-format)  # libFuzzer and the sanitizers for the fuzz test; the format check
   packages+=(python3-torch libopenblas0-pthread)  # peertrain.torch's tests (without the second, torch's BLAS is slow)
+  packages+=(chromium)  # the dashboard's browser test (headless)
 fi
 
 missing=()

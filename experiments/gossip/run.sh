@@ -4,7 +4,7 @@
 #     recursive-doubling all-reduce, D-PSGD, and CHOCO-SGD with several compressors: time
 #     until the training loss reaches a target, x̄'s accuracy, bytes per step;
 #  2. non-iid shards (Dirichlet α = 0.1), n peers on a ring, no emulation: D-PSGD (cta),
-#     D-PSGD --update atc, D² and the quasi-global momentum against all-reduce: x̄'s final
+#     D-PSGD --update atc, D², gradient tracking and the quasi-global momentum against all-reduce: x̄'s final
 #     accuracy over 3 seeds, with 95 % confidence intervals;
 #  3. high latency (10 ms one way on every link): ring, tree and recursive-doubling
 #     all-reduce against D-PSGD, time per step and to the target loss (the fair baseline).
@@ -65,7 +65,7 @@ slow=("allreduce" "allreduce --allreduce-algo rd" "dpsgd" "choco --compression t
   "choco --compression top-k:0.01 --gossip-step 0.04" "choco --compression top-k:0.05" "choco --compression qsgd:4"
   "choco --compression sign")
 noniid=("allreduce" "dpsgd" "dpsgd --update atc" "d2" "dpsgd --update atc --momentum-form quasi-global"
-  "dpsgd --momentum-form quasi-global")
+  "dpsgd --momentum-form quasi-global" "gt" "gt --momentum-form quasi-global")
 latency=("allreduce" "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd" "dpsgd")
 
 mkdir -p "$out"

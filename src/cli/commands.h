@@ -17,6 +17,7 @@ int bench_reshard(int argc, char** argv);   // peertrain bench reshard
 int bench_memory(int argc, char** argv);    // peertrain bench memory
 int run_plan(int argc, char** argv);        // peertrain plan
 int run_keygen(int argc, char** argv);
+int run_report(int argc, char** argv);  // peertrain report runs/DIR
 
 // launch -- PROGRAM: PROGRAM once per local peer of the topology file (launch_program.cpp).
 int launch_program(const std::string& topology_file, const std::string& secret_file,

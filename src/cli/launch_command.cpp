@@ -22,9 +22,12 @@
 #include <sstream>
 
 #include "commands.h"
+#include "dashboard_server.h"
 #include "options.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
+#include "peertrain/net/auth.h"
+#include "../train/recorder.h"
 #include "training_options.h"
 
 namespace peertrain::cli {
@@ -192,6 +195,40 @@ void print_summary(const fs::path& out) {
   std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
 }
 
+std::string read_text(const fs::path& path, const std::string& fallback) {
+  std::ifstream in(path);
+  if (!in) return fallback;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s.empty() ? fallback : s;
+}
+
+// --dashboard: the server, the page's view of the configuration, and a token when the
+// run is authenticated (a fresh random one: the key itself never leaves the key file).
+std::unique_ptr<DashboardServer> start_dashboard(const cxxopts::ParseResult& args, const train::TrainConfig& config,
+                                                 const topology::Topology& topology, const fs::path& out) {
+  DashboardOptions options = parse_dashboard_address(args["dashboard"].as<std::string>());
+  if (args.count("secret-file")) options.token = net::Secret::generate().hex().substr(0, 32);
+  options.graph_json = train::graph_json(topology);
+  std::string flags;
+  for (const auto& f : forwarded_training_flags(args)) flags += (flags.empty() ? "" : " ") + f;
+  options.config_json = json::Object()
+                            .add("topology", topology.name)
+                            .add("peers", topology.num_peers())
+                            .add("algorithm", to_string(config.algorithm))
+                            .add("model", to_string(config.model))
+                            .add("epochs", config.epochs)
+                            .add("batch_per_peer", config.batch)
+                            .add("flags", flags)
+                            .add("out", out.string())
+                            .dump(0);
+  auto server = std::make_unique<DashboardServer>(std::move(options));
+  std::fprintf(stderr, "dashboard: %s\n", server->url().c_str());
+  return server;
+}
+
 // `launch ... -- PROGRAM ARGS`: the peers run a program of the user's (launch_program.cpp).
 int run_launch_program(int argc, char** argv, int separator) {
   cxxopts::Options options("peertrain launch",
@@ -220,11 +257,14 @@ int run_launch(int argc, char** argv) {
   cxxopts::Options options("peertrain launch",
                            "Start every peer of a topology file that lives on this machine and train them together, "
                            "or, with '-- PROGRAM ARGS', run a program of yours once per peer (the Python module).");
-  options.add_options()
-      ("topology", "topology file (YAML)", cxxopts::value<std::string>())
-      ("out", "output directory (default: runs/<topology>-<algorithm>)", cxxopts::value<std::string>())
-      ("log-level", "peers' log level: debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
-      ("h,help", "show this help");
+  options.add_options()("topology", "topology file (YAML)", cxxopts::value<std::string>())(
+      "out", "output directory (default: runs/<topology>-<algorithm>)", cxxopts::value<std::string>())(
+      "log-level", "peers' log level: debug | info | warn | error",
+      cxxopts::value<std::string>()->default_value("info"))(
+      "dashboard",
+      "[HOST:]PORT: serve a live dashboard of the run at http://HOST:PORT/ (HOST 127.0.0.1 unless "
+      "given; with --secret-file it asks for a token that launch prints)",
+      cxxopts::value<std::string>())("h,help", "show this help");
   add_training_options(options);
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
@@ -260,6 +300,9 @@ int run_launch(int argc, char** argv) {
     std::fprintf(stderr, "peers on other hosts (start them there with 'peertrain peer --rank R'): %zu of them\n",
                  remote.size());
 
+  std::unique_ptr<DashboardServer> dashboard;
+  if (args.count("dashboard")) dashboard = start_dashboard(args, config, topology, out);
+
   std::vector<std::string> common = {"peer", "--topology", topology_path.string(), "--out", out.string(),
                                      "--log-level", args["log-level"].as<std::string>()};
   for (auto& flag : forwarded_training_flags(args)) common.push_back(flag);
@@ -279,6 +322,13 @@ int run_launch(int argc, char** argv) {
     std::vector<std::string> args_text = common;
     args_text.insert(args_text.begin() + 1, {"--rank", std::to_string(rank)});
     args_text.push_back("--progress");  // printed by whichever peer coordinates
+    // Built before fork: the child of a process with threads (the dashboard's) may only
+    // call async-signal-safe functions, so no allocation between fork and exec.
+    std::string exe = "peertrain";
+    std::vector<char*> child_argv;
+    child_argv.push_back(exe.data());
+    for (auto& a : args_text) child_argv.push_back(a.data());
+    child_argv.push_back(nullptr);
     const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw Error(ErrorKind::kIo, str("cannot start peer ", rank, ": ", std::strerror(errno)));
@@ -292,13 +342,9 @@ int run_launch(int argc, char** argv) {
       dup2(pipe_fds[1], STDOUT_FILENO);
       dup2(log_fd, STDERR_FILENO);
       close(pipe_fds[0]);
-      std::vector<char*> child_argv;
-      std::string exe = "peertrain";
-      child_argv.push_back(exe.data());
-      for (auto& a : args_text) child_argv.push_back(a.data());
-      child_argv.push_back(nullptr);
       execv("/proc/self/exe", child_argv.data());
-      std::fprintf(stderr, "error: cannot run /proc/self/exe: %s\n", std::strerror(errno));
+      const char message[] = "error: cannot run /proc/self/exe\n";
+      [[maybe_unused]] const auto written = write(STDERR_FILENO, message, sizeof message - 1);
       _exit(127);
     }
     close(pipe_fds[1]);
@@ -313,6 +359,7 @@ int run_launch(int argc, char** argv) {
   const bool survivable = train::gossips(config.algorithm);
   std::vector<int> lost;
   std::optional<Clock::time_point> coordinator_done;
+  long long last_eval_step = 0;
   std::string failure;
   int failed_peer = -1;
   std::size_t running = children.size();
@@ -335,8 +382,15 @@ int run_launch(int argc, char** argv) {
       while ((newline = c.buffer.find('\n')) != std::string::npos) {
         const std::string line = c.buffer.substr(0, newline);
         c.buffer.erase(0, newline + 1);
-        if (line.rfind("@progress ", 0) == 0) progress.update(line.substr(10));
-        else if (!line.empty()) std::printf("[peer %d] %s\n", c.rank, line.c_str());
+        if (line.rfind("@progress ", 0) == 0) {
+          progress.update(line.substr(10));
+          if (dashboard) dashboard->progress(line.substr(10));
+        } else if (line.rfind("@eval ", 0) == 0) {
+          last_eval_step = static_cast<long long>(field(line.substr(6), "step", 0));
+          if (dashboard) dashboard->eval(line.substr(6));
+        } else if (!line.empty()) {
+          std::printf("[peer %d] %s\n", c.rank, line.c_str());
+        }
       }
     }
     int status = 0;
@@ -349,6 +403,13 @@ int run_launch(int argc, char** argv) {
           --running;
           if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) && failure.empty()) {
             const std::string what = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
+            if (dashboard)
+              dashboard->event(json::Object()
+                                   .add("kind", "lost")
+                                   .add("peer", c.rank)
+                                   .add("reason", describe_exit(status))
+                                   .add("after_step", last_eval_step)
+                                   .dump(0));
             if (survivable) {
               // D-PSGD drops a lost peer and goes on; a lost coordinator is replaced.
               progress.end();
@@ -384,6 +445,13 @@ int run_launch(int argc, char** argv) {
             c.exited = true;
             --running;
             if (std::find(lost.begin(), lost.end(), c.rank) == lost.end()) lost.push_back(c.rank);
+            if (dashboard)
+              dashboard->event(json::Object()
+                                   .add("kind", "lost")
+                                   .add("peer", c.rank)
+                                   .add("reason", "stalled: stopped 20 s after the others finished")
+                                   .add("after_step", last_eval_step)
+                                   .dump(0));
           }
       }
     }
@@ -415,9 +483,15 @@ int run_launch(int argc, char** argv) {
     }
     std::fprintf(stderr, "error: %s\n", failure.c_str());
     std::fprintf(stderr, "stopped the other peers; logs are in %s/peer-*.log\n", out.c_str());
+    if (dashboard) dashboard->finish(read_text(out / "summary.json", "{\"error\": \"no summary\"}"));
     return g_interrupted ? 130 : 1;
   }
   print_summary(out);
+  if (dashboard) {
+    dashboard->finish(read_text(out / "summary.json", "null"));
+    std::printf("  dashboard: the run is over; 'peertrain report %s' writes the same view as one HTML file\n",
+                out.c_str());
+  }
   // Peers restarted by hand with --rejoin came back: summary.json's rejoined_peers.
   std::vector<int> back;
   {

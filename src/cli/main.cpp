@@ -26,6 +26,7 @@ void print_usage() {
       "  topology inspect    check a topology file and report W's spectral gap\n"
       "  bench step          time one training step (also: schedule, pipeline, reshard, memory)\n"
       "  plan                predict each split of a peer's workers and pick the fastest that fits\n"
+      "  report runs/DIR     one self-contained HTML page of a finished run (the dashboard's view)\n"
       "  keygen FILE         write a new key file for --secret-file\n\n"
       "Run 'peertrain <command> --help' for a command's options.\n"
       "build: cuda=%s nccl=%s\n",
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return peertrain::cli::run_bench(argc - 1, argv + 1);
     if (command == "plan") return peertrain::cli::run_plan(argc - 1, argv + 1);
     if (command == "keygen") return peertrain::cli::run_keygen(argc - 1, argv + 1);
+    if (command == "report") return peertrain::cli::run_report(argc - 1, argv + 1);
     std::fprintf(stderr, "error: unknown command '%s'; run 'peertrain --help' for the list\n", command.c_str());
     return 2;
   } catch (const peertrain::Error& e) {

@@ -204,7 +204,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   };
   const bool choco = c.algorithm == train::Algorithm::kChoco;
   only_for("update", c.algorithm == train::Algorithm::kDpsgd || choco, "dpsgd or choco");
-  only_for("momentum-form", c.algorithm == train::Algorithm::kDpsgd, "dpsgd");
+  only_for("momentum-form", c.algorithm == train::Algorithm::kDpsgd || c.algorithm == train::Algorithm::kGt,
+           "dpsgd or gt");
   const std::string momentum_form = args["momentum-form"].as<std::string>();
   if (momentum_form != "local" && momentum_form != "quasi-global")
     throw UsageError("--momentum-form '" + momentum_form + "' is not one of local, quasi-global");
@@ -242,7 +243,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
                                                 : "--checkpoint-every",
                          ": --algorithm adpsgd has no global step to checkpoint at or rejoin at (it goes on without a "
                          "lost peer); use dpsgd"));
-  if ((choco || c.algorithm == train::Algorithm::kD2) && (c.resume || args.count("rejoin")))
+  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt) &&
+      (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
 }
@@ -251,13 +253,14 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
 
 void add_training_options(cxxopts::Options& options) {
   options.add_options("training")("algorithm",
-                                  "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | adpsgd "
-                                  "(asynchronous pairwise gossip, AD-PSGD) | allreduce | ps | local",
+                                  "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | gt "
+                                  "(gradient tracking, for non-iid shards) | adpsgd (asynchronous pairwise gossip, "
+                                  "AD-PSGD) | allreduce | ps | local",
                                   cxxopts::value<std::string>()->default_value("dpsgd"))(
       "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
       cxxopts::value<std::string>()->default_value("cta"))(
       "momentum-form",
-      "dpsgd: local (each peer's heavy ball over its own gradients) | quasi-global (QG-DSGDm, Lin et al. 2021: the "
+      "dpsgd, gt: local (each peer's heavy ball over its own gradients) | quasi-global (QG-DSGDm, Lin et al. 2021: the "
       "momentum follows the peer's whole move, mix included; for non-iid shards)",
       cxxopts::value<std::string>()->default_value("local"))("compression",
                                                              "choco: none | top-k:F | random-k:F | qsgd:BITS | sign",

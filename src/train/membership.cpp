@@ -24,11 +24,14 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                                     : "--checkpoint-every",
                     ": --algorithm adpsgd has no global step to checkpoint at or rejoin at; it goes on without a lost "
                     "peer. Use dpsgd for checkpoints and rejoins"));
-  const bool keeps_more = config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2;
+  const bool keeps_more =
+      config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2 || config.algorithm == Algorithm::kGt;
   if (config.resume && keeps_more)
     throw Error(ErrorKind::kInvalidArgument,
                 str("--resume: --algorithm ", to_string(config.algorithm), " keeps state the checkpoints do not hold (",
-                    config.algorithm == Algorithm::kChoco ? "the public copies x̂" : "the previous iterate and update",
+                    config.algorithm == Algorithm::kChoco ? "the public copies x̂"
+                    : config.algorithm == Algorithm::kGt  ? "the tracked gradient y"
+                                                          : "the previous iterate and update",
                     "); resume works with dpsgd and the centralized algorithms"));
   if (!config.rejoin) return;
   if (config.resume) throw Error(ErrorKind::kInvalidArgument, "--rejoin and --resume exclude each other");

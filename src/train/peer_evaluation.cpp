@@ -25,22 +25,25 @@ void PeerRun::evaluate(long long step, double epoch, std::uint64_t round) {
                 wait_s_};
   loss_sum_ = 0;
   loss_count_ = 0;
+  std::vector<double> sent_to(static_cast<std::size_t>(n_), 0.0);
+  for (int p : network_->links())
+    sent_to[static_cast<std::size_t>(p)] = static_cast<double>(network_->counters(p).bytes_sent);
   // Until someone takes the report: a coordinator we cannot reach is counted lost, and
   // the next one (maybe this peer) gets it.
   while (!membership_->is_coordinator()) {
     const int to = membership_->coordinator();
     try {
-      return send_report(to, round, report);
+      return send_report(to, round, report, sent_to);
     } catch (const Error& e) {
       if (!tolerant_) throw;
       membership_->report_lost(static_cast<std::uint64_t>(step), to, e.what());
     }
   }
-  coordinate(step, round, report);
+  coordinate(step, round, report, std::move(sent_to));
 }
 
-void PeerRun::send_report(int to, std::uint64_t round, const Report& report) {
-  network_->send(to, net::MessageType::kReport, round, 0, encode_report(report, x_), false).wait();
+void PeerRun::send_report(int to, std::uint64_t round, const Report& report, const std::vector<double>& sent_to) {
+  network_->send(to, net::MessageType::kReport, round, 0, encode_report(report, sent_to, x_), false).wait();
   eval_sent_ += report_bytes_;
   // Wait until the coordinator has evaluated x̄, so that its evaluation does not land in
   // the timing of our next exchange. It may itself wait up to three times --peer-timeout
@@ -62,9 +65,11 @@ net::Payload PeerRun::receive_report(int p, std::uint64_t round) {
   return network_->receive_while_alive(p, net::MessageType::kReport, round, 0, 3 * network_->peer_timeout_s());
 }
 
-void PeerRun::coordinate(long long step, std::uint64_t round, const Report& report) {
+void PeerRun::coordinate(long long step, std::uint64_t round, const Report& report, std::vector<double> sent_to) {
   std::vector<Report> reports(n_);  // step 0 marks a lost peer
   reports[rank_] = report;
+  std::vector<std::vector<double>> links(n_);
+  links[rank_] = std::move(sent_to);
   std::vector<net::Payload> others(n_);
   std::vector<std::span<const float>> xs{x_};  // this peer's, then the others' in order
   const std::vector<int>& gossip_lost = gossip_->lost();
@@ -73,7 +78,7 @@ void PeerRun::coordinate(long long step, std::uint64_t round, const Report& repo
     std::span<const float> theirs;
     try {
       others[p] = receive_report(p, round);
-      reports[p] = decode_report(others[p], size_, network_->peer_name(p), theirs);
+      reports[p] = decode_report(others[p], n_, size_, network_->peer_name(p), links[p], theirs);
     } catch (const Error& e) {
       // A peer that is gone, silent, or sends a malformed report is counted lost.
       const bool peer_fault =
@@ -90,7 +95,7 @@ void PeerRun::coordinate(long long step, std::uint64_t round, const Report& repo
   std::vector<float> average;
   const double consensus = consensus_distance(xs, average);
   const TaskEvaluation avg = task_->evaluate(average);
-  recorder_if_coordinator(step)->record(reports, avg.accuracy, avg.bits_per_byte, consensus);
+  recorder_if_coordinator(step)->record(reports, links, avg.accuracy, avg.bits_per_byte, consensus, *membership_);
   std::vector<Work> released;
   for (int p = 0; p < n_; ++p)
     if (!others[p].empty()) {

@@ -60,13 +60,15 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   if (config.max_steps > 0) total_steps_ = std::min(total_steps_, config.max_steps);
   eval_every_ = config.eval_every > 0 ? config.eval_every : steps_per_epoch_;
   match_ = {t.fingerprint(), config.run_id ? config.run_id : derive_run_id(config, t), size_};
-  report_bytes_ = net::kHeaderBytes + kReportDoubles * sizeof(double) + size_ * sizeof(float);
+  report_bytes_ = net::kHeaderBytes + report_payload_bytes(n_, size_);
 
   const std::uint64_t resume_step = find_resume_step();
   connect(resume_step);
   gossip_ = std::make_unique<algo::Gossip>(*network_, algo::mixing_rows(t, rank), config.max_staleness);
   // The transformer: one message per unit, see gossip_parts(). CHOCO's compressed message is one.
-  if (config.algorithm != Algorithm::kChoco) gossip_->set_parts(task_->gossip_parts());
+  // (Gradient tracking sends x and y as one message of 2N.)
+  if (config.algorithm != Algorithm::kChoco && config.algorithm != Algorithm::kGt)
+    gossip_->set_parts(task_->gossip_parts());
   membership_ =
       std::make_unique<Membership>(*network_, t, rank,
                                    MembershipOptions{config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue,
@@ -107,7 +109,10 @@ void PeerRun::connect(std::uint64_t resume_step) {
   options.rejoin = config_.rejoin;
   options.connect_timeout_s = config_.connect_timeout_s;
   options.peer_timeout_s = config_.peer_timeout_s;
-  options.max_payload_bytes = size_ * sizeof(float) + kReportDoubles * sizeof(double);
+  // Gradient tracking's message carries x and y.
+  const std::size_t vectors = config_.algorithm == Algorithm::kGt ? 2 : 1;
+  options.max_payload_bytes =
+      vectors * size_ * sizeof(float) + (kReportDoubles + static_cast<std::size_t>(n_)) * sizeof(double);
   options.node_bandwidth_mbps = t_.node_bandwidth_mbps;
   options.node_ingress_mbps = t_.node_ingress_mbps;
   options.shaping = [&t = t_, rank = rank_](int peer) {

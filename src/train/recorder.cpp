@@ -11,29 +11,39 @@
 #include "peertrain/core/codec.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
+#include "peertrain/topology/layout.h"
+#include "peertrain/topology/spectrum.h"
 
 namespace peertrain::train {
 
-std::vector<std::byte> encode_report(const Report& r, std::span<const float> x) {
+std::vector<std::byte> encode_report(const Report& r, std::span<const double> sent_to, std::span<const float> x) {
   codec::Writer w;
   for (double v : {r.step, r.epoch, r.train_loss, r.test_accuracy, r.test_loss, r.test_bits_per_byte, r.bytes_sent,
                    r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s})
     w.f64(v);
+  for (double v : sent_to) w.f64(v);
   w.bytes(std::as_bytes(x));
   return w.take();
 }
 
-Report decode_report(std::span<const std::byte> bytes, std::size_t parameters, const std::string& from,
-                     std::span<const float>& x) {
-  const std::size_t want = kReportDoubles * sizeof(double) + parameters * sizeof(float);
+std::size_t report_payload_bytes(int peers, std::size_t parameters) {
+  return (kReportDoubles + static_cast<std::size_t>(peers)) * sizeof(double) + parameters * sizeof(float);
+}
+
+Report decode_report(std::span<const std::byte> bytes, int peers, std::size_t parameters, const std::string& from,
+                     std::vector<double>& sent_to, std::span<const float>& x) {
+  const std::size_t want = report_payload_bytes(peers, parameters);
   if (bytes.size() != want)
-    throw Error(ErrorKind::kParse, str("report from ", from, ": ", bytes.size(), " bytes, expected ", want, " (",
-                                       kReportDoubles, " numbers and ", parameters, " parameters)"));
+    throw Error(ErrorKind::kParse,
+                str("report from ", from, ": ", bytes.size(), " bytes, expected ", want, " (", kReportDoubles,
+                    " numbers, ", peers, " link counters and ", parameters, " parameters)"));
   codec::Reader in(bytes, str("report from ", from));
   Report r;
   for (double* v : {&r.step, &r.epoch, &r.train_loss, &r.test_accuracy, &r.test_loss, &r.test_bits_per_byte,
                     &r.bytes_sent, &r.bytes_received, &r.wall_s, &r.compute_s, &r.comm_wait_s})
     *v = in.f64();
+  sent_to.resize(static_cast<std::size_t>(peers));
+  for (double& v : sent_to) v = in.f64();
   const auto floats = in.bytes(parameters * sizeof(float));
   x = {reinterpret_cast<const float*>(floats.data()), parameters};
   return r;
@@ -52,6 +62,46 @@ double consensus_distance(const std::vector<std::span<const float>>& xs, std::ve
   average.resize(static_cast<std::size_t>(size));
   for (Eigen::Index i = 0; i < size; ++i) average[static_cast<std::size_t>(i)] = static_cast<float>(mean[i]);
   return distance / m;
+}
+
+std::string graph_json(const topology::Topology& t) {
+  const auto places = topology::spectral_layout(t);
+  const auto spectrum = topology::analyze_spectrum(t.mixing, t.graph);
+  std::string peers = "[", links = "[";
+  for (int i = 0; i < t.num_peers(); ++i) {
+    json::Object p;
+    p.add("id", i)
+        .add("x", places[static_cast<std::size_t>(i)][0])
+        .add("y", places[static_cast<std::size_t>(i)][1])
+        .add("host", t.peers[static_cast<std::size_t>(i)].host)
+        .add("self_weight", t.mixing.coeff(i, i))
+        .add("slowdown", t.compute_slowdown(i));
+    peers += (i ? "," : "") + p.dump(0);
+  }
+  bool first = true;
+  for (const auto& e : t.graph.edges()) {
+    const topology::LinkProperties link = t.link(e.u, e.v);
+    json::Object l;
+    l.add("a", e.u)
+        .add("b", e.v)
+        .add("w", t.mixing.coeff(e.u, e.v))
+        .add("latency_ms", link.latency_ms)
+        .add("bandwidth_mbps", link.bandwidth_mbps);
+    links += (first ? "" : ",") + l.dump(0);
+    first = false;
+  }
+  json::Object o;
+  o.add("name", t.name)
+      .add("peers_count", t.num_peers())
+      .add("time_varying", t.time_varying())
+      .add("spectral_gap", spectrum.spectral_gap)
+      .add("lambda2", spectrum.lambda2)
+      .add("lambda_min", spectrum.lambda_min)
+      .add("contraction_per_step", spectrum.contraction_per_step())
+      .add("node_bandwidth_mbps", t.node_bandwidth_mbps)
+      .add_raw("peers", peers + "]")
+      .add_raw("links", links + "]");
+  return o.dump(0);
 }
 
 Recorder::Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap,
@@ -74,13 +124,26 @@ Recorder::Recorder(const TrainConfig& config, const topology::Topology& topology
   }
   csv_.open(path);
   if (!csv_) throw Error(ErrorKind::kIo, str(path.string(), ": cannot write"));
+  // evals.jsonl: the lines up to the checkpoint (or the takeover) again, as metrics.csv.
+  const auto evals_path = std::filesystem::path(config.out_dir) / "evals.jsonl";
+  std::string kept_evals;
+  if (kept_through > 0) {
+    std::ifstream old(evals_path);
+    std::string line;
+    while (std::getline(old, line))
+      if (line.rfind("{\"step\":", 0) == 0 && std::atoll(line.c_str() + 8) <= kept_through) kept_evals += line + "\n";
+  }
+  evals_.open(evals_path);
+  if (!evals_) throw Error(ErrorKind::kIo, str(evals_path.string(), ": cannot write"));
+  evals_ << kept_evals;
+  std::ofstream(std::filesystem::path(config.out_dir) / "graph.json") << graph_json(topology) << "\n";
   csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
           "wall_s,compute_s,comm_wait_s,test_bits_per_byte,avg_bits_per_byte\n"
        << kept;
 }
 
-void Recorder::record(const std::vector<Report>& reports, double avg_accuracy, double avg_bits_per_byte,
-                      double consensus) {
+void Recorder::record(const std::vector<Report>& reports, const std::vector<std::vector<double>>& sent_to,
+                      double avg_accuracy, double avg_bits_per_byte, double consensus, const Membership& membership) {
   last_ = reports;
   avg_accuracy_ = avg_accuracy;
   avg_bits_per_byte_ = avg_bits_per_byte;
@@ -102,6 +165,11 @@ void Recorder::record(const std::vector<Report>& reports, double avg_accuracy, d
       csv_ << line;
     }
     csv_.flush();
+  }
+  if (evals_ || config_.progress) {
+    const std::string line = eval_json(reports, sent_to, membership);
+    if (evals_) evals_ << line << "\n" << std::flush;
+    if (config_.progress) std::printf("@eval %s\n", line.c_str());
   }
   progress(reports[self_].step, reports[self_].epoch, mean_loss(), reports[self_].wall_s, true);
 }
@@ -188,7 +256,7 @@ void Recorder::finish(const Membership& membership, int coordinator) {
   if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
   if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kChoco)
     o.add("update", config_.update == UpdateForm::kAtc ? "atc" : "cta");
-  if (config_.algorithm == Algorithm::kDpsgd)
+  if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kGt)
     o.add("momentum_form", config_.momentum_form == MomentumForm::kQuasiGlobal ? "quasi-global" : "local");
   if (config_.algorithm == Algorithm::kChoco)
     o.add("compression", config_.compression.describe()).add("gossip_step", config_.choco_gamma());
@@ -209,6 +277,53 @@ void Recorder::finish(const Membership& membership, int coordinator) {
   std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
   out << o.dump() << "\n";
   if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
+}
+
+// Keys are short: a long run keeps every evaluation in the page.
+std::string Recorder::eval_json(const std::vector<Report>& reports, const std::vector<std::vector<double>>& sent_to,
+                                const Membership& membership) const {
+  std::string peers = "[";
+  for (std::size_t p = 0; p < reports.size(); ++p) {
+    const Report& r = reports[p];
+    if (r.step == 0) continue;
+    json::Object o;
+    o.add("peer", p)
+        .add("step", r.step)
+        .add("loss", r.train_loss)
+        .add("acc", r.test_accuracy)
+        .add("bpb", r.test_bits_per_byte)
+        .add("sent", r.bytes_sent)
+        .add("recv", r.bytes_received)
+        .add("wall", r.wall_s)
+        .add("compute", r.compute_s)
+        .add("wait", r.comm_wait_s);
+    peers += (peers.size() > 1 ? "," : "") + o.dump(0);
+  }
+  // Each graph edge's bytes so far, both directions summed (every frame on it, the
+  // evaluation reports included).
+  std::vector<double> links;
+  for (const auto& e : topology_.graph.edges()) {
+    double bytes = 0;
+    const auto a = static_cast<std::size_t>(e.u), b = static_cast<std::size_t>(e.v);
+    if (a < sent_to.size() && b < sent_to[a].size()) bytes += sent_to[a][b];
+    if (b < sent_to.size() && a < sent_to[b].size()) bytes += sent_to[b][a];
+    links.push_back(bytes);
+  }
+  std::vector<int> rejoined;
+  for (const Rejoin& r : membership.rejoins()) rejoined.push_back(r.peer);
+  json::Object o;
+  o.add("step", static_cast<long long>(reports[self_].step))
+      .add("epoch", reports[self_].epoch)
+      .add("wall_s", reports[self_].wall_s)
+      .add("loss", mean_loss())
+      .add(language_model_ ? "avg_bpb" : "avg_acc", language_model_ ? avg_bits_per_byte_ : avg_accuracy_)
+      .add("consensus", consensus_)
+      .add("coordinator", static_cast<long long>(self_))
+      .add_raw("lost", json::array(membership.lost()))
+      .add_raw("rejoined", json::array(rejoined))
+      .add_raw("peers", peers + "]")
+      .add_raw("links", json::array(links));
+  return o.dump(0);
 }
 
 double Recorder::mean_loss() const {

@@ -46,24 +46,55 @@ class Gossiping : public StepAlgorithm {
   StepContext c_;
 };
 
-// D-PSGD (Lian et al. 2017). cta: x ← Σ_j W_ij x_j − u, the exchange of x_k overlapping
-// the gradient. atc: x ← Σ_j W_ij (x_j − u_j), the exchange after the local step. The
-// momentum is local in both by default (u = η·m, m ← βm + g at the peer's own model), the
-// form of Lian et al. for cta and of Lin et al. 2021 and Koloskova et al. 2020 for atc;
-// quasi-global (Lin et al. 2021, Algorithm 1) is u = η(βm̂ + g) with m̂ following the
-// peer's whole move, m̂ ← βm̂ + (1 − β)(x_k − x_{k+1})/η (SGD only).
-class Dpsgd final : public Gossiping {
+// The step u_k from the gradient (or tracked gradient) g. local: the optimizer's own step
+// (u = η·m, m ← βm + g at the peer's own model). quasi-global (Lin et al. 2021, Algorithm
+// 1): u = η(βm̂ + g + λx), where m̂ follows the peer's whole move, mixing included,
+// m̂ ← βm̂ + (1 − β)(x_k − x_{k+1})/η; so peers on different shards share one direction
+// (SGD only).
+class MomentumStep {
  public:
-  Dpsgd(StepContext c, std::size_t parameters, UpdateForm form, MomentumForm momentum)
-      : Gossiping(std::move(c)),
-        update_(parameters),
-        form_(form),
-        quasi_global_(momentum == MomentumForm::kQuasiGlobal) {
-    if (quasi_global_) {
+  MomentumStep(std::size_t parameters, MomentumForm form) : update_(parameters) {
+    if (form == MomentumForm::kQuasiGlobal) {
       buffer_.assign(parameters, 0.0f);
       before_.resize(parameters);
     }
   }
+  // u_k, into update().
+  void compute(std::span<const float> x, std::span<const float> g, Optimizer& optimizer) {
+    if (buffer_.empty()) {
+      optimizer.compute_update(x, g, update_);
+      return;
+    }
+    sgd_ = dynamic_cast<const Sgd*>(&optimizer);
+    PEERTRAIN_CHECK(sgd_, "quasi-global momentum needs SGD");
+    const float lr = sgd_->config().lr, beta = sgd_->config().momentum, wd = sgd_->config().weight_decay;
+    std::copy(x.begin(), x.end(), before_.begin());
+    for (std::size_t i = 0; i < x.size(); ++i) update_[i] = lr * (beta * buffer_[i] + g[i] + wd * x[i]);
+  }
+  // After the exchange: x holds x_{k+1}. Returns the seconds it took.
+  double moved(std::span<const float> x) {
+    if (buffer_.empty()) return 0;
+    const auto begin = Clock::now();
+    const float beta = sgd_->config().momentum, scale = (1 - beta) / sgd_->config().lr;
+    for (std::size_t i = 0; i < x.size(); ++i) buffer_[i] = beta * buffer_[i] + scale * (before_[i] - x[i]);
+    return seconds_since(begin);
+  }
+  std::span<float> update() { return update_; }
+
+ private:
+  std::vector<float> update_;
+  std::vector<float> buffer_, before_;  // quasi-global: m̂, and x_k
+  const Sgd* sgd_ = nullptr;
+};
+
+// D-PSGD (Lian et al. 2017). cta: x ← Σ_j W_ij x_j − u, the exchange of x_k overlapping
+// the gradient. atc: x ← Σ_j W_ij (x_j − u_j), the exchange after the local step. The
+// momentum is local in both by default, the form of Lian et al. for cta and of Lin et al.
+// 2021 and Koloskova et al. 2020 for atc, or quasi-global (MomentumStep).
+class Dpsgd final : public Gossiping {
+ public:
+  Dpsgd(StepContext c, std::size_t parameters, UpdateForm form, MomentumForm momentum)
+      : Gossiping(std::move(c)), step_(parameters, momentum), form_(form) {}
   void start(long long step, std::span<float> x) override {
     switch_rows(step, x);
     if (form_ == UpdateForm::kCta) c_.gossip->start(step, x);  // overlaps the gradient: both read x_k
@@ -71,39 +102,25 @@ class Dpsgd final : public Gossiping {
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
     StepTiming t;
     const auto begin = Clock::now();
-    const Sgd* sgd = quasi_global_ ? dynamic_cast<const Sgd*>(&optimizer) : nullptr;
-    PEERTRAIN_CHECK(!quasi_global_ || sgd, "quasi-global momentum needs SGD");
-    if (sgd) {
-      const float lr = sgd->config().lr, beta = sgd->config().momentum, wd = sgd->config().weight_decay;
-      std::copy(x.begin(), x.end(), before_.begin());
-      for (std::size_t i = 0; i < x.size(); ++i) update_[i] = lr * (beta * buffer_[i] + grads[i] + wd * x[i]);
-    } else {
-      optimizer.compute_update(x, grads, update_);
-    }
+    step_.compute(x, grads, optimizer);
+    const std::span<float> update = step_.update();
     if (form_ == UpdateForm::kAtc) {
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update_[i];
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update[i];
       t.compute_s = seconds_since(begin);
       c_.gossip->start(step, x);
       t.wait_s = c_.gossip->finish(x);
     } else {
       t.compute_s = seconds_since(begin);
-      t.wait_s = c_.gossip->finish(x, update_);
+      t.wait_s = c_.gossip->finish(x, update);
     }
-    if (sgd) {
-      const auto after = Clock::now();
-      const float beta = sgd->config().momentum, scale = (1 - beta) / sgd->config().lr;
-      for (std::size_t i = 0; i < x.size(); ++i) buffer_[i] = beta * buffer_[i] + scale * (before_[i] - x[i]);
-      t.compute_s += seconds_since(after);
-    }
+    t.compute_s += step_.moved(x);
     after_exchange(step);
     return t;
   }
 
  private:
-  std::vector<float> update_;
+  MomentumStep step_;
   UpdateForm form_;
-  bool quasi_global_;
-  std::vector<float> buffer_, before_;  // quasi-global: m̂, and x_k
 };
 
 // CHOCO-SGD (Koloskova, Stich, Jaggi 2019) over algo::ChocoGossip. cta: the compressed
@@ -191,6 +208,49 @@ class D2 final : public Gossiping {
   }
   std::vector<float> update_, previous_x_, previous_u_;
   bool lazy_;
+};
+
+// Gradient tracking (DSGT: Pu & Nedić 2020; Nedić, Olshevsky, Shi 2017; Di Lorenzo &
+// Scutari 2016): y_k tracks the peers' average gradient, y_0 = g_0 and y_{k+1} = W y_k +
+// g_{k+1} − g_k, and the step follows it: x_{k+1} = W (x_k − u_k), u_k the step with y_k
+// as its gradient (MomentumStep: local momentum over y, or quasi-global). Non-iid shards
+// then do not pull each peer towards its own optimum. x − u and y travel as one message of
+// 2N floats, after the local step (like atc), so nothing overlaps the exchange and each
+// step sends twice D-PSGD's bytes.
+class GradientTracking final : public Gossiping {
+ public:
+  GradientTracking(StepContext c, std::size_t parameters, MomentumForm momentum)
+      : Gossiping(std::move(c)), step_(parameters, momentum), both_(2 * parameters) {}
+  void start(long long step, std::span<float> x) override { switch_rows(step, x); }
+  StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
+    StepTiming t;
+    const auto begin = Clock::now();
+    const std::size_t n = x.size();
+    const std::span<float> y(both_.data() + n, n);  // holds W y_{k−1} from the last exchange
+    if (previous_g_.empty()) {
+      std::copy(grads.begin(), grads.end(), y.begin());
+      previous_g_.assign(grads.begin(), grads.end());
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        y[i] += grads[i] - previous_g_[i];
+        previous_g_[i] = grads[i];
+      }
+    }
+    step_.compute(x, y, optimizer);
+    const std::span<float> update = step_.update();
+    for (std::size_t i = 0; i < n; ++i) both_[i] = x[i] - update[i];
+    t.compute_s = seconds_since(begin);
+    c_.gossip->start(step, both_);
+    t.wait_s = c_.gossip->finish(both_);
+    std::copy_n(both_.begin(), n, x.begin());
+    t.compute_s += step_.moved(x);
+    after_exchange(step);
+    return t;
+  }
+
+ private:
+  MomentumStep step_;
+  std::vector<float> both_, previous_g_;
 };
 
 // C-PSGD with an all-reduce of the gradients (ring, tree or recursive doubling), then the
@@ -287,6 +347,8 @@ std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, St
       }
       return std::make_unique<D2>(std::move(context), parameters, lazy);
     }
+    case Algorithm::kGt:
+      return std::make_unique<GradientTracking>(std::move(context), parameters, config.momentum_form);
     case Algorithm::kAllreduce:
       return std::make_unique<Allreduce>(std::move(context), config.allreduce_algo);
     case Algorithm::kPs:

@@ -19,21 +19,23 @@ std::string_view to_string(Algorithm algorithm) {
       return "d2";
     case Algorithm::kAdpsgd:
       return "adpsgd";
+    case Algorithm::kGt:
+      return "gt";
   }
   return "?";
 }
 
 Algorithm parse_algorithm(std::string_view name) {
   for (auto a : {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal, Algorithm::kChoco,
-                 Algorithm::kD2, Algorithm::kAdpsgd})
+                 Algorithm::kD2, Algorithm::kAdpsgd, Algorithm::kGt})
     if (to_string(a) == name) return a;
   throw Error(ErrorKind::kInvalidArgument,
-              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, adpsgd, allreduce, ps, local"));
+              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, gt, adpsgd, allreduce, ps, local"));
 }
 
 bool gossips(Algorithm algorithm) {
   return algorithm == Algorithm::kDpsgd || algorithm == Algorithm::kChoco || algorithm == Algorithm::kD2 ||
-         algorithm == Algorithm::kAdpsgd;
+         algorithm == Algorithm::kAdpsgd || algorithm == Algorithm::kGt;
 }
 
 std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The gossip algorithms of the second wave from the command line, as a user runs them:
-# choco (compressed), d2, dpsgd --update atc (also with quasi-global momentum) and the tree and recursive-doubling
-# all-reduces train end to end with launch; top-k:0.01 sends at most 3 % of D-PSGD's bytes;
-# choco survives a killed peer as D-PSGD does; bad flags get an error naming them.
+# choco (compressed), d2, gt (gradient tracking), dpsgd --update atc (also with quasi-global momentum) and the
+# tree and recursive-doubling all-reduces train end to end with launch; top-k:0.01 sends at most 3 % of D-PSGD's
+# bytes; choco and gt survive a killed peer as D-PSGD does; bad flags get an error naming them.
 # Usage: PEERTRAIN=build/peertrain gossip_cli_test.sh SOURCE_DIR
 set -u
 source "$(dirname "$0")/common.sh"
@@ -16,7 +16,7 @@ summary() { grep -o "\"$2\": [0-9.e+-]*" "$1/summary.json" | head -1 | cut -d' '
 for flags in "dpsgd" "choco --compression top-k:0.01" "choco --compression qsgd:8 --update atc" \
              "choco --compression sign --gossip-step 0.4" "d2 --momentum 0" "dpsgd --update atc" \
              "allreduce --allreduce-algo tree" "allreduce --allreduce-algo rd" \
-             "dpsgd --update atc --momentum-form quasi-global"; do
+             "dpsgd --update atc --momentum-form quasi-global" "gt --momentum 0" "gt --momentum-form quasi-global"; do
   out="$work/run-${flags//[ :.]/_}"
   # shellcheck disable=SC2086
   if timeout 300 "$bin" launch --topology "$work/ring4.yaml" --algorithm $flags "${small[@]}" --out "$out" \
@@ -43,17 +43,21 @@ echo "bytes per peer: dpsgd $dense, choco top-k:0.01 $sparse"
 awk -v d="${dense:-0}" -v s="${sparse:-1e99}" 'BEGIN { exit !(d > 0 && s <= 0.03 * d) }' && ok ||
   fail "top-k:0.01 sent ${sparse:-?} bytes against D-PSGD's ${dense:-?}"
 
-# 3. A peer killed mid-run: choco drops it and the others finish, as D-PSGD does.
-out="$work/choco-kill"
-"$bin" launch --topology "$work/ring6.yaml" --algorithm choco --compression qsgd:8 --batch 16 --max-steps 600 \
-  --eval-every 300 --peer-timeout 10 --connect-timeout 20 --out "$out" >"$out.log" 2>&1 &
-launcher=$!
-for _ in $(seq 200); do grep -q '"step": [0-9]*[0-9][0-9]' "$out.log" 2>/dev/null && break; sleep 0.1; done
-pkill -9 -f -- "peer --rank 4 --topology $work/ring6.yaml"
-wait $launcher
-code=$?
-[[ $code -eq 0 ]] && ok || { fail "choco: launch exited $code after losing peer 4"; tail -5 "$out.log"; }
-grep -q '"failed_peers": \[4\]' "$out/summary.json" 2>/dev/null && ok || fail "choco: peer 4 not in failed_peers"
+# 3. A peer killed mid-run: choco and gt drop it and the others finish, as D-PSGD does.
+for flags in "choco --compression qsgd:8" "gt --momentum-form quasi-global"; do
+  name=${flags%% *}
+  out="$work/$name-kill"
+  # shellcheck disable=SC2086
+  "$bin" launch --topology "$work/ring6.yaml" --algorithm $flags --batch 16 --max-steps 600 \
+    --eval-every 300 --peer-timeout 10 --connect-timeout 20 --out "$out" >"$out.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 200); do grep -q '"step": [0-9]*[0-9][0-9]' "$out.log" 2>/dev/null && break; sleep 0.1; done
+  pkill -9 -f -- "peer --rank 4 --topology $work/ring6.yaml"
+  wait $launcher
+  code=$?
+  [[ $code -eq 0 ]] && ok || { fail "$name: launch exited $code after losing peer 4"; tail -5 "$out.log"; }
+  grep -q '"failed_peers": \[4\]' "$out/summary.json" 2>/dev/null && ok || fail "$name: peer 4 not in failed_peers"
+done
 
 # 4. Bad flags: an error naming the flag, exit 2, nothing started.
 expect_error() {  # expect_error TEXT FLAGS...
@@ -78,7 +82,9 @@ expect_error "--allreduce-algo 'star'" --algorithm allreduce --allreduce-algo st
 expect_error "--update applies to --algorithm dpsgd or choco" --algorithm d2 --update atc
 expect_error "--algorithm 'choc'" --algorithm choc
 expect_error "--resume: --algorithm choco" --algorithm choco --resume
-expect_error "--momentum-form applies to --algorithm dpsgd" --algorithm d2 --momentum-form quasi-global
+expect_error "--momentum-form applies to --algorithm dpsgd or gt" --algorithm d2 --momentum-form quasi-global
+expect_error "--update applies to --algorithm dpsgd or choco" --algorithm gt --update atc
+expect_error "--resume: --algorithm gt" --algorithm gt --resume
 expect_error "--momentum-form 'global' is not one of local, quasi-global" --momentum-form global
 expect_error "--momentum-form quasi-global is SGD's heavy ball" --momentum-form quasi-global --optimizer adam
 expect_error "--momentum-form quasi-global: its buffer" --momentum-form quasi-global --checkpoint-every 5

@@ -24,10 +24,15 @@ TEST(Report, RoundTripsEveryFieldAndTheParameters) {
   std::uniform_real_distribution<double> u(-1e6, 1e6);
   Report r{u(rng), u(rng), u(rng), u(rng), u(rng), u(rng), u(rng), u(rng), u(rng), u(rng), u(rng)};
   const auto x = random_floats(1001, rng);
-  const auto bytes = encode_report(r, x);
-  EXPECT_EQ(bytes.size(), kReportDoubles * sizeof(double) + x.size() * sizeof(float));
+  std::vector<double> sent_to(7);
+  for (double& v : sent_to) v = std::floor(u(rng) + 1e6);
+  const auto bytes = encode_report(r, sent_to, x);
+  EXPECT_EQ(bytes.size(), (kReportDoubles + sent_to.size()) * sizeof(double) + x.size() * sizeof(float));
+  EXPECT_EQ(bytes.size(), report_payload_bytes(7, x.size()));
   std::span<const float> got;
-  const Report back = decode_report(bytes, x.size(), "peer 3", got);
+  std::vector<double> sent_back;
+  const Report back = decode_report(bytes, 7, x.size(), "peer 3", sent_back, got);
+  EXPECT_EQ(sent_back, sent_to);
   const double* a = &r.step;
   const double* b = &back.step;
   for (std::size_t i = 0; i < kReportDoubles; ++i) EXPECT_EQ(a[i], b[i]) << "field " << i;
@@ -38,12 +43,14 @@ TEST(Report, RoundTripsEveryFieldAndTheParameters) {
 TEST(Report, AWrongSizeIsAParseErrorNamingTheSender) {
   std::mt19937 rng(8);
   const auto x = random_floats(10, rng);
-  auto bytes = encode_report(Report{}, x);
+  const std::vector<double> sent_to(4, 1.0);
+  auto bytes = encode_report(Report{}, sent_to, x);
   std::span<const float> got;
+  std::vector<double> sent_back;
   for (std::size_t cut : {std::size_t{0}, std::size_t{1}, bytes.size() - 1}) {
     const std::span<const std::byte> shorter(bytes.data(), cut);
     try {
-      decode_report(shorter, x.size(), "peer 5 (10.0.0.6:7000)", got);
+      decode_report(shorter, 4, x.size(), "peer 5 (10.0.0.6:7000)", sent_back, got);
       ADD_FAILURE() << "a report of " << cut << " bytes was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kParse);
@@ -51,7 +58,9 @@ TEST(Report, AWrongSizeIsAParseErrorNamingTheSender) {
     }
   }
   bytes.push_back(std::byte{0});
-  EXPECT_THROW(decode_report(bytes, x.size(), "peer 5", got), Error);
+  EXPECT_THROW(decode_report(bytes, 4, x.size(), "peer 5", sent_back, got), Error);
+  bytes.pop_back();  // right length for 4 peers, wrong for 5
+  EXPECT_THROW(decode_report(bytes, 5, x.size(), "peer 5", sent_back, got), Error);
 }
 
 // (1/m) Σ_i ‖x_i − x̄‖² and x̄, against a direct double-precision computation.

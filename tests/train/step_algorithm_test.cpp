@@ -5,6 +5,7 @@
 //  - CHOCO with --compression none and γ = 1 is D-PSGD, in both update forms;
 //  - D² is W(2x_k − x_{k−1} − u_k + u_{k−1}), with (I + W)/2 when λ_min(W) ≤ −1/3;
 //  - quasi-global momentum is Lin et al.'s recursion, in both update forms;
+//  - gradient tracking is its dense recursion, and x̄ moves by the mean gradient;
 //  - tree and recursive-doubling all-reduce give the ring's iterates.
 #include "../../src/train/step_algorithm.h"
 
@@ -166,6 +167,63 @@ TEST(UpdateForm, QuasiGlobalMomentumIsLinEtAlsRecursion) {
     local.momentum_form = MomentumForm::kLocal;
     EXPECT_GT(relative(run_algorithm(t, local), got), 1e-3);
   }
+}
+
+// Gradient tracking in dense form: Y_0 = G_0, Y_{k+1} = W Y_k + G_{k+1} − G_k, X_{k+1} =
+// W(X_k − U_k). U_k is plain SGD's η Y_k, or with quasi-global momentum η(βM̂ + Y_k + wd·X_k)
+// and M̂ ← βM̂ + (1 − β)(X_k − X_{k+1})/η.
+Eigen::MatrixXf tracking_twin(const Eigen::MatrixXf& w, int n, const SgdConfig& sgd, MomentumForm form) {
+  Rng init(3);
+  Eigen::RowVectorXf x0(kDim);
+  for (int j = 0; j < kDim; ++j) x0(j) = static_cast<float>(init.normal());
+  Eigen::MatrixXf x = x0.replicate(n, 1), y, previous_g, buffer = Eigen::MatrixXf::Zero(n, kDim);
+  for (int k = 0; k < kSteps; ++k) {
+    Eigen::MatrixXf g(n, kDim);
+    for (int i = 0; i < n; ++i) {
+      const auto gi = gradient(i, k);
+      for (int j = 0; j < kDim; ++j) g(i, j) = gi[static_cast<std::size_t>(j)];
+    }
+    y = k == 0 ? g : Eigen::MatrixXf(w * y + g - previous_g);
+    previous_g = g;
+    const Eigen::MatrixXf u = form == MomentumForm::kLocal
+                                  ? Eigen::MatrixXf(sgd.lr * y)
+                                  : Eigen::MatrixXf(sgd.lr * (sgd.momentum * buffer + y + sgd.weight_decay * x));
+    const Eigen::MatrixXf next = w * (x - u);
+    buffer = sgd.momentum * buffer + (1 - sgd.momentum) / sgd.lr * (x - next);
+    x = next;
+  }
+  return x;
+}
+
+TEST(GradientTracking, EqualsItsDenseRecursionAndTracksTheMeanGradient) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  TrainConfig gt = config_for(Algorithm::kGt, 0.0f);
+  gt.sgd.weight_decay = 0;
+  const Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+  const Eigen::MatrixXf got = run_algorithm(t, gt);
+  EXPECT_LT(relative(got, tracking_twin(w, t.num_peers(), gt.sgd, MomentumForm::kLocal)), 1e-5);
+  // x̄ moves by exactly −η·(mean gradient) per step: W keeps the mean of x, and that of y is ḡ_k.
+  Rng init(3);
+  Eigen::RowVectorXf expected(kDim);
+  for (int j = 0; j < kDim; ++j) expected(j) = static_cast<float>(init.normal());
+  for (int k = 0; k < kSteps; ++k)
+    for (int i = 0; i < t.num_peers(); ++i) {
+      const auto g = gradient(i, k);
+      for (int j = 0; j < kDim; ++j) expected(j) -= gt.sgd.lr * g[static_cast<std::size_t>(j)] / t.num_peers();
+    }
+  EXPECT_LT((got.colwise().mean() - expected).norm() / expected.norm(), 1e-5);
+}
+
+TEST(GradientTracking, WithQuasiGlobalMomentumEqualsItsDenseRecursion) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  TrainConfig gt = config_for(Algorithm::kGt);
+  gt.momentum_form = MomentumForm::kQuasiGlobal;
+  const Eigen::MatrixXf w = Eigen::MatrixXd(t.mixing).cast<float>();
+  const Eigen::MatrixXf got = run_algorithm(t, gt);
+  EXPECT_LT(relative(got, tracking_twin(w, t.num_peers(), gt.sgd, MomentumForm::kQuasiGlobal)), 1e-5);
+  TrainConfig local = gt;  // the local heavy ball over y differs
+  local.momentum_form = MomentumForm::kLocal;
+  EXPECT_GT(relative(run_algorithm(t, local), got), 1e-3);
 }
 
 TEST(Allreduce, TreeAndRecursiveDoublingGiveTheRingsIterates) {

@@ -29,7 +29,7 @@
 
 namespace peertrain::train {
 
-enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd };
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd, kGt };
 std::string_view to_string(Algorithm algorithm);
 Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
 // The algorithms that gossip with neighbours (D-PSGD, CHOCO-SGD, D² through W; AD-PSGD
