@@ -136,9 +136,9 @@ check_experiment() {
 }
 
 start=$SECONDS
-check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png
-check_experiment lian2017 6 loss_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png
-check_experiment gossip 24 loss_vs_time.png
+check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png report.html
+check_experiment lian2017 6 loss_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png report.html
+check_experiment gossip 28 loss_vs_time.png report.html
 
 echo "== command line"
 for name in topologies lian2017 gossip; do

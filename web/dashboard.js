@@ -104,8 +104,9 @@
       svg.appendChild(group);
     });
     const total = rates.reduce((s, v) => s + v, 0);
-    $('linkinfo').textContent = now ? `links carry ${human(total)}/s in all since the last evaluation; ` +
-      `the busiest ${human(top)}/s (line width is relative to it)` : 'waiting for the first evaluation';
+    $('linkinfo').textContent = !now ? 'waiting for the first evaluation' : !now.links ?
+      'this run did not record the bytes on each link (written by an older peertrain): links drawn without throughput' :
+      `links carry ${human(total)}/s in all since the last evaluation; the busiest ${human(top)}/s (line width is relative to it)`;
   }
 
   // ---- the curves ----------------------------------------------------------------------

@@ -121,4 +121,5 @@ done
 pt_finish_meta "$out/meta.json"
 echo "trainings done in $(pt_clock $((SECONDS - PT_T0))); writing the report"
 /usr/bin/python3 -B "$PT_SCRIPT_DIR/report.py" "$out" || pt_die "the report generator failed (experiments/gossip/report.py $out)"
+pt_report "$out" "slow/dpsgd/s1"
 echo "report: $out/README.md"

@@ -179,4 +179,5 @@ done
 pt_finish_meta "$out/meta.json"
 echo "trainings done in $(pt_clock $((SECONDS - PT_T0))) (estimated $(pt_clock "$est")); writing the report"
 /usr/bin/python3 -B "$PT_SCRIPT_DIR/report.py" "$out" || pt_die "the report generator failed (experiments/lian2017/report.py $out)"
+pt_report "$out" "lowbw/n${peer_counts[-1]}/dpsgd"
 echo "report: $out/README.md"

@@ -115,6 +115,20 @@ json.dump(dict(zip(keys, sys.argv[2:])), open(sys.argv[1], "w"), indent=1)
 EOF
 }
 
+# pt_report OUT LABEL: the dashboard's view (peertrain report) of the run of manifest.tsv
+# labelled LABEL as OUT/report.html, and a line in OUT/README.md that links it.
+pt_report() {
+  local out=$1 label=$2 dir
+  dir=$(/usr/bin/python3 -c 'import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1]), delimiter="\t") if r["label"] == sys.argv[2]]
+print(rows[0]["run_dir"] if rows else "")' "$out/manifest.tsv" "$label")
+  [[ -n $dir ]] || pt_die "pt_report: no run labelled '$label' in $out/manifest.tsv"
+  "$PEERTRAIN" report "$out/$dir" -o "$out/report.html" > /dev/null || pt_die "peertrain report $out/$dir failed"
+  printf '
+The dashboard'"'"'s view of the run `%s` (graph, curves, time per peer; `peertrain report %s`): [report.html](report.html), one file that opens offline.\n' \
+    "$label" "$dir" >> "$out/README.md"
+}
+
 pt_finish_meta() {  # FILE: add the end time and the total seconds
   /usr/bin/python3 - "$1" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((SECONDS - PT_T0))" << 'EOF'
 import json, sys
