@@ -114,6 +114,11 @@ check_experiment() {
       check_csv "$out/speedup.csv" 2 network peers target_loss time_dpsgd_s time_ps_s time_allreduce_s speedup_vs_ps \
         speedup_vs_allreduce || fail "$name: speedup.csv"
       ;;
+    consensus)
+      check_csv "$out/runs.csv" "$runs" label graph peers momentum seed xi || fail "$name: runs.csv"
+      check_csv "$out/curves.csv" "$evaluations" label step consensus_distance train_loss || fail "$name: curves.csv"
+      check_csv "$out/consensus.csv" - graph peers momentum seeds xi_measured xi_predicted ratio || fail "$name: consensus.csv"
+      ;;
     gossip)
       check_csv "$out/runs.csv" "$runs" label part algorithm epochs steps test_accuracy wall_s bytes_per_step_per_peer \
         time_to_target_s || fail "$name: runs.csv"
@@ -139,6 +144,7 @@ start=$SECONDS
 check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png report.html
 check_experiment lian2017 6 loss_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png report.html
 check_experiment gossip 28 loss_vs_time.png report.html
+check_experiment consensus 3 consensus_fit.png report.html
 
 echo "== command line"
 for name in topologies lian2017 gossip; do

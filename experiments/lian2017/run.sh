@@ -33,27 +33,7 @@ this machine). Environment: PEERTRAIN (default: <repo>/build/peertrain).
 EOF
 }
 
-command_line="experiments/lian2017/run.sh${*:+ $*}"
-mode=full
-out=$PT_SCRIPT_DIR/results
-while (($#)); do
-  case $1 in
-    --quick) mode=quick ;;
-    --tiny) mode=tiny ;;  # hidden: the CI test's reduced form
-    --out)
-      (($# >= 2)) || pt_die "--out needs a directory"
-      out=$2
-      shift
-      ;;
-    --out=*) out=${1#--out=} ;;
-    -h | --help)
-      usage
-      exit 0
-      ;;
-    *) pt_die "unknown argument '$1' (see --help)" ;;
-  esac
-  shift
-done
+pt_parse_args lian2017 "$@"
 
 pt_find_binary "$PT_SCRIPT_DIR"
 pt_check_tools

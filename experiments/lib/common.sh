@@ -10,6 +10,35 @@ pt_die() {
   exit 1
 }
 
+# pt_parse_args NAME ARGS...: the options every run.sh takes. Sets command_line (as typed,
+# for the report), mode (full, quick, or the CI test's hidden tiny) and out (default
+# <script dir>/results); --help calls the script's usage and exits.
+pt_parse_args() {
+  local name=$1
+  shift
+  command_line="experiments/$name/run.sh${*:+ $*}"
+  mode=full
+  out=$PT_SCRIPT_DIR/results
+  while (($#)); do
+    case $1 in
+      --quick) mode=quick ;;
+      --tiny) mode=tiny ;;  # hidden: the CI test's reduced form
+      --out)
+        (($# >= 2)) || pt_die "--out needs a directory"
+        out=$2
+        shift
+        ;;
+      --out=*) out=${1#--out=} ;;
+      -h | --help)
+        usage
+        exit 0
+        ;;
+      *) pt_die "unknown argument '$1' (see --help)" ;;
+    esac
+    shift
+  done
+}
+
 # pt_find_binary SCRIPT_DIR: sets PEERTRAIN (env, else ../../build/peertrain from the script).
 pt_find_binary() {
   local script_dir=$1

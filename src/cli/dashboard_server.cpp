@@ -88,6 +88,7 @@ struct DashboardServer::State {
   void broadcast(const char* type, const std::string& data);
   void accept();
   void tick();
+  void stop_when_sent(std::chrono::steady_clock::time_point deadline);
   void stop();
 };
 
@@ -119,6 +120,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     queue_.push_back(message);
     if (!writing_) write_next();
   }
+
+  bool idle() const { return closed_ || (queue_.empty() && !writing_ && !needs_snapshot_); }
 
   void close() {
     if (closed_) return;
@@ -264,6 +267,16 @@ void DashboardServer::State::tick() {
   });
 }
 
+// The end of the run: let every browser take what is queued for it (the summary), up to the
+// deadline, then close.
+void DashboardServer::State::stop_when_sent(std::chrono::steady_clock::time_point deadline) {
+  bool sent = true;
+  for (const auto& s : sessions) sent = sent && s->idle();
+  if (sent || std::chrono::steady_clock::now() >= deadline) return stop();
+  ticker.expires_after(std::chrono::milliseconds(20));
+  ticker.async_wait([this, deadline](beast::error_code) { stop_when_sent(deadline); });
+}
+
 void DashboardServer::State::stop() {
   stopping = true;
   beast::error_code ignored;
@@ -325,10 +338,13 @@ DashboardServer::DashboardServer(DashboardOptions options) : state_(std::make_sh
 
 DashboardServer::~DashboardServer() {
   State& s = *state_;
-  asio::post(s.io, [&s] { s.stop(); });
+  asio::post(s.io, [&s] {
+    s.ticker.cancel();
+    s.stop_when_sent(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  });
   // Closing every socket ends every handler; a write that still hangs is cut off.
   auto done = std::async(std::launch::async, [&s] { s.thread.join(); });
-  if (done.wait_for(std::chrono::seconds(2)) != std::future_status::ready) s.io.stop();
+  if (done.wait_for(std::chrono::seconds(3)) != std::future_status::ready) s.io.stop();
   done.wait();
 }
 
@@ -352,15 +368,15 @@ void DashboardServer::progress(std::string json) {
 
 void DashboardServer::eval(std::string json) {
   asio::post(state_->io, [s = state_.get(), json = std::move(json)]() mutable {
+    s->evals.push_back(json);  // first: a snapshot made from here on holds it
     s->broadcast("eval", json);
-    s->evals.push_back(std::move(json));
   });
 }
 
 void DashboardServer::event(std::string json) {
   asio::post(state_->io, [s = state_.get(), json = std::move(json)]() mutable {
+    s->events.push_back(json);
     s->broadcast("event", json);
-    s->events.push_back(std::move(json));
   });
 }
 
@@ -371,7 +387,7 @@ void DashboardServer::finish(std::string summary_json) {
       s->broadcast("progress", s->progress);
     }
     s->summary = json;
-    s->broadcast("summary", json);
+    s->broadcast("summary", s->summary);
   });
 }
 

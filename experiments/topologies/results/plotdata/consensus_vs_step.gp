@@ -1,6 +1,6 @@
 set terminal pngcairo enhanced font 'sans,10' size 1800,540
 set output '/work/main/experiments/topologies/results/consensus_vs_step.png'
-set multiplot layout 1,2 title '16 peers: consensus distance (solid) and gossip alone from the first point, × (1−gap)^2 per step (dashed)'
+set multiplot layout 1,2 title '16 peers: consensus distance (solid) and the steady state predicted from W, scaled by the complete graph (dashed)'
 set grid
 set key box opaque samplen 3 spacing 1.1
 unset logscale; unset format; set autoscale
@@ -13,14 +13,14 @@ set yrange [0.00073833:0.9720899999999999]
 set xrange [0:351]
 set key outside right top font ',9' samplen 2
 plot '/work/main/experiments/topologies/results/plotdata/iid-ring.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#1f77b4' title 'ring (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-iid-ring.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#1f77b4' title 'ring: × 0.901/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-iid-ring.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#1f77b4' title 'ring: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/iid-torus.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#ff7f0e' title 'torus (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-iid-torus.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#ff7f0e' title 'torus: × 0.36/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-iid-torus.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#ff7f0e' title 'torus: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/iid-exponential.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#2ca02c' title 'exponential (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-iid-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#2ca02c' title 'exponential: × 0.25/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-iid-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#2ca02c' title 'exponential: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/iid-one-peer-exponential.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#d62728' title 'one-peer exponential (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/iid-complete.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#9467bd' title 'complete (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-iid-complete.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#9467bd' title 'complete: × 0/step'
+  '/work/main/experiments/topologies/results/plotdata/pred-iid-one-peer-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#d62728' title 'one-peer exponential: predicted steady state', \
+  '/work/main/experiments/topologies/results/plotdata/iid-complete.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#9467bd' title 'complete (measured)'
 unset logscale; unset format; set autoscale
 set title 'non-iid shards (Dirichlet α = 0.1)'
 set xlabel 'step (one minibatch per peer)'
@@ -31,12 +31,12 @@ set yrange [0.0012594000000000001:2.320698]
 set xrange [0:351]
 set key outside right top font ',9' samplen 2
 plot '/work/main/experiments/topologies/results/plotdata/noniid-ring.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#1f77b4' title 'ring (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-noniid-ring.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#1f77b4' title 'ring: × 0.901/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-noniid-ring.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#1f77b4' title 'ring: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/noniid-torus.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#ff7f0e' title 'torus (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-noniid-torus.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#ff7f0e' title 'torus: × 0.36/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-noniid-torus.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#ff7f0e' title 'torus: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/noniid-exponential.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#2ca02c' title 'exponential (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-noniid-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#2ca02c' title 'exponential: × 0.25/step', \
+  '/work/main/experiments/topologies/results/plotdata/pred-noniid-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#2ca02c' title 'exponential: predicted steady state', \
   '/work/main/experiments/topologies/results/plotdata/noniid-one-peer-exponential.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#d62728' title 'one-peer exponential (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/noniid-complete.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#9467bd' title 'complete (measured)', \
-  '/work/main/experiments/topologies/results/plotdata/pred-noniid-complete.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#9467bd' title 'complete: × 0/step'
+  '/work/main/experiments/topologies/results/plotdata/pred-noniid-one-peer-exponential.dat' using 1:2 with lines dt 2 lw 2 lc rgb '#d62728' title 'one-peer exponential: predicted steady state', \
+  '/work/main/experiments/topologies/results/plotdata/noniid-complete.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#9467bd' title 'complete (measured)'
 unset multiplot
