@@ -19,7 +19,7 @@ host, port, token = m.group(1), int(m.group(2)), m.group(3) or ""
 def connect():
     s = socket.create_connection((host, port))
     key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall((f"GET /ws?token={token} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    s.sendall((f"GET /ws?token={token} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
     return s
 

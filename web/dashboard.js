@@ -8,7 +8,7 @@
 (function () {
   'use strict';
   const run = { graph: null, config: {}, evals: [], events: [], progress: null, summary: null };
-  let mode = 'live', connection = 'connecting', seq = 0, pending = false;
+  let mode = 'live', connection = 'connecting', seq = 0, pending = false, resyncing = false;
   const charts = {};
   const $ = (id) => document.getElementById(id);
   const svgNS = 'http://www.w3.org/2000/svg';
@@ -59,7 +59,7 @@
     const rates = g.links.map((l, k) => {
       if (!now || !now.links) return 0;
       const dt = before ? now.wall_s - before.wall_s : now.wall_s;
-      const db = now.links[k] - (before && before.links ? before.links[k] : 0);
+      const db = Math.max(0, now.links[k] - (before && before.links ? before.links[k] : 0));  // counters restart with a process
       return dt > 0 ? db / dt : 0;
     });
     const top = Math.max(1, ...rates);
@@ -249,13 +249,17 @@
   function connect() {
     const token = new URLSearchParams(location.search).get('token') || '';
     const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws?token=${encodeURIComponent(token)}`);
-    ws.onopen = () => { connection = 'connected'; schedule(); };
+    ws.onopen = () => { connection = 'connected'; resyncing = false; schedule(); };
     ws.onmessage = (e) => {
       const m = JSON.parse(e.data);
       if (m.type === 'snapshot') {
         Object.assign(run, { graph: m.graph, config: m.config, evals: m.evals, events: m.events, progress: m.progress, summary: m.summary });
         seq = m.seq;
+        resyncing = false;
+      } else if (resyncing) {
+        return;  // asked for a snapshot already: everything before it is in it
       } else if (m.seq !== seq + 1) {
+        resyncing = true;
         ws.send('{"type":"resync"}');  // dropped while we were slow: start again from the whole state
         return;
       } else {

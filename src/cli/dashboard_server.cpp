@@ -6,6 +6,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
+#include <fcntl.h>
+
 #include <chrono>
 #include <deque>
 #include <future>
@@ -51,6 +53,15 @@ bool same_token(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// The children launch forks must not inherit the dashboard's sockets (a peer slow to exit
+// would hold the port).
+template <typename Socket>
+void close_on_exec(Socket& socket) {
+  if (socket.is_open()) ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+}
+
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "::1" || host == "localhost"; }
+
 const char* const kTokenPage = R"(<!doctype html><meta charset="utf-8"><title>peertrain dashboard</title>
 <body style="font-family:sans-serif;margin:3em"><h1>peertrain dashboard</h1>
 <p>This run was started with <code>--secret-file</code>: enter the token that <code>peertrain launch</code> printed.</p>
@@ -60,11 +71,17 @@ const char* const kTokenPage = R"(<!doctype html><meta charset="utf-8"><title>pe
 
 class WsSession;
 
+class HttpSession;
+
 struct DashboardServer::State {
+  static constexpr std::size_t kMaxConnections = 64;  // browsers and requests at once; more are closed
+
+  // Before io: sessions still queued in io when it is destroyed leave this set then.
+  std::set<HttpSession*> requests;
   DashboardOptions options;
   asio::io_context io;
   tcp::acceptor acceptor{io};
-  asio::steady_timer ticker{io};
+  asio::steady_timer ticker{io}, accept_retry{io};
   std::thread thread;
   int port = 0;
   // The run so far; touched only on io's thread.
@@ -77,14 +94,30 @@ struct DashboardServer::State {
   bool authorized(std::string_view target) const {
     return options.token.empty() || same_token(query_value(target, "token"), options.token);
   }
-  std::string snapshot() const {
+  // Bound to loopback, only requests addressed to it by name are served: a page on another
+  // site that resolves its own name to 127.0.0.1 (DNS rebinding) is refused. A browser's
+  // WebSocket must come from a page of this server (its Origin), not from another site.
+  bool addressed_to_us(std::string_view host_header) const {
+    if (!is_loopback(options.host)) return true;  // reachable by any name: the token guards it
+    const std::string p = ":" + std::to_string(port);
+    return host_header == "127.0.0.1" + p || host_header == "localhost" + p || host_header == "[::1]" + p;
+  }
+  std::size_t connections() const { return requests.size() + sessions.size(); }
+  std::shared_ptr<const std::string> snapshot() {
+    if (cached_snapshot && cached_version == version) return cached_snapshot;
     std::string s = "{\"type\":\"snapshot\",\"seq\":" + std::to_string(seq) + ",\"graph\":" + options.graph_json +
                     ",\"config\":" + options.config_json + ",\"evals\":[";
     for (std::size_t i = 0; i < evals.size(); ++i) s += (i ? "," : "") + evals[i];
     s += "],\"events\":[";
     for (std::size_t i = 0; i < events.size(); ++i) s += (i ? "," : "") + events[i];
-    return s + "],\"progress\":" + progress + ",\"summary\":" + summary + "}";
+    cached_snapshot =
+        std::make_shared<const std::string>(s + "],\"progress\":" + progress + ",\"summary\":" + summary + "}");
+    cached_version = version;
+    return cached_snapshot;
   }
+  // Every change of the state bumps version; browsers that ask at one version share one copy.
+  long long version = 0, cached_version = -1;
+  std::shared_ptr<const std::string> cached_snapshot;
   void broadcast(const char* type, const std::string& data);
   void accept();
   void tick();
@@ -137,7 +170,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (needs_snapshot_ && (queue_.empty() || !writing_)) {
       needs_snapshot_ = false;
       queue_.clear();
-      queue_.push_back(std::make_shared<const std::string>(state_.snapshot()));
+      queue_.push_back(state_.snapshot());
     }
     if (queue_.empty()) {
       writing_ = false;
@@ -177,7 +210,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 // One HTTP request: the page, its scripts, the state as JSON, or the upgrade to /ws.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& socket, DashboardServer::State& state) : stream_(std::move(socket)), state_(state) {}
+  HttpSession(tcp::socket&& socket, DashboardServer::State& state) : stream_(std::move(socket)), state_(state) {
+    state_.requests.insert(this);
+  }
+  ~HttpSession() { state_.requests.erase(this); }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.close();
+  }
 
   void run() {
     parser_.emplace();
@@ -193,7 +235,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void respond(http::request<http::empty_body> request) {
     const std::string target(request.target());
     const std::string_view path = path_of(target);
+    const std::string host(request[http::field::host]), origin(request[http::field::origin]);
+    if (!state_.addressed_to_us(host))
+      return reply(request, http::status::forbidden, "text/plain", "this dashboard answers only to its own address\n");
     if (websocket::is_upgrade(request)) {
+      if (!origin.empty() && origin != "http://" + host)
+        return reply(request, http::status::forbidden, "text/plain", "another site's page\n");
       if (path != "/ws" || !state_.authorized(target))
         return reply(request, http::status::unauthorized, "text/plain", "no");
       stream_.expires_never();
@@ -210,7 +257,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (path == "/chart.js") return reply(request, http::status::ok, "text/javascript", std::string(kChartJs));
     if (path == "/state") {
       if (!state_.authorized(target)) return reply(request, http::status::unauthorized, "text/plain", "token\n");
-      return reply(request, http::status::ok, "application/json", state_.snapshot());
+      return reply(request, http::status::ok, "application/json", *state_.snapshot());
     }
     reply(request, http::status::not_found, "text/plain", "not found\n");
   }
@@ -227,12 +274,6 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                       [self = shared_from_this(), response](beast::error_code, std::size_t) { self->close(); });
   }
 
-  void close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.close();
-  }
-
   beast::tcp_stream stream_;
   DashboardServer::State& state_;
   beast::flat_buffer buffer_;
@@ -241,6 +282,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
 void DashboardServer::State::broadcast(const char* type, const std::string& data) {
   ++seq;
+  ++version;
   auto message = std::make_shared<const std::string>(std::string("{\"type\":\"") + type +
                                                      "\",\"seq\":" + std::to_string(seq) + ",\"data\":" + data + "}");
   const auto all = sessions;  // a failed send closes its session, which leaves the set
@@ -250,7 +292,21 @@ void DashboardServer::State::broadcast(const char* type, const std::string& data
 void DashboardServer::State::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (stopping) return;
-    if (!ec) std::make_shared<HttpSession>(std::move(socket), *this)->run();
+    if (ec) {
+      // Out of descriptors, say: wait before trying again rather than spin on a core.
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](beast::error_code e) {
+        if (!e && !stopping) accept();
+      });
+      return;
+    }
+    close_on_exec(socket);
+    if (connections() < kMaxConnections) {
+      std::make_shared<HttpSession>(std::move(socket), *this)->run();
+    } else {
+      beast::error_code ignored;
+      socket.close(ignored);
+    }
     accept();
   });
 }
@@ -282,8 +338,11 @@ void DashboardServer::State::stop() {
   beast::error_code ignored;
   acceptor.close(ignored);
   ticker.cancel();
+  accept_retry.cancel();
   const auto all = sessions;
   for (const auto& s : all) s->close();
+  const auto pending = requests;
+  for (HttpSession* r : pending) r->close();
 }
 
 DashboardOptions parse_dashboard_address(const std::string& text) {
@@ -318,6 +377,7 @@ DashboardServer::DashboardServer(DashboardOptions options) : state_(std::make_sh
     s.acceptor.set_option(asio::socket_base::reuse_address(true));
     s.acceptor.bind(endpoint);
     s.acceptor.listen();
+    close_on_exec(s.acceptor);
     s.port = s.acceptor.local_endpoint().port();
   } catch (const boost::system::system_error& e) {
     throw Error(ErrorKind::kIo, str("--dashboard ", where, ": cannot listen: ", e.code().message()));
@@ -363,12 +423,14 @@ void DashboardServer::progress(std::string json) {
   asio::post(state_->io, [s = state_.get(), json = std::move(json)]() mutable {
     s->progress = std::move(json);
     s->progress_dirty = true;
+    ++s->version;
   });
 }
 
 void DashboardServer::eval(std::string json) {
   asio::post(state_->io, [s = state_.get(), json = std::move(json)]() mutable {
     s->evals.push_back(json);  // first: a snapshot made from here on holds it
+    ++s->version;
     s->broadcast("eval", json);
   });
 }
@@ -376,6 +438,7 @@ void DashboardServer::eval(std::string json) {
 void DashboardServer::event(std::string json) {
   asio::post(state_->io, [s = state_.get(), json = std::move(json)]() mutable {
     s->events.push_back(json);
+    ++s->version;
     s->broadcast("event", json);
   });
 }
@@ -387,6 +450,7 @@ void DashboardServer::finish(std::string summary_json) {
       s->broadcast("progress", s->progress);
     }
     s->summary = json;
+    ++s->version;
     s->broadcast("summary", s->summary);
   });
 }

@@ -11,13 +11,18 @@ std::string with_scripts(const std::string& scripts) {
   return at == std::string::npos ? page : page.replace(at, kMarker.size(), scripts);
 }
 
-// Text inside <script>: "</" would end the element early (a string in the data, a comment).
-std::string script_safe(std::string_view text) {
+// JSON inside <script>: "</script", "<!--" and "<script" would change how the HTML parser
+// reads the element (a string in a topology name or an error message), so every '<'
+// becomes \u003c, which JSON reads back as the same character ('<' occurs only inside
+// strings in JSON).
+std::string script_safe(std::string_view json) {
   std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    out += text[i];
-    if (text[i] == '<' && i + 1 < text.size() && text[i + 1] == '/') out += "\\";
+  out.reserve(json.size());
+  for (char c : json) {
+    if (c == '<')
+      out += "\\u003c";
+    else
+      out += c;
   }
   return out;
 }

@@ -227,6 +227,7 @@ class GradientTracking final : public Gossiping {
     const auto begin = Clock::now();
     const std::size_t n = x.size();
     const std::span<float> y(both_.data() + n, n);  // holds W y_{k−1} from the last exchange
+    // (After W changed, previous_g_ is empty: y starts again from g, see adjust().)
     if (previous_g_.empty()) {
       std::copy(grads.begin(), grads.end(), y.begin());
       previous_g_.assign(grads.begin(), grads.end());
@@ -249,6 +250,14 @@ class GradientTracking final : public Gossiping {
   }
 
  private:
+  // A lost (or returning) peer takes its share of Σy with it, and Σy = Σg no longer holds
+  // among the peers that mix: x̄ would drift by that share on every later step. Every
+  // peer switches W at the same step, so all restart the tracking there from y = g.
+  std::vector<algo::MixingRow> adjust(std::vector<algo::MixingRow> rows) override {
+    previous_g_.clear();
+    return rows;
+  }
+
   MomentumStep step_;
   std::vector<float> both_, previous_g_;
 };

@@ -41,10 +41,12 @@ def check(ok, what):
 
 # ---- a minimal WebSocket client (RFC 6455), enough for DevTools and the abuse tests ----
 class WebSocket:
-    def __init__(self, host, port, path, timeout=30):
+    def __init__(self, host, port, path, timeout=30, headers=""):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        host_header = f"{host}:{port}" if "Host:" not in headers else None
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\n" + (f"Host: {host_header}\r\n" if host_header else "") +
+                           f"{headers}Upgrade: websocket\r\n"
                            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
         head = b""
         while b"\r\n\r\n" not in head:
@@ -225,6 +227,17 @@ def main():
         check(False, "a WebSocket with a wrong token was accepted")
     except ConnectionError:
         check(True, "a WebSocket with a wrong token is refused")
+    try:
+        WebSocket(host, http_port, "/ws?token=" + token, headers="Origin: http://evil.example\r\n")
+        check(False, "a WebSocket from another site's page was accepted")
+    except ConnectionError as e:
+        check("403" in str(e), f"a WebSocket from another site's page is refused ({e})")
+    rebind = socket.create_connection((host, http_port))
+    rebind.sendall(f"GET /state?token={token} HTTP/1.1\r\nHost: evil.example:{http_port}\r\n\r\n".encode())
+    answer = rebind.recv(200).decode(errors="replace")
+    rebind.close()
+    check(answer.startswith("HTTP/1.1 403"), f"a request addressed to another name (DNS rebinding) is refused "
+                                              f"({answer.splitlines()[0] if answer else 'nothing'})")
 
     # 2. What a person sees, growing.
     browser.navigate(url)

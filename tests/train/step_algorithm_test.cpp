@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <map>
+#include <mutex>
 
 #include "../../src/train/membership.h"
 #include "../net/test_cluster.h"
@@ -224,6 +226,64 @@ TEST(GradientTracking, WithQuasiGlobalMomentumEqualsItsDenseRecursion) {
   TrainConfig local = gt;  // the local heavy ball over y differs
   local.momentum_form = MomentumForm::kLocal;
   EXPECT_GT(relative(run_algorithm(t, local), got), 1e-3);
+}
+
+// A peer crashes at step 8 of 40 on a ring of 6. The survivors recompute W at one agreed
+// step and restart the tracking there (y = g), so from then on their mean x moves by exactly
+// −η·(their mean gradient) again; without the restart the crashed peer's share of Σy
+// would bias every later step by the same amount.
+TEST(GradientTracking, AfterALostPeerTheSurvivorsTrackTheirMeanGradientAgain) {
+  const Topology t = topology_from("graph: {generator: ring, n: 6}");
+  const int n = t.num_peers(), victim = 3;
+  constexpr int kLong = 40, kDeath = 8;
+  TrainConfig gt = config_for(Algorithm::kGt, 0.0f);
+  gt.sgd.weight_decay = 0;
+  net::LoopbackOptions options{n, {}, 5};
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> all;
+    for (int j = 0; j < n; ++j)
+      if (j != i) all.push_back(j);
+    options.links.push_back(all);
+  }
+  net::LoopbackFabric fabric(options);
+  std::mutex mutex;
+  std::map<std::pair<int, int>, std::vector<float>> after;  // (peer, step): x after the step
+  testing::run_peers(n, [&](int rank) {
+    auto net = fabric.transport(rank);
+    algo::Gossip gossip(*net, algo::mixing_rows(t, rank));
+    Membership membership(*net, t, rank, {SplitPolicy::kContinue, 0, kLong, 0});
+    auto algorithm = make_step_algorithm(gt, {*net, rank, n, &gossip, &membership, {}, &t}, kDim);
+    auto optimizer = make_optimizer(OptimizerKind::kSgd, kDim, gt.sgd, gt.adam);
+    Rng init(3);
+    std::vector<float> x(kDim);
+    for (float& v : x) v = static_cast<float>(init.normal());
+    for (int k = 0; k < kLong; ++k) {
+      if (rank == victim && k == kDeath) return net->abort();
+      algorithm->start(k, x);
+      std::vector<float> g = gradient(rank, k);
+      algorithm->finish(k, x, g, *optimizer);
+      std::lock_guard lock(mutex);
+      after[{rank, k}] = x;
+    }
+    net->close();
+  });
+  // r_k = x̄_{k+1} − x̄_k + η ḡ_k over the survivors, relative to η‖ḡ_k‖.
+  auto residual = [&](int k) {
+    Eigen::VectorXd step = Eigen::VectorXd::Zero(kDim), mean_g = Eigen::VectorXd::Zero(kDim);
+    for (int p = 0; p < n; ++p) {
+      if (p == victim) continue;
+      const auto g = gradient(p, k);
+      for (int j = 0; j < kDim; ++j) {
+        step(j) += after.at({p, k})[static_cast<std::size_t>(j)] - after.at({p, k - 1})[static_cast<std::size_t>(j)];
+        mean_g(j) += g[static_cast<std::size_t>(j)];
+      }
+    }
+    step /= n - 1;
+    mean_g /= n - 1;
+    return (step + gt.sgd.lr * mean_g).norm() / (gt.sgd.lr * mean_g.norm());
+  };
+  // The membership switches within a few steps of the crash; the last ten are well after.
+  for (int k = kLong - 10; k < kLong; ++k) EXPECT_LT(residual(k), 1e-4) << "step " << k;
 }
 
 TEST(Allreduce, TreeAndRecursiveDoublingGiveTheRingsIterates) {
