@@ -37,17 +37,22 @@ std::vector<float> gradient(int rank, int step) {
   return g;
 }
 
-// Every peer's x after kSteps of `config.algorithm`, all starting from the same x_0.
-Eigen::MatrixXf run_algorithm(const Topology& t, const TrainConfig& config) {
-  const int n = t.num_peers();
-  net::LoopbackOptions options{n, {}, 10};
+// The links the trainer keeps: every peer with every other (any survivor may coordinate).
+net::LoopbackOptions every_peer_linked(int n, double peer_timeout_s) {
+  net::LoopbackOptions options{n, {}, peer_timeout_s};
   for (int i = 0; i < n; ++i) {
     std::vector<int> all;
     for (int j = 0; j < n; ++j)
       if (j != i) all.push_back(j);
     options.links.push_back(all);
   }
-  net::LoopbackFabric fabric(options);
+  return options;
+}
+
+// Every peer's x after kSteps of `config.algorithm`, all starting from the same x_0.
+Eigen::MatrixXf run_algorithm(const Topology& t, const TrainConfig& config) {
+  const int n = t.num_peers();
+  net::LoopbackFabric fabric(every_peer_linked(n, 10));
   Eigen::MatrixXf out(n, kDim);
   testing::run_peers(n, [&](int rank) {
     auto net = fabric.transport(rank);
@@ -238,14 +243,7 @@ TEST(GradientTracking, AfterALostPeerTheSurvivorsTrackTheirMeanGradientAgain) {
   constexpr int kLong = 40, kDeath = 8;
   TrainConfig gt = config_for(Algorithm::kGt, 0.0f);
   gt.sgd.weight_decay = 0;
-  net::LoopbackOptions options{n, {}, 5};
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> all;
-    for (int j = 0; j < n; ++j)
-      if (j != i) all.push_back(j);
-    options.links.push_back(all);
-  }
-  net::LoopbackFabric fabric(options);
+  net::LoopbackFabric fabric(every_peer_linked(n, 5));
   std::mutex mutex;
   std::map<std::pair<int, int>, std::vector<float>> after;  // (peer, step): x after the step
   testing::run_peers(n, [&](int rank) {
