@@ -9,9 +9,10 @@ driven over the DevTools protocol with nothing but the standard library).
    the run goes on.
 3. Twenty WebSocket clients that never read, one that sends malformed frames and one that
    vanishes mid-handshake: the run goes on and the page keeps updating.
-4. A peer killed with SIGKILL turns to lost within the peer timeout.
+4. A peer killed with SIGKILL turns to lost within the peer timeout; restarted with the
+   command launch prints (--rejoin), it comes back, and the events say both.
 5. A screenshot (WORKDIR/dashboard.png); then `peertrain report` of the finished run opens
-   offline in the same browser with the same elements.
+   offline in the same browser with the same elements and events.
 Exit 77 (skipped) when chromium is missing or cannot start.
 """
 import base64
@@ -193,7 +194,7 @@ def main():
     out = os.path.join(WORK, "run")
     log = open(os.path.join(WORK, "launch.log"), "w")
     launch = subprocess.Popen([PEERTRAIN, "launch", "--topology", topology, "--secret-file", key, "--dashboard", "0",
-                               "--hidden", "32", "--batch", "16", "--max-steps", "3000", "--eval-every", "40",
+                               "--hidden", "32", "--batch", "16", "--epochs", "40", "--max-steps", "9000", "--eval-every", "40",
                                "--peer-timeout", str(PEER_TIMEOUT), "--connect-timeout", "30", "--out", out],
                               stdout=log, stderr=subprocess.STDOUT)
     url = None
@@ -280,13 +281,36 @@ def main():
     for ws in silent:
         ws.sock.close()
 
+    # The peer comes back with the command launch printed for it.
+    again = None
+    for _ in range(100):
+        m = re.search(r"to bring it back: peertrain (peer --rank 4 --rejoin .*)", open(os.path.join(WORK, "launch.log")).read())
+        if m:
+            again = m.group(1).split()
+            break
+        time.sleep(0.1)
+    check(again is not None, "launch printed the command that brings peer 4 back")
+    if again:
+        rejoined = subprocess.Popen([PEERTRAIN] + again, stdout=subprocess.DEVNULL,
+                                    stderr=open(os.path.join(WORK, "rejoined.log"), "w"))
+        s, ok = wait_for(lambda s: "4" not in s.get("lost", "").split(",") and s.get("status") == "running", 60, browser)
+        events = browser.evaluate("document.getElementById('events').textContent") or ""
+        check(ok and "peer 4 rejoined" in events, f"peer 4 is back after --rejoin (states {s.get('states')}; "
+                                                  f"events: {events[-160:]!r})")
+
     # 5. The run ends (the survivors finish); its report opens offline with the same view.
     try:
         code = launch.wait(300)
     except subprocess.TimeoutExpired:
         launch.send_signal(signal.SIGINT)
         code = launch.wait(30)
-    check(code == 0, f"launch finished without peer 4 (exit {code})")
+    check(code == 0, f"launch finished (exit {code})")
+    if again:
+        try:
+            check(rejoined.wait(60) == 0, "the rejoined peer finished the run")
+        except subprocess.TimeoutExpired:
+            rejoined.kill()
+            check(False, "the rejoined peer did not finish within 60 s of the others")
     s, ok = wait_for(lambda s: s.get("status") in ("finished", "disconnected"), 10, browser)
     check(s.get("status") == "finished", f"the page says the run finished ({s.get('status')})")
     report = os.path.join(WORK, "report.html")
@@ -302,7 +326,9 @@ def main():
     check(ok and s.get("peers") == str(PEERS) and s.get("links") == str(PEERS),
           f"the report shows the same elements offline (peers {s.get('peers')}, links {s.get('links')}, "
           f"points {s.get('points')})")
-    check("4" in s.get("lost", "").split(","), f"the report shows peer 4 lost ({s.get('lost')})")
+    events = browser.evaluate("document.getElementById('events').textContent") or ""
+    check("peer 4 lost" in events and "peer 4 rejoined" in events,
+          f"the report's events show peer 4 lost and rejoined ({events[-160:]!r})")
     browser.screenshot(os.path.join(WORK, "report.png"))
     browser.close()
 
