@@ -384,8 +384,8 @@ def observations(runs, speedups, targets):
             if best_key == "allreduce":
                 obs.append("That all-reduce is the ring, the worst all-reduce for latency: 2(n − 1) = "
                            f"{2 * (best['peers'] - 1)} dependent transfers a step. Against latency-optimal all-reduces "
-                           "the win is smaller: at 10 ms on 16 peers experiments/gossip measured D-PSGD's step 3.5× "
-                           "faster than recursive doubling's and 6.8× than a binomial tree's (25.3× than the ring's), "
+                           "the win is smaller: at 10 ms on 16 peers experiments/gossip measured D-PSGD's step 3.4× "
+                           "faster than recursive doubling's and 6.5× than a binomial tree's (23.9× than the ring's), "
                            "and against the parameter server here it is 1.2–1.9× at high latency.")
         lowest = [(k, s) for s in slow for k in ("ps", "allreduce")
                   if not math.isnan(s[f"speedup_vs_{k}"]) and s[f"speedup_vs_{k}"] < 1.2]
