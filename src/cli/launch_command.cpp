@@ -496,10 +496,7 @@ int run_launch(int argc, char** argv) {
   // Peers restarted by hand with --rejoin came back: summary.json's rejoined_peers.
   std::vector<int> back;
   {
-    std::ifstream in(out / "summary.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string s = text.str();
+    const std::string s = read_text(out / "summary.json", "");
     const auto at = s.find("\"rejoined_peers\": [");
     const auto end = at == std::string::npos ? at : s.find(']', at);
     for (auto p = s.find("\"peer\":", at); at != std::string::npos && p < end; p = s.find("\"peer\":", p + 1))
