@@ -154,8 +154,10 @@ int main(int argc, char** argv) {
     memory_row("gossip_mix (3 x 0.86 M)", 16.0 * params, [&] { gossip_mix({}, p.data(), inputs, weights, 3, params); });
   }
 
-  std::printf("\nattention (FLOPs: forward 4·T²·D per (sequence, head), backward 8·T²·D (dV, dP, dQ, dK); causal half)\n");
-  std::printf("%-40s %10s %10s %12s\n", "shape", "fwd TFLOP/s", "bwd TFLOP/s", "vs BF16 GEMM");
+  std::printf(
+      "\nattention, TFLOP/s (FLOPs: forward 4·T²·D per (sequence, head), backward 8·T²·D (dV, dP, dQ, dK);"
+      " causal half)\n");
+  std::printf("%-34s %12s %12s %12s %14s\n", "shape", "fwd fp32", "fwd bf16 TC", "bwd fp32", "bf16 fwd/GEMM");
   for (int head_dim : {32, 64})
     for (int tokens : quick ? std::vector<int>{1024} : std::vector<int>{1024, 4096})
       for (bool causal : {false, true}) {
@@ -178,10 +180,18 @@ int main(int argc, char** argv) {
           attention_backward({}, dims, q.data(), pos.data(), k.data(), v.data(), pos.data(), lse.data(), delta.data(),
                              dout.data(), dq.data(), dk.data(), dv.data());
         });
+        AttentionDims tensor_cores = dims;
+        tensor_cores.precision = AttentionPrecision::kBf16;
+        const double fwd_tc = seconds_per_call([&] {
+          attention_forward({}, tensor_cores, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
+                            lse.data());
+        });
         const double fwd_tflops = 4 * pairs * head_dim / fwd / 1e12, bwd_tflops = 8 * pairs * head_dim / bwd / 1e12;
+        const double tc_tflops = 4 * pairs * head_dim / fwd_tc / 1e12;
         char shape[64];
         std::snprintf(shape, sizeof shape, "rows %d T %d D %d %s", rows, tokens, head_dim, causal ? "causal" : "full");
-        std::printf("%-40s %10.2f %10.2f %11.1f%%\n", shape, fwd_tflops, bwd_tflops, 100 * fwd_tflops / bf16);
+        std::printf("%-34s %12.2f %12.2f %12.2f %13.1f%%\n", shape, fwd_tflops, tc_tflops, bwd_tflops,
+                    100 * tc_tflops / bf16);
       }
   std::printf("\npeak device memory held by this process: %.1f MiB\n",
               static_cast<double>(peak_allocated_bytes()) / (1 << 20));

@@ -69,6 +69,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--tf32", action="store_true", help="cuda: TF32 matmuls (peertrain's default GEMM)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the warm-up compiles)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.tf32:
@@ -78,13 +79,14 @@ def main():
     torch.manual_seed(0)
     model = Gpt(256, args.seq, args.d_model, args.layers, args.heads).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    forward = torch.compile(model) if args.compile else model
     x = torch.randint(0, 256, (args.batch, args.seq), device=device)
     y = torch.randint(0, 256, (args.batch, args.seq), device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).view(-1, 256), y.view(-1))
+        loss = F.cross_entropy(forward(x).view(-1, 256), y.view(-1))
         loss.backward()
         optimizer.step()
 
@@ -99,7 +101,7 @@ def main():
         times.append(time.perf_counter() - start)
     ms = statistics.median(times) * 1e3
     print(json.dumps({
-        "framework": f"torch {torch.__version__}",
+        "framework": f"torch {torch.__version__}" + (" compile" if args.compile else " eager"),
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
         "model": "gpt",

@@ -77,6 +77,9 @@ struct Bench {
   std::string shape;
   std::string device = "cpu";
   std::function<std::size_t()> peak_device_bytes;  // set for --device cuda
+  // Seconds of each step's optimizer update (set for --device cuda, whose optimizer runs on
+  // the host): the split between the device's forward/backward and the host's update.
+  std::shared_ptr<std::vector<double>> optimizer_seconds;
 };
 
 Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
@@ -165,12 +168,13 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
           config, {.device = 0, .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>())});
       b.device = state->device->describe();
       b.peak_device_bytes = [state] { return state->device->peak_device_bytes(); };
+      b.optimizer_seconds = std::make_shared<std::vector<double>>();
     }
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
   if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
-  b.step = [state, batch, tokens, gpt] {
+  b.step = [state, batch, tokens, gpt, optimizer_seconds = b.optimizer_seconds] {
     if (state->engine) {
       parallel::GlobalBatch global;
       global.batch = batch;
@@ -194,7 +198,9 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       else
         state->model.forward_backward(state->params, whole, state->grads);
     }
+    const auto update = std::chrono::steady_clock::now();
     state->optimizer->step(state->params, state->grads);
+    if (optimizer_seconds) optimizer_seconds->push_back(seconds_since(update));
   };
   b.flops = state->model.flops_per_step(batch, tokens);
   b.parameters = size;
@@ -263,11 +269,13 @@ int step(int argc, char** argv) {
 
   std::vector<double> times;
   for (int i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && bench.optimizer_seconds) bench.optimizer_seconds->clear();
     const auto start = std::chrono::steady_clock::now();
     bench.step();
     if (i >= warmup) times.push_back(seconds_since(start));
   }
   const double seconds = median(times);
+  const double optimizer_ms = bench.optimizer_seconds ? median(*bench.optimizer_seconds) * 1e3 : 0.0;
   const double gflops = bench.flops / seconds / 1e9;
   const double gemm_gflops = eigen_gemm_gflops();
 
@@ -282,7 +290,10 @@ int step(int argc, char** argv) {
         .add("ms_per_step", seconds * 1e3)
         .add("items_per_s", bench.items / seconds);
     if (bench.tokens > 0) out.add("tokens_per_s", static_cast<double>(bench.tokens) / seconds);
-    if (bench.peak_device_bytes) out.add("device", bench.device).add("peak_device_bytes", bench.peak_device_bytes());
+    if (bench.peak_device_bytes)
+      out.add("device", bench.device)
+          .add("peak_device_bytes", bench.peak_device_bytes())
+          .add("host_optimizer_ms", optimizer_ms);
     out.add("flops_per_step", bench.flops)
         .add("gflops", gflops)
         .add("eigen_gemm_gflops", gemm_gflops)
@@ -297,6 +308,7 @@ int step(int argc, char** argv) {
   std::printf("batch        %d\n", batch);
   std::printf("threads      %d\n", threads);
   std::printf("step         %.3f ms (median of %d, after %d warm-up)\n", seconds * 1e3, steps, warmup);
+  if (bench.optimizer_seconds) std::printf("of which      %.3f ms the optimizer on the host\n", optimizer_ms);
   std::printf("throughput   %.0f items/s", bench.items / seconds);
   if (bench.tokens > 0) std::printf(", %.0f tokens/s", static_cast<double>(bench.tokens) / seconds);
   std::printf("\ncompute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,

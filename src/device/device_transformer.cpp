@@ -146,7 +146,7 @@ class DeviceTransformer final : public model::DeviceModel {
 
   std::string describe() const override {
     return str(kernels::device_name(options_.device), " (device ", options_.device, "), ", gemm_name(options_.gemm),
-               " GEMM");
+               options_.gemm == model::GemmMode::kBf16 ? " GEMM and attention" : " GEMM");
   }
 
   std::size_t peak_device_bytes() const override { return kernels::peak_allocated_bytes(); }
@@ -228,7 +228,10 @@ class DeviceTransformer final : public model::DeviceModel {
             .tq = batch.tokens,
             .tk = batch.tokens,
             .head_dim = config_.d_model / config_.heads,
-            .causal = true};
+            .causal = true,
+            // --gemm-precision bf16 puts attention's forward on the tensor cores as well.
+            .precision = options_.gemm == model::GemmMode::kBf16 ? kernels::AttentionPrecision::kBf16
+                                                                 : kernels::AttentionPrecision::kFp32};
   }
 
   DeviceBlockOps block_ops(const model::TokenBatch& batch) {

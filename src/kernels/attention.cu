@@ -11,6 +11,7 @@
 // head_dim is a template parameter so the per-thread vectors stay in registers.
 #include <climits>
 
+#include "attention_bf16.h"
 #include "compat.h"
 #include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
@@ -290,6 +291,10 @@ void attention_forward(Stream stream, const AttentionDims& dims, const float* q,
     return;
   }
   const float scale = score_scale(dims.head_dim);
+  if (dims.precision == AttentionPrecision::kBf16) {
+    detail::attention_forward_bf16(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+    return;
+  }
   switch (dims.head_dim) {
     case 16:
       forward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);

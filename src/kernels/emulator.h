@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 struct dim3 {
@@ -43,6 +44,20 @@ namespace peertrain::kernels::emulator {
 float shfl_xor(float value, int lane_mask);
 int shfl_xor(int value, int lane_mask);
 void syncwarp();
+
+// PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 over the 32 lanes of a warp:
+// c += a·b, a 16×16 and b 16×8 in BF16 pairs, c 16×8 in FP32, each lane holding the
+// elements PTX's fragment layouts give it (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+// Every lane must call it, as on a device. Products are exact in FP32; the sum runs in
+// another order than the tensor core's, so results agree to FP32 rounding, not bitwise.
+void mma_m16n8k16_bf16(float c[4], const std::uint32_t a[4], const std::uint32_t b[2]);
+
+// cp.async: copy_async queues a copy in this thread's open group, commit closes the group,
+// wait(n) performs the oldest groups' copies until at most n remain queued. A kernel that
+// reads shared memory before the wait that covers it sees what was there before.
+void copy_async(void* shared, const void* global, std::size_t bytes);
+void copy_async_commit();
+void copy_async_wait(int in_flight);
 
 // Runs body once per CUDA thread of every block of the grid. shared_bytes of dynamic
 // shared memory are reachable through dynamic_shared().

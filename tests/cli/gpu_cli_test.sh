@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path as a user runs it: 4 peers of the default GPT on a ring with --device cuda
-# follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2; with two
-# or more GPUs also --sp 2 over NCCL), and peer 0's log names the device. Exits 77 (skipped) where there is no GPU or no CUDA
+# follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2, bf16
+# GEMMs and tensor-core attention to 5e-2; with two or more GPUs also --sp 2 over NCCL),
+# and peer 0's log names the device. Exits 77 (skipped) where there is no GPU or no CUDA
 # build. Usage: gpu_cli_test.sh SOURCE_DIR
 set -u
 root=$1
@@ -20,7 +21,9 @@ fi
 run() {  # run NAME ARGS...: the done-when command, 20 steps, a loss row per step and peer
   local name=$1
   shift
-  "$bin" launch --topology "$work/ring4.yaml" --model gpt --max-steps 20 --eval-every 1 --out "$work/$name" "$@" \
+  # --eval-windows 2: the evaluation after every step stays small (the train losses are compared).
+  "$bin" launch --topology "$work/ring4.yaml" --model gpt --max-steps 20 --eval-every 1 --eval-windows 2 \
+    --out "$work/$name" "$@" \
     >"$work/$name.log" 2>&1 && ok || { fail "$name: launch $* failed"; tail -20 "$work/$name.log"; }
 }
 run cpu --device cpu
@@ -35,8 +38,10 @@ compare() {  # compare A B LIMIT: train_loss per (step, peer)
   [[ $matched -eq 80 ]] && ok || fail "$2: only $matched losses matched up"
   awk -v w="$worst" -v l="$3" 'BEGIN { exit !(w <= l) }' && ok || fail "$2: losses differ by $worst relative (limit $3)"
 }
+run bf16 --device cuda --gemm-precision bf16  # GEMMs and attention's forward in BF16
 compare cpu fp32 1e-4
 compare cpu tf32 2e-2
+compare cpu bf16 5e-2
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [[ $gpus -ge 2 ]]; then  # sequence ranks over NCCL, one GPU each
   run sp2 --device cuda --sp 2 --gemm-precision fp32

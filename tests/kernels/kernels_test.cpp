@@ -63,6 +63,7 @@ constexpr double kExactTolerance = 1e-6;     // element-wise float32, no reducti
 constexpr double kReduceTolerance = 1e-5;    // float32 with reductions in another order
 constexpr double kTf32Tolerance = 5e-3;      // TF32 rounds inputs to 10 mantissa bits
 constexpr double kBf16Tolerance = 2e-2;      // BF16 rounds inputs to 7 mantissa bits
+constexpr double kBf16AttentionTolerance = 1e-2;  // Q, K, V and P in BF16, sums in FP32
 
 TEST(Kernels, GemmMatchesTheCpuGemmForEveryTransposeAndPrecision) {
   REQUIRE_DEVICE();
@@ -263,80 +264,138 @@ TEST(Kernels, AttentionMatchesLocalAttention) {
   }
 }
 
+// The tensor-core forward (BF16 operands, FP32 sums) against model::LocalAttention in
+// FP32: every output written (the buffers start as NaN), partial query and key tiles,
+// causal and not, every head_dim; the FP32 backward then runs on its lse.
+TEST(Kernels, TensorCoreAttentionMatchesLocalAttentionToBf16Rounding) {
+  REQUIRE_DEVICE();
+  for (const AttentionCase& c :
+       {AttentionCase{3, 100, 32, true}, AttentionCase{2, 130, 16, false}, AttentionCase{2, 200, 64, true},
+        AttentionCase{1, 7, 32, true}, AttentionCase{1, 300, 64, false}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " T " << c.tokens << " head_dim " << c.head_dim
+                                      << " causal " << c.causal);
+    const std::size_t size = std::size_t(c.rows) * c.tokens * c.head_dim;
+    const auto q = random_floats(size, 130), k = random_floats(size, 131), v = random_floats(size, 132),
+               dout = random_floats(size, 133);
+    std::vector<int> positions(c.tokens);
+    std::iota(positions.begin(), positions.end(), 0);
+    model::AttentionShape shape{
+        .batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens, .causal = c.causal};
+    std::vector<float> out(size), lse(std::size_t(c.rows) * c.tokens), dq(size), dk(size), dv(size);
+    model::LocalAttention local;
+    local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
+    local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+                   dk.data(), dv.data());
+
+    auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
+    auto gpos = upload(positions);
+    auto gout = upload(std::vector<float>(size, NAN)), glse = upload(std::vector<float>(lse.size(), NAN));
+    DeviceArray<float> gdelta(lse.size()), gdq(size), gdk(size), gdv(size);
+    const AttentionDims dims{.rows = c.rows,
+                             .tq = c.tokens,
+                             .tk = c.tokens,
+                             .head_dim = c.head_dim,
+                             .causal = c.causal,
+                             .precision = AttentionPrecision::kBf16};
+    attention_forward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), gout.data(), glse.data());
+    const double out_error = normalized_error(download(gout, size), out);
+    EXPECT_LT(out_error, kBf16AttentionTolerance);
+    EXPECT_GT(out_error, 1e-5) << "BF16 rounding leaves a trace: is the FP32 kernel running instead?";
+    EXPECT_LT(normalized_error(download(glse, lse.size()), lse), kBf16AttentionTolerance);
+    for (auto* g : {&gdq, &gdk, &gdv}) zero(g->data(), sizeof(float) * size, {});
+    attention_backward_delta({}, c.rows, c.tokens, c.head_dim, gout.data(), gdout.data(), gdelta.data());
+    attention_backward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), glse.data(), gdelta.data(),
+                       gdout.data(), gdq.data(), gdk.data(), gdv.data());
+    EXPECT_LT(normalized_error(download(gdq, size), dq), kBf16AttentionTolerance);
+    EXPECT_LT(normalized_error(download(gdk, size), dk), kBf16AttentionTolerance);
+    EXPECT_LT(normalized_error(download(gdv, size), dv), kBf16AttentionTolerance);
+  }
+}
+
 // Ring attention's use: the keys arrive in two chunks (the zigzag halves of a sequence),
 // each block's (out, lse) is merged by log-sum-exp, and each block's backward adds its
 // share. The result must equal whole-sequence attention.
 TEST(Kernels, AttentionBlocksMergedByLogSumExpEqualTheWholeSequence) {
   REQUIRE_DEVICE();
   const int rows = 2, tokens = 96, head_dim = 32;
-  for (bool causal : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << "causal " << causal);
-    const std::size_t size = std::size_t(rows) * tokens * head_dim;
-    const auto q = random_floats(size, 40), k = random_floats(size, 41), v = random_floats(size, 42),
-               dout = random_floats(size, 43);
-    std::vector<int> positions(tokens);
-    std::iota(positions.begin(), positions.end(), 0);
-    model::AttentionShape shape{.batch = rows, .heads = 1, .head_dim = head_dim, .tokens = tokens, .causal = causal};
-    std::vector<float> out(size), lse(std::size_t(rows) * tokens), dq(size), dk(size), dv(size);
-    model::LocalAttention local;
-    local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
-    local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                   dk.data(), dv.data());
+  for (const AttentionPrecision precision : {AttentionPrecision::kFp32, AttentionPrecision::kBf16})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "causal " << causal << " bf16 " << (precision == AttentionPrecision::kBf16));
+      const double tolerance = precision == AttentionPrecision::kBf16 ? kBf16AttentionTolerance : kReduceTolerance;
+      const std::size_t size = std::size_t(rows) * tokens * head_dim;
+      const auto q = random_floats(size, 40), k = random_floats(size, 41), v = random_floats(size, 42),
+                 dout = random_floats(size, 43);
+      std::vector<int> positions(tokens);
+      std::iota(positions.begin(), positions.end(), 0);
+      model::AttentionShape shape{.batch = rows, .heads = 1, .head_dim = head_dim, .tokens = tokens, .causal = causal};
+      std::vector<float> out(size), lse(std::size_t(rows) * tokens), dq(size), dk(size), dv(size);
+      model::LocalAttention local;
+      local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
+      local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+                     dk.data(), dv.data());
 
-    // Key chunk a: positions 0..23 and 72..95 (zigzag of rank 0 of 2), chunk b: 24..71.
-    std::vector<int> chunk_a, chunk_b;
-    for (int t = 0; t < tokens; ++t) (t < 24 || t >= 72 ? chunk_a : chunk_b).push_back(t);
-    auto gather = [&](const std::vector<float>& x, const std::vector<int>& chunk) {
-      std::vector<float> part(std::size_t(rows) * chunk.size() * head_dim);
-      for (int r = 0; r < rows; ++r)
-        for (std::size_t t = 0; t < chunk.size(); ++t)
-          for (int e = 0; e < head_dim; ++e)
-            part[(r * chunk.size() + t) * head_dim + e] = x[(std::size_t(r) * tokens + chunk[t]) * head_dim + e];
-      return part;
-    };
-    auto gq = upload(q), gdout = upload(dout);
-    auto gpos = upload(positions);
-    DeviceArray<float> gout(size), glse(lse.size()), bout(size), blse(lse.size()), gdelta(lse.size()), gdq(size);
-    zero(gdq.data(), sizeof(float) * size, {});
-    struct Chunk {
-      DeviceArray<float> k, v, dk, dv;
-      DeviceArray<int> pos;
-      int tokens;
-    };
-    std::vector<Chunk> chunks;
-    for (const auto* chunk : {&chunk_a, &chunk_b}) {
-      Chunk ch{upload(gather(k, *chunk)), upload(gather(v, *chunk)), DeviceArray<float>(size), DeviceArray<float>(size),
-               upload(*chunk), static_cast<int>(chunk->size())};
-      zero(ch.dk.data(), sizeof(float) * size, {});
-      zero(ch.dv.data(), sizeof(float) * size, {});
-      chunks.push_back(std::move(ch));
-    }
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const AttentionDims dims{.rows = rows, .tq = tokens, .tk = chunks[i].tokens, .head_dim = head_dim,
-                               .causal = causal};
-      float* target_out = i == 0 ? gout.data() : bout.data();
-      float* target_lse = i == 0 ? glse.data() : blse.data();
-      attention_forward({}, dims, gq.data(), gpos.data(), chunks[i].k.data(), chunks[i].v.data(), chunks[i].pos.data(),
-                        target_out, target_lse);
-    }
-    attention_merge({}, rows, tokens, head_dim, gout.data(), glse.data(), bout.data(), blse.data());
-    EXPECT_LT(normalized_error(download(gout, size), out), kReduceTolerance);
-    EXPECT_LT(normalized_error(download(glse, lse.size()), lse), kReduceTolerance);
+      // Key chunk a: positions 0..23 and 72..95 (zigzag of rank 0 of 2), chunk b: 24..71.
+      std::vector<int> chunk_a, chunk_b;
+      for (int t = 0; t < tokens; ++t) (t < 24 || t >= 72 ? chunk_a : chunk_b).push_back(t);
+      auto gather = [&](const std::vector<float>& x, const std::vector<int>& chunk) {
+        std::vector<float> part(std::size_t(rows) * chunk.size() * head_dim);
+        for (int r = 0; r < rows; ++r)
+          for (std::size_t t = 0; t < chunk.size(); ++t)
+            for (int e = 0; e < head_dim; ++e)
+              part[(r * chunk.size() + t) * head_dim + e] = x[(std::size_t(r) * tokens + chunk[t]) * head_dim + e];
+        return part;
+      };
+      auto gq = upload(q), gdout = upload(dout);
+      auto gpos = upload(positions);
+      DeviceArray<float> gout(size), glse(lse.size()), bout(size), blse(lse.size()), gdelta(lse.size()), gdq(size);
+      zero(gdq.data(), sizeof(float) * size, {});
+      struct Chunk {
+        DeviceArray<float> k, v, dk, dv;
+        DeviceArray<int> pos;
+        int tokens;
+      };
+      std::vector<Chunk> chunks;
+      for (const auto* chunk : {&chunk_a, &chunk_b}) {
+        Chunk ch{upload(gather(k, *chunk)),
+                 upload(gather(v, *chunk)),
+                 DeviceArray<float>(size),
+                 DeviceArray<float>(size),
+                 upload(*chunk),
+                 static_cast<int>(chunk->size())};
+        zero(ch.dk.data(), sizeof(float) * size, {});
+        zero(ch.dv.data(), sizeof(float) * size, {});
+        chunks.push_back(std::move(ch));
+      }
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        const AttentionDims dims{.rows = rows,
+                                 .tq = tokens,
+                                 .tk = chunks[i].tokens,
+                                 .head_dim = head_dim,
+                                 .causal = causal,
+                                 .precision = precision};
+        float* target_out = i == 0 ? gout.data() : bout.data();
+        float* target_lse = i == 0 ? glse.data() : blse.data();
+        attention_forward({}, dims, gq.data(), gpos.data(), chunks[i].k.data(), chunks[i].v.data(),
+                          chunks[i].pos.data(), target_out, target_lse);
+      }
+      attention_merge({}, rows, tokens, head_dim, gout.data(), glse.data(), bout.data(), blse.data());
+      EXPECT_LT(normalized_error(download(gout, size), out), tolerance);
+      EXPECT_LT(normalized_error(download(glse, lse.size()), lse), tolerance);
 
-    attention_backward_delta({}, rows, tokens, head_dim, gout.data(), gdout.data(), gdelta.data());
-    for (Chunk& ch : chunks) {
-      const AttentionDims dims{.rows = rows, .tq = tokens, .tk = ch.tokens, .head_dim = head_dim, .causal = causal};
-      attention_backward({}, dims, gq.data(), gpos.data(), ch.k.data(), ch.v.data(), ch.pos.data(), glse.data(),
-                         gdelta.data(), gdout.data(), gdq.data(), ch.dk.data(), ch.dv.data());
+      attention_backward_delta({}, rows, tokens, head_dim, gout.data(), gdout.data(), gdelta.data());
+      for (Chunk& ch : chunks) {
+        const AttentionDims dims{.rows = rows, .tq = tokens, .tk = ch.tokens, .head_dim = head_dim, .causal = causal};
+        attention_backward({}, dims, gq.data(), gpos.data(), ch.k.data(), ch.v.data(), ch.pos.data(), glse.data(),
+                           gdelta.data(), gdout.data(), gdq.data(), ch.dk.data(), ch.dv.data());
+      }
+      EXPECT_LT(normalized_error(download(gdq, size), dq), tolerance);
+      const std::vector<int>* chunk_list[] = {&chunk_a, &chunk_b};
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        const std::size_t part = std::size_t(rows) * chunks[i].tokens * head_dim;
+        EXPECT_LT(normalized_error(download(chunks[i].dk, part), gather(dk, *chunk_list[i])), tolerance);
+        EXPECT_LT(normalized_error(download(chunks[i].dv, part), gather(dv, *chunk_list[i])), tolerance);
+      }
     }
-    EXPECT_LT(normalized_error(download(gdq, size), dq), kReduceTolerance);
-    const std::vector<int>* chunk_list[] = {&chunk_a, &chunk_b};
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const std::size_t part = std::size_t(rows) * chunks[i].tokens * head_dim;
-      EXPECT_LT(normalized_error(download(chunks[i].dk, part), gather(dk, *chunk_list[i])), kReduceTolerance);
-      EXPECT_LT(normalized_error(download(chunks[i].dv, part), gather(dv, *chunk_list[i])), kReduceTolerance);
-    }
-  }
 }
 
 TEST(Kernels, AttentionRejectsAHeadDimItHasNoKernelFor) {

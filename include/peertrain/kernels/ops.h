@@ -82,12 +82,17 @@ void softmax_cross_entropy(Stream stream, int classes, int n, float* logits, con
 // `rows` (batch·heads) independent (sequence, head) pairs. q: [rows][tq][head_dim],
 // k, v: [rows][tk][head_dim]; positions are global and ascending, and a causal query at
 // position i sees keys at positions ≤ i. head_dim must be 16, 32 or 64.
+// kFp32: CUDA cores, FP32 throughout (the reference). kBf16: the forward on the tensor
+// cores, Q, K, V and the probabilities rounded to BF16, sums in FP32 (FlashAttention-2's
+// numerics); the backward stays FP32 and recomputes the scores from the saved lse.
+enum class AttentionPrecision { kFp32, kBf16 };
 struct AttentionDims {
   int rows = 1;
   int tq = 1;
   int tk = 1;
   int head_dim = 32;
   bool causal = true;
+  AttentionPrecision precision = AttentionPrecision::kFp32;
 };
 bool attention_supports(int head_dim);
 // out and lse of this block alone: a query that sees no key gets out 0, lse −inf.

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Everything one device-machine call checks and measures, in order of importance, each step
+# under its own time limit so that one hang cannot take the rest: the GPU tests
+# (kernels_cuda_test, device_cuda_test with DeviceRingAttention, nccl_group_test, cli.gpu:
+# the ring4 losses --device cuda against --device cpu), compute-sanitizer over the kernel
+# tests, then the
+# figures (kernels_bench: every kernel against the card's bandwidth and attention against
+# the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and compiled). Runs the
+# programs bench/gpu_pack.sh put in .gpu/. Logs go to $OUT (or /tmp/gpu-out): session.log
+# holds everything, summary.txt one line per step.
+#   bench/gpu_session.sh [STEP...]      (default: every step)
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+gpu=$root/.gpu
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out"
+log=$out/session.log summary=$out/summary.txt
+: >"$log"
+: >"$summary"
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(kernels device nccl cli sanitize bench step)
+
+# The device's own CUDA libraries (cuBLAS, NCCL, the runtime), wherever its image keeps them.
+cuda_dirs=$(for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1
+done | xargs -r -n1 dirname | sort -u | paste -sd:)
+export LD_LIBRARY_PATH=$gpu/lib:$cuda_dirs:${LD_LIBRARY_PATH:-}
+echo "libraries: $LD_LIBRARY_PATH" | tee -a "$log"
+nvidia-smi -L 2>&1 | tee -a "$log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
+for p in peertrain kernels_cuda_test device_cuda_test nccl_group_test kernels_bench; do
+  ldd "$gpu/$p" | grep 'not found' | sed "s|^|$p: |" | tee -a "$log"
+done
+# Where the device's C library is older than the build's, run through the carried one.
+bin=$gpu
+if ! "$gpu/peertrain" --version >/dev/null 2>>"$log"; then
+  bin=/tmp/gpu-wrap
+  mkdir -p "$bin"
+  for p in peertrain kernels_cuda_test device_cuda_test nccl_group_test kernels_bench; do
+    printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$gpu/glibc/ld-linux-x86-64.so.2" \
+      "$gpu/glibc:$LD_LIBRARY_PATH" "$gpu/$p" >"$bin/$p"
+    chmod +x "$bin/$p"
+  done
+  echo "running through the carried C library" | tee -a "$log"
+fi
+"$bin/peertrain" --version 2>&1 | tee -a "$log"
+# The GPT trains on Debian's fortunes by default; the image has none, bench/gpu_pack.sh packed them.
+[[ -d /usr/share/games/fortunes ]] || { mkdir -p /usr/share/games && cp -r "$gpu/fortunes" /usr/share/games/fortunes; }
+
+step() {  # step NAME LIMIT_S COMMAND...: run it, log it, one summary line
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s%N)
+  echo "=== $name: $*" >>"$log"
+  timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  printf '%-10s rc=%-3s %6d ms\n' "$name" "$rc" $((($(date +%s%N) - start) / 1000000)) | tee -a "$summary" "$log"
+}
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+want kernels && step kernels 60 "$bin/kernels_cuda_test" --gtest_brief=1
+want device && step device 90 "$bin/device_cuda_test" --gtest_brief=1
+want nccl && step nccl 90 "$bin/nccl_group_test" --gtest_brief=1
+want cli && step cli 120 env PEERTRAIN="$bin/peertrain" bash "$root/tests/cli/gpu_cli_test.sh" "$root"
+want sanitize && command -v compute-sanitizer >/dev/null &&
+  step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1
+want bench && step bench 60 "$bin/kernels_bench"
+want step && step step 120 env PEERTRAIN="$bin/peertrain" PYTHON=python3 bash "$root/bench/compare_gpt_step_gpu.sh"
+# The figures and failures, last, where the call's output tail shows them.
+grep -E '^\[  FAILED|FAIL |vs cpu:|TFLOP/s|GB/s|ms/step|speed-up|peak|ERROR SUMMARY|error:' "$log" | head -80
+cat "$summary"
