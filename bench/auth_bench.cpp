@@ -1,9 +1,6 @@
 // Throughput of the MACs that could authenticate peertrain's frames, on 10 MB buffers (a
 // parameter message), against the transport's rate: the choice in net/auth.h rests on it.
-// Not part of the CMake build; compile it by hand against the library's objects, e.g.
-//   O=build/src/CMakeFiles/peertrain_lib.dir
-//   g++ -O3 -march=native -std=c++20 -Iinclude bench/auth_bench.cpp $O/net/auth.cpp.o
-//       $O/net/frame.cpp.o $O/core/error.cpp.o $O/core/log.cpp.o -lcrypto -o auth_bench
+// Built as build/bench/auth_bench; bench/all.sh reports its FrameAuthenticator rows.
 #include <openssl/core_names.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>

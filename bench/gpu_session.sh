@@ -3,11 +3,12 @@
 # under its own time limit so that one hang cannot take the rest: the GPU tests
 # (kernels_cuda_test, device_cuda_test with DeviceRingAttention, nccl_group_test, cli.gpu:
 # the ring4 losses --device cuda against --device cpu), compute-sanitizer over the kernel
-# tests, then the
-# figures (kernels_bench: every kernel against the card's bandwidth and attention against
-# the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and compiled). Runs the
-# programs bench/gpu_pack.sh put in .gpu/. Logs go to $OUT (or /tmp/gpu-out): session.log
-# holds everything, summary.txt one line per step.
+# tests, then the figures (kernels_bench: every kernel against the card's bandwidth and
+# attention against the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and
+# compiled, and with the optimizer on the host; `profile`, only when named: Nsight Compute's
+# device time per kernel over one step). Runs the programs bench/gpu_pack.sh put in .gpu/.
+# Logs go to $OUT (or /tmp/gpu-out): session.log holds everything, summary.txt one line per
+# step.
 #   bench/gpu_session.sh [STEP...]      (default: every step)
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,28 @@ want sanitize && command -v compute-sanitizer >/dev/null &&
   step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1
 want bench && step bench 60 "$bin/kernels_bench"
 want step && step step 120 env PEERTRAIN="$bin/peertrain" PYTHON=python3 bash "$root/bench/compare_gpt_step_gpu.sh"
+# The same step with the optimizer on the host (the gradient comes out, AdamW on the CPU).
+want step && step hoststep 60 "$bin/peertrain" bench step --model gpt --device cuda --optimizer-on host --batch 32 --steps 50
+# Where one GPT step's device time goes, kernel by kernel (Nsight Compute, one step after a
+# warm-up; each kernel timed alone, so the sum is the device's busy time, not the step's).
+if want profile && command -v ncu >/dev/null; then
+  step profile 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+    "$gpu/peertrain" bench step --model gpt --device cuda --batch 32 --steps 1 --warmup 1
+  python3 - "$out/ncu.csv" <<'PY' | tee -a "$log"
+import collections, csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+name, value = head.index("Kernel Name"), head.index("Metric Value")
+total, count = collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    key = r[name].split("(")[0].split("<")[0][-60:]
+    total[key] += float(r[value].replace(",", "")) / 1e3  # ns -> us
+    count[key] += 1
+print(f"device time by kernel over the profiled steps: {sum(total.values()):.0f} us in {sum(count.values())} launches")
+for key, us in total.most_common(18):
+    print(f"  {us:9.1f} us  {count[key]:4d}x  {key}")
+PY
+fi
 # The figures and failures, last, where the call's output tail shows them.
-grep -E '^\[  FAILED|FAIL |vs cpu:|TFLOP/s|GB/s|ms/step|speed-up|peak|ERROR SUMMARY|error:' "$log" | head -80
+grep -E '^\[  FAILED|FAIL |vs cpu:|TFLOP/s|GB/s|ms/step|speed-up|peak|ERROR SUMMARY|error:|^rows|^step |^of which' "$log" | head -80
 cat "$summary"

@@ -114,6 +114,12 @@ int main(int argc, char** argv) {
   memory_row("gelu_forward (512 x 8192)", 8.0 * f * n, [&] { gelu_forward({}, std::size_t(f) * n, x.data(), y.data()); });
   memory_row("gelu_backward (512 x 8192)", 12.0 * f * n,
              [&] { gelu_backward({}, std::size_t(f) * n, x.data(), dy.data(), y.data()); });
+  // The bias pair of every linear layer: add_bias forward, add_row_sums (its gradient) backward.
+  memory_row("add_bias (512 x 8192)", 8.0 * f * n, [&] { add_bias({}, f, n, dg.data(), y.data()); });
+  memory_row("add_row_sums (512 x 8192)", 4.0 * f * n, [&] { add_row_sums({}, f, n, dy.data(), y.data()); });
+  memory_row("add_row_sums (128 x 8192)", 4.0 * dn, [&] { add_row_sums({}, d, n, dy.data(), y.data()); });
+  memory_row("split_heads (128 x 8192, 4 heads)", 8.0 * dn,
+             [&] { split_heads({}, 32, 256, 4, 32, d, 0, x.data(), y.data()); });
   memory_row("layernorm_forward (128 x 8192)", 8.0 * dn,
              [&] { layernorm_forward({}, d, n, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); });
   memory_row("layernorm_backward (128 x 8192)", 20.0 * dn, [&] {

@@ -25,6 +25,7 @@
 #include "peertrain/model/mlp.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/train/device_update.h"
 #include "peertrain/train/optimizer.h"
 
 namespace peertrain::cli {
@@ -80,6 +81,7 @@ struct Bench {
   // Seconds of each step's optimizer update (set for --device cuda, whose optimizer runs on
   // the host): the split between the device's forward/backward and the host's update.
   std::shared_ptr<std::vector<double>> optimizer_seconds;
+  std::string optimizer = "host";  // where the optimizer's arithmetic runs (--optimizer-on)
 };
 
 Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
@@ -169,6 +171,17 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       b.device = state->device->describe();
       b.peak_device_bytes = [state] { return state->device->peak_device_bytes(); };
       b.optimizer_seconds = std::make_shared<std::vector<double>>();
+      const std::string place = args["optimizer-on"].as<std::string>();
+      if (place != "device" && place != "host")
+        throw UsageError("--optimizer-on must be device or host, not '" + place + "'");
+      if (place == "device") {  // as training runs it (train/device_update.h): Adam beside the model
+        train::TrainConfig train_config;
+        train_config.algorithm = train::Algorithm::kLocal;
+        train_config.optimizer = train::OptimizerKind::kAdam;
+        state->optimizer = train::make_device_update(state->device.get(), size, train_config);
+        PEERTRAIN_CHECK(state->optimizer, "the device model refused the optimizer");
+      }
+      b.optimizer = place;
     }
   } catch (const Error& e) {
     throw UsageError(e.what());
@@ -233,8 +246,11 @@ int step(int argc, char** argv) {
       "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))(
       "device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
-      cxxopts::value<std::string>())("gemm-precision", "--device cuda: fp32 | tf32 | bf16",
-                                     cxxopts::value<std::string>()->default_value("tf32"))(
+      cxxopts::value<std::string>())("optimizer-on",
+                                     "--device cuda: device (Adam beside the model, only its update comes back, as "
+                                     "training runs it) | host (the gradient comes back, Adam on the CPU)",
+                                     cxxopts::value<std::string>()->default_value("device"))(
+      "gemm-precision", "--device cuda: fp32 | tf32 | bf16", cxxopts::value<std::string>()->default_value("tf32"))(
       "steps", "timed steps", cxxopts::value<std::string>()->default_value("20"))(
       "warmup", "untimed steps first", cxxopts::value<std::string>()->default_value("3"))(
       "format", "text | json", cxxopts::value<std::string>()->default_value("text"))("h,help", "show this help");
@@ -293,6 +309,7 @@ int step(int argc, char** argv) {
     if (bench.peak_device_bytes)
       out.add("device", bench.device)
           .add("peak_device_bytes", bench.peak_device_bytes())
+          .add("optimizer_on", bench.optimizer)
           .add("host_optimizer_ms", optimizer_ms);
     out.add("flops_per_step", bench.flops)
         .add("gflops", gflops)
@@ -308,7 +325,9 @@ int step(int argc, char** argv) {
   std::printf("batch        %d\n", batch);
   std::printf("threads      %d\n", threads);
   std::printf("step         %.3f ms (median of %d, after %d warm-up)\n", seconds * 1e3, steps, warmup);
-  if (bench.optimizer_seconds) std::printf("of which      %.3f ms the optimizer on the host\n", optimizer_ms);
+  if (bench.optimizer_seconds)
+    std::printf("of which      %.3f ms the optimizer's host part (optimizer on the %s)\n", optimizer_ms,
+                bench.optimizer.c_str());
   std::printf("throughput   %.0f items/s", bench.items / seconds);
   if (bench.tokens > 0) std::printf(", %.0f tokens/s", static_cast<double>(bench.tokens) / seconds);
   std::printf("\ncompute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "peertrain/kernels/device.h"
@@ -158,7 +159,8 @@ class DeviceTransformer final : public model::DeviceModel {
     upload_parameters(params);
     kernels::zero(grads_.data(), sizeof(float) * grads.size(), stream_);
     const model::LossSums sums = forward(batch, /*keep_gradient=*/true);
-    backward(batch);  // whole sequences: each unit's gradient travels to host_grads_ as it finishes
+    if (rule_) ++update_steps_;
+    backward(batch);  // whole sequences: each unit's gradient (or update) travels to host_grads_ as it finishes
     if (ring_) {      // a sequence rank: the gradient is the sum over the group's ranks
       kernels::synchronize(stream_);
       group_->all_reduce(grads_.span().first(grads.size()));
@@ -166,8 +168,63 @@ class DeviceTransformer final : public model::DeviceModel {
       kernels::synchronize(stream_);
     }
     kernels::synchronize(copy_stream_);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += host_grads_.data()[i];
+    if (rule_)  // the update replaces what grads held
+      std::memcpy(grads.data(), host_grads_.data(), sizeof(float) * grads.size());
+    else
+      for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += host_grads_.data()[i];
     return static_cast<float>(sums.loss_sum / batch.loss_divisor);
+  }
+
+  bool set_update_rule(const model::DeviceUpdateRule& rule) override {
+    if (ring_) return false;
+    kernels::set_device(options_.device);
+    const std::size_t size = layout_.total;
+    first_moment_.resize(size, "optimizer momentum / first moment");
+    kernels::zero(first_moment_.data(), sizeof(float) * size, stream_);
+    if (rule.adam) {
+      second_moment_.resize(size, "optimizer second moment");
+      kernels::zero(second_moment_.data(), sizeof(float) * size, stream_);
+    }
+    update_.resize(size, "optimizer update");
+    update_steps_ = 0;
+    rule_ = rule;
+    return true;
+  }
+
+  void set_update_learning_rate(float lr) override {
+    PEERTRAIN_CHECK(rule_, "device transformer: a learning rate without an update rule");
+    rule_->lr = lr;
+  }
+
+  std::vector<float> update_state() const override {
+    PEERTRAIN_CHECK(rule_, "device transformer: no update rule, so no optimizer state");
+    kernels::set_device(options_.device);
+    const std::size_t size = layout_.total;
+    std::vector<float> state(rule_->adam ? 2 * size + 1 : size);
+    kernels::synchronize(stream_);
+    kernels::copy_to_host(state.data(), first_moment_.data(), sizeof(float) * size, stream_);
+    if (rule_->adam) {
+      kernels::copy_to_host(state.data() + size, second_moment_.data(), sizeof(float) * size, stream_);
+      state[2 * size] = static_cast<float>(update_steps_);
+    }
+    kernels::synchronize(stream_);
+    return state;
+  }
+
+  void restore_update_state(std::span<const float> state) override {
+    PEERTRAIN_CHECK(rule_, "device transformer: no update rule to restore the state of");
+    const std::size_t size = layout_.total;
+    if (state.size() != (rule_->adam ? 2 * size + 1 : size))
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("optimizer state of ", state.size(), " floats; the device's ", rule_->adam ? "Adam" : "SGD",
+                      " over ", size, " parameters holds ", rule_->adam ? 2 * size + 1 : size));
+    kernels::set_device(options_.device);
+    kernels::copy_to_device(first_moment_.data(), state.data(), sizeof(float) * size, stream_);
+    if (rule_->adam) {
+      kernels::copy_to_device(second_moment_.data(), state.data() + size, sizeof(float) * size, stream_);
+      update_steps_ = static_cast<long long>(state[2 * size]);
+    }
+    kernels::synchronize(stream_);
   }
 
   model::LossSums evaluate(std::span<const float> params, const model::TokenBatch& batch,
@@ -201,13 +258,27 @@ class DeviceTransformer final : public model::DeviceModel {
 
   // The gradient of `unit` is final on the compute stream: send it to the host on the copy
   // stream while the compute stream goes on with the units below.
+  // With an update rule, the optimizer runs over the unit first and its update u goes
+  // instead (the parameters on the device are still x_k, as the host optimizer would see).
   void download_gradient(int unit) {
     if (ring_) return;  // the gradient is all-reduced first, then copied whole
     const model::ParameterRange r = layout_.units[static_cast<std::size_t>(unit)];
+    const float* out = grads_.data() + r.offset;
+    if (rule_) {
+      float* u = update_.data() + r.offset;
+      if (rule_->adam)
+        kernels::adamw_update(stream_, r.size, params_.data() + r.offset, grads_.data() + r.offset,
+                              first_moment_.data() + r.offset, second_moment_.data() + r.offset, u, rule_->lr,
+                              rule_->beta1, rule_->beta2, rule_->eps, rule_->weight_decay,
+                              static_cast<float>(update_steps_));
+      else
+        kernels::sgd_update(stream_, r.size, params_.data() + r.offset, grads_.data() + r.offset,
+                            first_moment_.data() + r.offset, u, rule_->lr, rule_->momentum, rule_->weight_decay);
+      out = u;
+    }
     kernels::record(grads_ready_[static_cast<std::size_t>(unit)], stream_);
     kernels::wait(copy_stream_, grads_ready_[static_cast<std::size_t>(unit)]);
-    kernels::copy_to_host(host_grads_.data() + r.offset, grads_.data() + r.offset, sizeof(float) * r.size,
-                          copy_stream_);
+    kernels::copy_to_host(host_grads_.data() + r.offset, out, sizeof(float) * r.size, copy_stream_);
   }
 
   void upload_batch(const model::TokenBatch& batch) {
@@ -329,8 +400,11 @@ class DeviceTransformer final : public model::DeviceModel {
   std::vector<kernels::Event> params_ready_, grads_ready_;  // one per unit
   std::unique_ptr<kernels::Blas> blas_;
   DeviceArray<float> params_, grads_;
-  PinnedArray<float> host_params_, host_grads_;
+  PinnedArray<float> host_params_, host_grads_;  // host_grads_ carries the update under a rule
   const float* last_params_ = nullptr;
+  std::optional<model::DeviceUpdateRule> rule_;  // the optimizer on the device, if set
+  DeviceArray<float> first_moment_, second_moment_, update_;
+  long long update_steps_ = 0;  // Adam's step count (bias correction)
   DeviceArray<std::int32_t> ids_, targets_;
   DeviceArray<int> positions_;
   std::vector<DeviceArray<float>> saved_;      // each block's, in model::BlockSaved's layout

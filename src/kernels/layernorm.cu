@@ -10,7 +10,9 @@ namespace {
 
 constexpr float kEps = 1e-5f;  // torch.nn.LayerNorm's default, as in model/layers.h
 constexpr int kThreads = 128;  // four columns per block
-constexpr int kColumnsPerChunk = 256;
+// Columns per block of the parameters' gradient: 32 gives 256 blocks for the GPT's 8,192
+// columns (256 gave 32 blocks, 49 µs per call on an H200).
+constexpr int kColumnsPerChunk = 32;
 
 __global__ void layernorm_forward_kernel(int d, int n, const float* x, const float* gamma, const float* beta, float* y,
                                          float* mean, float* rstd) {

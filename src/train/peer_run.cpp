@@ -14,6 +14,7 @@
 #include "peertrain/core/log.h"
 #include "peertrain/net/tcp.h"
 #include "peertrain/topology/spectrum.h"
+#include "peertrain/train/device_update.h"
 
 namespace peertrain::train {
 namespace {
@@ -53,7 +54,13 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   x_.resize(size_);
   grads_.resize(size_);
   task_->initialize(x_, config.seed);  // identical on every peer
-  optimizer_ = make_optimizer(config.optimizer, size_, config.sgd, config.adam);
+  // With --device cuda the optimizer runs beside the model where that is exact
+  // (train/device_update.h); elsewhere, and where it is not, on the host.
+  optimizer_ = make_device_update(task_->device_model(), size_, config);
+  if (optimizer_)
+    log::info("the optimizer runs on the GPU beside the model; only its update crosses to the host");
+  else
+    optimizer_ = make_optimizer(config.optimizer, size_, config.sgd, config.adam);
   // An epoch is one pass over the training set by all peers together.
   steps_per_epoch_ = std::max<long long>(1, task_->examples_per_epoch() / (static_cast<long long>(n_) * config.batch));
   total_steps_ = steps_per_epoch_ * config.epochs;

@@ -70,11 +70,13 @@ class TransformerTask final : public Task {
     if (config.device == model::Device::kCuda) {
       // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
       const int devices = std::max(1, model::cuda_device_count());
-      engine_ = model::make_device_engine(model::make_device_model(
-          model_.config(), {.device = config.engine.sp > 1 ? 0 : rank % devices,
-                            .gemm = config.gemm,
-                            .sp = config.engine.sp,
-                            .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag}));
+      auto device = model::make_device_model(model_.config(),
+                                             {.device = config.engine.sp > 1 ? 0 : rank % devices,
+                                              .gemm = config.gemm,
+                                              .sp = config.engine.sp,
+                                              .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag});
+      device_ = device.get();  // owned by the engine, which lives as long as this task
+      engine_ = model::make_device_engine(std::move(device));
     } else if (config.engine.workers() > 1) {
       engine_ = parallel::make_pipeline_gradient_engine(model_, config.engine);
     } else {
@@ -122,6 +124,8 @@ class TransformerTask final : public Task {
   // and without --stages each peer picks its split from its own timing profile, while the
   // messages of a part must line up on every peer. The units are fixed by the model, which
   // the run id does include. The mix is elementwise, so the numbers do not depend on it.
+  model::DeviceModel* device_model() override { return device_; }
+
   std::vector<std::pair<std::size_t, std::size_t>> gossip_parts() const override {
     std::vector<std::pair<std::size_t, std::size_t>> parts;
     std::size_t end = 0;
@@ -210,6 +214,7 @@ class TransformerTask final : public Task {
   std::vector<int> positions_;
   parallel::EngineConfig engine_config_;
   std::unique_ptr<model::GradientEngine> engine_;  // unsplit, pipelined, or on a GPU (--device cuda)
+  model::DeviceModel* device_ = nullptr;           // the GPU model inside engine_, for --device cuda
   // gpt
   TextCorpus corpus_;
   std::unique_ptr<Tokenizer> tokenizer_;

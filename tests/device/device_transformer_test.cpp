@@ -3,6 +3,7 @@
 // (runs everywhere) and against CUDA (skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -13,6 +14,7 @@
 #include "peertrain/kernels/device.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/transformer.h"
+#include "peertrain/train/device_update.h"
 
 namespace peertrain::device {
 namespace {
@@ -101,6 +103,59 @@ TEST(DeviceTransformer, MatchesTheCpuModel) {
     EXPECT_EQ(gpu_sums.count, cpu_sums.count);
     EXPECT_NEAR(double(gpu_sums.correct), double(cpu_sums.correct), 1.0);  // a near-tie may flip
   }
+}
+
+// The optimizer on the device (train::DeviceUpdate): over three steps, each on fresh
+// bytes and carrying its state, the update u the device hands back equals the host
+// optimizer's update from the CPU model's gradient; its state equals the host's, and a
+// state restored from the host carries on as the host does.
+TEST(DeviceTransformer, TheOptimizerOnTheDeviceGivesTheHostOptimizersUpdate) {
+  if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  model::TransformerConfig config;
+  config.d_model = 32;
+  config.layers = 2;
+  config.heads = 2;
+  config.seq = 40;
+  model::Transformer cpu(config);
+  for (const train::OptimizerKind kind : {train::OptimizerKind::kSgd, train::OptimizerKind::kAdam}) {
+    SCOPED_TRACE(::testing::Message() << (kind == train::OptimizerKind::kAdam ? "adam" : "sgd"));
+    train::TrainConfig train_config;
+    train_config.algorithm = train::Algorithm::kDpsgd;
+    train_config.optimizer = kind;
+    train_config.sgd = {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f};
+    train_config.adam.lr = 1e-2f;
+    train_config.adam.weight_decay = 0.1f;
+    const auto gpu = make_device_transformer(config, {.device = 0, .gemm = model::GemmMode::kFp32});
+    const std::size_t size = cpu.num_parameters();
+    const auto device_update = train::make_device_update(gpu.get(), size, train_config);
+    ASSERT_NE(device_update, nullptr);
+    const auto host = train::make_optimizer(kind, size, train_config.sgd, train_config.adam);
+    std::vector<float> params = Problem(cpu, 2, 32, 11).params;
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) device_update->restore_state(host->state());  // what a resumed run does
+      const Problem fresh(cpu, 2, 32, 20 + step);
+      std::vector<float> g(size, 0.0f), u_host(size), u_device(size, NAN), got(size);
+      cpu.forward_backward(params, fresh.batch, g);
+      host->compute_update(params, g, u_host);
+      gpu->forward_backward(params, fresh.batch, u_device);
+      device_update->compute_update(params, u_device, got);
+      EXPECT_LT(normalized_error(got, u_host), 1e-4) << "step " << step;
+      const std::span<const float> want_state = host->state(), got_state = device_update->state();
+      ASSERT_EQ(got_state.size(), want_state.size());
+      EXPECT_LT(normalized_error({got_state.begin(), got_state.end()}, {want_state.begin(), want_state.end()}), 1e-4);
+      for (std::size_t i = 0; i < size; ++i) params[i] -= u_host[i];
+    }
+    device_update->set_learning_rate(0.0f);  // the schedule reaches the device's rule
+    std::vector<float> u(size, NAN);
+    gpu->forward_backward(params, Problem(cpu, 2, 32, 30).batch, u);
+    EXPECT_EQ(*std::max_element(u.begin(), u.end()), 0.0f);
+    EXPECT_THROW(device_update->restore_state(std::vector<float>(3)), Error);
+  }
+  // Where the device's u is not the host's, the host's optimizer stays.
+  train::TrainConfig allreduce;
+  allreduce.algorithm = train::Algorithm::kAllreduce;
+  const auto gpu = make_device_transformer(config, {.device = 0});
+  EXPECT_EQ(train::make_device_update(gpu.get(), cpu.num_parameters(), allreduce), nullptr);
 }
 
 // --sp S on the device: S ranks around a ring (a ThreadGroup on the emulator, NCCL on

@@ -90,7 +90,7 @@ TEST(Kernels, GemmMatchesTheCpuGemmForEveryTransposeAndPrecision) {
 
 TEST(Kernels, BiasRowSumsAndAddMatchTheCpu) {
   REQUIRE_DEVICE();
-  const int rows = 70, cols = 45;
+  const int rows = 300, cols = 70;  // two blocks of rows, three chunks of columns
   const auto bias = random_floats(rows, 1), x = random_floats(std::size_t(rows) * cols, 2);
   auto y = random_floats(x.size(), 3), sums = random_floats(rows, 4);
   auto dbias = upload(bias), dx = upload(x), dy = upload(y), dsums = upload(sums);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "peertrain/model/transformer.h"
 
@@ -30,13 +31,40 @@ struct DeviceOptions {
   bool zigzag = true;              // the sequence split over them (else contiguous)
 };
 
+// The optimizer's rule, for the update computed on the device (DeviceModel::set_update_rule):
+// train::Sgd's (momentum, weight decay) or train::Adam's (AdamW), term for term.
+struct DeviceUpdateRule {
+  bool adam = false;
+  float lr = 0.05f;
+  float momentum = 0.0f;                            // SGD
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam
+  float weight_decay = 0.0f;
+};
+
 class DeviceModel {
  public:
   virtual ~DeviceModel() = default;
   virtual std::string describe() const = 0;  // "NVIDIA H100 80GB HBM3 (device 0), tf32 GEMM"
   // One step: copies params in, ADDS the gradient of the batch's loss into grads (copied
-  // back), returns the loss. Same contract as Transformer::forward_backward.
+  // back), returns the loss. Same contract as Transformer::forward_backward. With an update
+  // rule set, it WRITES into grads the optimizer's update u instead (the step is x − u).
   virtual float forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads) = 0;
+
+  // The optimizer on the device: from the next forward_backward on, each unit's update u is
+  // computed from its gradient on the device as soon as that gradient is final, with the
+  // optimizer's state (SGD's momentum, Adam's moments and step count) kept there, and only
+  // u crosses to the host: the gradient and the host's optimizer pass drop out of the step.
+  // Returns false where this model cannot (sequence ranks: their gradient is all-reduced
+  // first), and the host's optimizer stays. train::DeviceUpdate is the optimizer that uses it.
+  virtual bool set_update_rule(const DeviceUpdateRule& rule) {
+    (void)rule;
+    return false;
+  }
+  virtual void set_update_learning_rate(float lr) { (void)lr; }
+  // The optimizer's state in train::Sgd's layout (the momentum) or train::Adam's (m, v,
+  // then the step count), for checkpoints; restore_update_state takes it back.
+  virtual std::vector<float> update_state() const { return {}; }
+  virtual void restore_update_state(std::span<const float> state) { (void)state; }
   // Forward only. Copies params in when they differ from the last call's pointer or
   // `params_changed` is set, so an evaluation over many chunks copies them once.
   virtual LossSums evaluate(std::span<const float> params, const TokenBatch& batch, bool params_changed) = 0;

@@ -13,6 +13,10 @@
 
 #include "peertrain/train/data.h"
 
+namespace peertrain::model {
+class DeviceModel;
+}
+
 namespace peertrain::train {
 
 struct TrainConfig;
@@ -48,6 +52,9 @@ class Task {
   // same on every peer of a run, so they may depend only on what the run id fixes (the
   // model), never on a peer's own --sp, --pp or profile. Default: one part, the whole vector.
   virtual std::vector<std::pair<std::size_t, std::size_t>> gossip_parts() const { return {{0, num_parameters()}}; }
+  // The GPU model behind compute_gradient (--device cuda), or null; train::DeviceUpdate
+  // moves the optimizer onto it.
+  virtual model::DeviceModel* device_model() { return nullptr; }
 };
 
 // Builds the task the configuration names for peer `rank` of `peers`, loading its data.
