@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, causal=True):
         super().__init__()
         self.heads = heads
+        self.causal = causal  # the GPT's blocks are causal, the ViT's (torch_vit_step.py) are not
         self.ln1 = torch.nn.LayerNorm(d)
         self.qkv = torch.nn.Linear(d, 3 * d)
         self.proj = torch.nn.Linear(d, d)
@@ -31,11 +32,13 @@ class Block(torch.nn.Module):
         shape = (b, t, self.heads, d // self.heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
         if hasattr(F, "scaled_dot_product_attention"):  # torch 2
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:  # torch 1.x: the textbook path, as nanoGPT writes it
             att = (q @ k.transpose(-2, -1)) * (k.shape[-1] ** -0.5)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            if self.causal:
+                mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+                att = att.masked_fill(~mask, float("-inf"))
+            att = att.softmax(dim=-1)
             y = att @ v
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))

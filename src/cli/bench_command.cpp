@@ -22,6 +22,7 @@
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/device_model.h"
+#include "peertrain/model/gradient_engine.h"
 #include "peertrain/model/mlp.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
@@ -146,9 +147,10 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     std::unique_ptr<train::Optimizer> optimizer;
     std::unique_ptr<parallel::PipelineEngine> engine;
     std::unique_ptr<model::DeviceModel> device;
+    std::unique_ptr<model::GradientEngine> batch_parallel;  // --threads N, --sp 1 --pp 1, on the CPU
   };
-  auto state =
-      std::make_shared<State>(State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr});
+  auto state = std::make_shared<State>(
+      State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr});
   const std::size_t size = state->model.num_parameters();
   const int tokens = config.tokens();
   state->params.resize(size);
@@ -187,6 +189,9 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     throw UsageError(e.what());
   }
   if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
+  const int threads = number_flag<int>(args, "threads");
+  if (!state->engine && !state->device && threads > 1)  // as training runs it (transformer_task.cpp)
+    state->batch_parallel = model::make_batch_parallel_engine(state->model, threads);
   b.step = [state, batch, tokens, gpt, optimizer_seconds = b.optimizer_seconds] {
     if (state->engine) {
       parallel::GlobalBatch global;
@@ -208,6 +213,8 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       std::fill(state->grads.begin(), state->grads.end(), 0.0f);
       if (state->device)
         state->device->forward_backward(state->params, whole, state->grads);
+      else if (state->batch_parallel)
+        state->batch_parallel->forward_backward(state->params, whole, state->grads);
       else
         state->model.forward_backward(state->params, whole, state->grads);
     }
@@ -230,8 +237,9 @@ int step(int argc, char** argv) {
                            "warm-up, next to Eigen's GEMM rate.");
   options.add_options()("model", "mlp | gpt | vit", cxxopts::value<std::string>()->default_value("mlp"))(
       "batch", "examples (sequences, images) per step", cxxopts::value<std::string>()->default_value("128"))(
-      "threads", "Eigen threads (OpenMP)", cxxopts::value<std::string>()->default_value("1"))(
-      "hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
+      "threads", "mlp: Eigen threads (OpenMP); gpt/vit with --sp 1 --pp 1: the batch split over threads",
+      cxxopts::value<std::string>()->default_value("1"))("hidden", "mlp: hidden widths",
+                                                         cxxopts::value<std::string>()->default_value("512,512"))(
       "inputs", "mlp: input features", cxxopts::value<std::string>()->default_value("784"))(
       "classes", "mlp: classes", cxxopts::value<std::string>()->default_value("10"))(
       "d-model", "gpt/vit: width", cxxopts::value<std::string>()->default_value("128"))(
@@ -293,6 +301,7 @@ int step(int argc, char** argv) {
   const double seconds = median(times);
   const double optimizer_ms = bench.optimizer_seconds ? median(*bench.optimizer_seconds) * 1e3 : 0.0;
   const double gflops = bench.flops / seconds / 1e9;
+  Eigen::setNbThreads(threads);  // the ceiling at --threads (a batch-parallel step set Eigen to one)
   const double gemm_gflops = eigen_gemm_gflops();
 
   if (format == "json") {

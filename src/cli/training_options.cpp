@@ -293,8 +293,11 @@ void add_training_options(cxxopts::Options& options) {
       "data-dir", "Fashion-MNIST IDX files", cxxopts::value<std::string>()->default_value(train::kFashionMnistDir))(
       "peer-timeout", "seconds any wait for a peer may take", cxxopts::value<std::string>()->default_value("60"))(
       "connect-timeout", "seconds to wait for every peer to come up",
-      cxxopts::value<std::string>()->default_value("60"))("threads", "Eigen threads per peer",
-                                                          cxxopts::value<std::string>()->default_value("1"))(
+      cxxopts::value<std::string>()->default_value("60"))(
+      "threads",
+      "threads per peer: the mlp's Eigen GEMMs; gpt/vit with --sp 1 "
+      "--pp 1: the batch's sequences split over them",
+      cxxopts::value<std::string>()->default_value("1"))(
       "run-id", "run id all peers share (default: derived from the configuration)",
       cxxopts::value<std::string>()->default_value("0"))(
       "max-staleness",

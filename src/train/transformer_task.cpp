@@ -79,6 +79,8 @@ class TransformerTask final : public Task {
       engine_ = model::make_device_engine(std::move(device));
     } else if (config.engine.workers() > 1) {
       engine_ = parallel::make_pipeline_gradient_engine(model_, config.engine);
+    } else if (config.threads > 1) {  // --threads N: the batch's sequences over N threads
+      engine_ = model::make_batch_parallel_engine(model_, config.threads);
     } else {
       engine_ = model::make_unsplit_engine(model_);
     }

@@ -3,7 +3,8 @@
 # whose two stages have different meshes (two sequence ranks, then four tensor ranks)
 # follows the unsplit model's losses under every resharding strategy, --tp combines with
 # --sp and --pp, emulated links change the time and not the numbers, and bad mesh
-# specifications are named by stage and axis. Usage: mesh_cli_test.sh SOURCE_DIR
+# specifications are named by stage and axis; --threads 2 (the batch split over threads)
+# follows the unsplit losses too. Usage: mesh_cli_test.sh SOURCE_DIR
 set -u
 source "$(dirname "$0")/common.sh"
 
@@ -36,6 +37,11 @@ run tp --tp 2 --sp 2 --pp 2 --microbatches 2
 expect_same_losses tp 1e-5
 run links --pp 2 --microbatches 2 --stage-mesh "sp=1,tp=2;sp=2,tp=1" --reshard broadcast --link-between-gbps 1
 expect_same_losses links 1e-5
+# --threads 2 without --sp/--pp: the batch's sequences split over two threads per peer.
+run threads --threads 2
+expect_same_losses threads 1e-5
+grep -q "on the CPU, 2 threads over the batch" "$work/threads/peer-0.log" && ok ||
+  fail "peer log does not say the batch is split over 2 threads"
 
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1

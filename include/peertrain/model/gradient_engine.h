@@ -27,6 +27,13 @@ class GradientEngine {
 
 // The unsplit model, on this thread (it keeps a reference to `model`).
 std::unique_ptr<GradientEngine> make_unsplit_engine(Transformer& model);
+// The unsplit model over `threads` threads (--threads N with --sp 1 --pp 1): the batch's
+// sequences (or images) cut into `threads` contiguous runs, each run's forward and
+// backward on its own thread with its own workspace and gradient buffer, the gradients
+// summed after. Equal to the unsplit engine up to the order of that sum. It sets Eigen
+// to one thread: the GPT's GEMMs (d 128) are too small for Eigen to split (its two
+// threads ran the step at 0.93× one thread, docs/performance.md).
+std::unique_ptr<GradientEngine> make_batch_parallel_engine(Transformer& model, int threads);
 // The model on a GPU.
 std::unique_ptr<GradientEngine> make_device_engine(std::unique_ptr<DeviceModel> device);
 

@@ -83,7 +83,8 @@ struct TrainConfig {
   std::string out_dir;     // where the coordinator writes metrics.csv and summary.json; empty: nowhere
   std::uint64_t run_id = 0;  // 0: derived from the configuration and the topology
   bool progress = false;   // the coordinator prints "@progress {json}" lines for `launch`
-  int threads = 1;         // Eigen threads per peer
+  int threads =
+      1;  // per peer: the mlp's Eigen threads; a transformer's batch split (model::make_batch_parallel_engine)
   bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
   std::string secret_file;     // shared key: only peers holding it may join or send frames
   long long checkpoint_every = 0;  // steps between checkpoints; 0: none
