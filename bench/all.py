@@ -5,7 +5,7 @@ spread (min–max); a ratio is taken per run, then its median. Writes the table 
 (default docs/performance.md) and prints it.
 
 Runs, in order: the training steps against PyTorch and Eigen's GEMM (MLP, GPT, ViT, and
---threads 2 against 1), the gossip exchange against iperf3 on loopback, the spectral gap
+--threads 2 against 1), the CPU attention alone against the GEMM rate, the gossip exchange against iperf3 on loopback, the spectral gap
 against a dense eigensolver, `topology inspect` on the 100k-peer graph, the ring
 attention's memory, the pipeline bubble against theory, the frame authentication against
 the transport, and the D-PSGD overlap of exchange and gradient. Each benchmark that fails
@@ -178,7 +178,24 @@ def main():
         table.add("step", "ViT step, % of Eigen's GEMM rate (1 thread)", f"{stat(of_gemm, '{:.0f}')} %", "100 %", "—",
                   "report", "—")
 
-    for bench in (mlp, gpt, threads, vit):
+    @guarded(table, "step", "attention alone")
+    def attention():
+        for head_dim in (64, 32):
+            rows = {}
+            for _ in range(runs):
+                result = json.loads(run([os.path.join(build, "bench", "attention_bench"), "--tokens", "1024,4096",
+                                         "--head-dim", str(head_dim), "--format", "json"]))
+                for r in result["results"]:
+                    rows.setdefault(r["tokens"], []).append(
+                        (100 * r["fwd_gflops"] / r["gemm_gflops"], 100 * r["bwd_gflops"] / r["gemm_gflops"]))
+            for tokens, values in rows.items():
+                fwd = [f for f, _ in values]
+                bwd = [b for _, b in values]
+                table.add("step", f"CPU attention alone, causal, T {tokens}, head_dim {head_dim}: forward / backward, "
+                          "% of Eigen's GEMM (1 thread)", f"{stat(fwd, '{:.0f}')} % / {stat(bwd, '{:.0f}')} %",
+                          "GEMM, same run", "—", "≥ 60 %", met(min(statistics.median(fwd), statistics.median(bwd)), 60))
+
+    for bench in (mlp, gpt, threads, vit, attention):
         bench()
 
     # --- the link between peers -------------------------------------------------------------

@@ -9,6 +9,7 @@ build=$root/build
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --build ]] && build=${args[i + 1]}; done
 if [[ " ${args[*]} " != *" -h "* && " ${args[*]} " != *" --help "* ]]; then
-  [[ -x $build/peertrain && -x $build/bench/auth_bench ]] || "$root/scripts/build.sh"
+  [[ -x $build/peertrain && -x $build/bench/auth_bench && -x $build/bench/attention_bench ]] ||
+    "$root/scripts/build.sh"
 fi
 exec /usr/bin/python3 "$root/bench/all.py" "$@"
