@@ -9,6 +9,7 @@
 #   cmake --build build-gpu --target peertrain kernels_cuda_test device_cuda_test nccl_group_test kernels_bench
 #   bench/gpu_pack.sh [BUILD_DIR]      then bench/gpu_session.sh runs there
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
 dest=$root/.gpu

@@ -11,6 +11,7 @@
 # step.
 #   bench/gpu_session.sh [STEP...]      (default: every step)
 set -u
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 gpu=$root/.gpu
 out=${OUT:-/tmp/gpu-out}
@@ -20,6 +21,11 @@ log=$out/session.log summary=$out/summary.txt
 : >"$summary"
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(kernels device nccl cli sanitize bench step)
+for s in "${steps[@]}"; do
+  [[ " kernels device nccl cli sanitize bench step profile " == *" $s "* ]] ||
+    { echo "error: unknown step '$s' (kernels device nccl cli sanitize bench step profile)" >&2; exit 2; }
+done
+[[ -x $gpu/peertrain ]] || { echo "error: $gpu/peertrain is missing: run bench/gpu_pack.sh first" >&2; exit 1; }
 
 # The device's own CUDA libraries (cuBLAS, NCCL, the runtime), wherever its image keeps them.
 cuda_dirs=$(for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
