@@ -105,40 +105,41 @@ def main():
             cmd += ["--" + k.replace("_", "-"), str(v)]
         return json.loads(run(cmd, env={"OMP_NUM_THREADS": str(flags.get("threads", 1))}))
 
-    # --- training steps -------------------------------------------------------------------
-    print("training steps against PyTorch and Eigen's GEMM", flush=True)
-
-    @guarded(table, "step", "MLP 784-512-512-10, batch 128, 1 thread")
-    def mlp():
-        steps = 50 if quick else 200
+    def side_by_side(model, script, **flags):
+        """`runs` back-to-back pairs of our step and PyTorch's on the same flags: our ms,
+        theirs, the per-run speed-up, our % of Eigen's GEMM rate, that rate, their framework."""
         ours, theirs, speedup, of_gemm, gemm = [], [], [], [], []
         for _ in range(runs):
-            o = step_json("mlp", batch=128, threads=1, steps=steps)
-            t = torch_json("torch_mlp_step.py", batch=128, threads=1, steps=steps)
+            o = step_json(model, **flags)
+            t = torch_json(script, **flags)
+            if "parameters" in t and t["parameters"] != o["parameters"]:
+                raise RuntimeError(f"the PyTorch {model} has {t['parameters']} parameters, ours {o['parameters']}")
             ours.append(o["ms_per_step"])
             theirs.append(t["ms_per_step"])
             speedup.append(t["ms_per_step"] / o["ms_per_step"])
             of_gemm.append(100 * o["gflops"] / o["eigen_gemm_gflops"])
             gemm.append(o["eigen_gemm_gflops"])
+        return ours, theirs, speedup, of_gemm, gemm, t["framework"]
+
+    # --- training steps -------------------------------------------------------------------
+    print("training steps against PyTorch and Eigen's GEMM", flush=True)
+
+    @guarded(table, "step", "MLP 784-512-512-10, batch 128, 1 thread")
+    def mlp():
+        ours, theirs, speedup, of_gemm, gemm, framework = side_by_side(
+            "mlp", "torch_mlp_step.py", batch=128, threads=1, steps=50 if quick else 200)
         table.add("step", "MLP step, % of Eigen's float GEMM rate (1 thread)", f"{stat(of_gemm, '{:.0f}')} %",
                   f"GEMM {stat(gemm, '{:.0f}')} GFLOP/s", "—", "≥ 90 %", met(statistics.median(of_gemm), 90))
         table.add("step", "MLP step vs PyTorch CPU (784-512-512-10, batch 128, 1 thread)",
-                  f"{stat(ours, '{:.2f}')} ms", f"{t['framework']} {stat(theirs, '{:.2f}')} ms",
+                  f"{stat(ours, '{:.2f}')} ms", f"{framework} {stat(theirs, '{:.2f}')} ms",
                   f"{stat(speedup)}×", "report", "—")
 
     @guarded(table, "step", "GPT d128 L4 T256, batch 8, 1 thread")
     def gpt():
-        steps = 5 if quick else 20
-        ours, theirs, speedup, of_limit = [], [], [], []
-        for _ in range(runs):
-            o = step_json("gpt", batch=8, threads=1, steps=steps, warmup=2)
-            t = torch_json("torch_gpt_step.py", batch=8, threads=1, steps=steps, warmup=2)
-            ours.append(o["ms_per_step"])
-            theirs.append(t["ms_per_step"])
-            speedup.append(t["ms_per_step"] / o["ms_per_step"])
-            of_limit.append(100 * o["gflops"] / o["eigen_gemm_gflops"])
+        ours, theirs, speedup, of_limit, _, framework = side_by_side(
+            "gpt", "torch_gpt_step.py", batch=8, threads=1, steps=5 if quick else 20, warmup=2)
         table.add("step", "GPT step vs PyTorch CPU (d128 L4 H4 T256, batch 8, 1 thread), each run",
-                  f"{stat(ours, '{:.1f}')} ms", f"{t['framework']} {stat(theirs, '{:.1f}')} ms",
+                  f"{stat(ours, '{:.1f}')} ms", f"{framework} {stat(theirs, '{:.1f}')} ms",
                   f"{stat(speedup)}×", "≥ 2.5× in every run", met(min(speedup), 2.5))
         table.add("step", "GPT step, % of the GEMM-bound limit (its FLOPs at Eigen's GEMM rate)",
                   f"{stat(of_limit, '{:.0f}')} %", "100 %", "—", "≥ 80 %", met(statistics.median(of_limit), 80))
@@ -161,19 +162,10 @@ def main():
 
     @guarded(table, "step", "ViT step")
     def vit():
-        steps = 5 if quick else 20
-        ours, theirs, speedup, of_gemm = [], [], [], []
-        for _ in range(runs):
-            o = step_json("vit", batch=32, threads=1, steps=steps, warmup=2)
-            t = torch_json("torch_vit_step.py", batch=32, threads=1, steps=steps, warmup=2)
-            if t["parameters"] != o["parameters"]:
-                raise RuntimeError(f"the PyTorch ViT has {t['parameters']} parameters, ours {o['parameters']}")
-            ours.append(o["ms_per_step"])
-            theirs.append(t["ms_per_step"])
-            speedup.append(t["ms_per_step"] / o["ms_per_step"])
-            of_gemm.append(100 * o["gflops"] / o["eigen_gemm_gflops"])
+        ours, theirs, speedup, of_gemm, _, framework = side_by_side(
+            "vit", "torch_vit_step.py", batch=32, threads=1, steps=5 if quick else 20, warmup=2)
         table.add("step", "ViT step vs PyTorch CPU (d128 L4 H4, 28×28 images, patch 7, batch 32, 1 thread)",
-                  f"{stat(ours, '{:.1f}')} ms", f"{t['framework']} {stat(theirs, '{:.1f}')} ms",
+                  f"{stat(ours, '{:.1f}')} ms", f"{framework} {stat(theirs, '{:.1f}')} ms",
                   f"{stat(speedup)}×", "≥ 2×", met(statistics.median(speedup), 2))
         table.add("step", "ViT step, % of Eigen's GEMM rate (1 thread)", f"{stat(of_gemm, '{:.0f}')} %", "100 %", "—",
                   "report", "—")

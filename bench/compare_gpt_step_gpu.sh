@@ -43,9 +43,11 @@ tf32=()
 [[ $gemm == tf32 ]] && tf32=(--tf32)
 theirs=$("$python" "$here/torch_gpt_step.py" --device cuda "${tf32[@]}" "${shape[@]}")
 # torch.compile needs Triton and a working compiler toolchain; where it fails, say so and go on.
-compiled=$("$python" "$here/torch_gpt_step.py" --device cuda --compile "${tf32[@]}" "${shape[@]}" 2>/tmp/torch_compile.err |
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+compiled=$("$python" "$here/torch_gpt_step.py" --device cuda --compile "${tf32[@]}" "${shape[@]}" 2>"$errors" |
   tail -1) || compiled=""
-[[ -n $compiled ]] || echo "torch.compile did not run: $(tail -1 /tmp/torch_compile.err)" >&2
+[[ -n $compiled ]] || echo "torch.compile did not run: $(tail -1 "$errors")" >&2
 
 "$python" - "$ours" "$theirs" "$compiled" <<'PY'
 import json, sys

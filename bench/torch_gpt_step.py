@@ -14,6 +14,21 @@ import torch
 import torch.nn.functional as F
 
 
+def median_step_ms(step, warmup, steps, sync=lambda: None):
+    """The median wall time of `steps` calls of step() after `warmup` untimed ones, in ms;
+    sync() before and after each timed call (a device's queue must be empty)."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
 class Block(torch.nn.Module):
     def __init__(self, d, heads, causal=True):
         super().__init__()
@@ -93,16 +108,7 @@ def main():
         loss.backward()
         optimizer.step()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    ms = statistics.median(times) * 1e3
+    ms = median_step_ms(step, args.warmup, args.steps, sync)
     print(json.dumps({
         "framework": f"torch {torch.__version__}" + (" compile" if args.compile else " eager"),
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),

@@ -5,10 +5,10 @@ the reference it is compared with (bench/compare_mlp_step.sh). Same shapes, same
 steps. Prints one JSON object."""
 import argparse
 import json
-import statistics
-import time
 
 import torch
+
+from torch_gpt_step import median_step_ms
 
 
 def main():
@@ -42,14 +42,7 @@ def main():
         loss.backward()
         optimizer.step()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    ms = statistics.median(times) * 1e3
+    ms = median_step_ms(step, args.warmup, args.steps)
     print(json.dumps({
         "framework": f"torch {torch.__version__}",
         "model": "mlp",

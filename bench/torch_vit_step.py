@@ -7,13 +7,11 @@ pooling over the tokens and a Linear head with bias; AdamW; random images and la
 warm-up first, median of the timed steps. Prints one JSON object."""
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from torch_gpt_step import Block
+from torch_gpt_step import Block, median_step_ms
 
 
 class Vit(torch.nn.Module):
@@ -61,14 +59,7 @@ def main():
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    ms = statistics.median(times) * 1e3
+    ms = median_step_ms(step, args.warmup, args.steps)
     print(json.dumps({
         "framework": f"torch {torch.__version__}",
         "model": "vit",
