@@ -85,7 +85,7 @@ check_experiment() {
   local dirs
   dirs=$(/usr/bin/python3 -c 'import csv, sys; print("\n".join(r["run_dir"] for r in csv.DictReader(open(sys.argv[1]), delimiter="\t")))' \
     "$out/manifest.tsv") || fail "$name: manifest.tsv has no run_dir column"
-  local listed dir evaluations=0
+  local listed dir evaluations=0 evaluations_accuracy=0
   listed=$(grep -c . <<< "$dirs")
   ((listed == runs)) || fail "$name: manifest.tsv lists $listed runs, expected $runs"
   for dir in $dirs; do
@@ -98,6 +98,8 @@ check_experiment() {
       "$out/$dir/summary.json" || fail "$name: $dir/summary.json lacks a key"
     # One evaluation = one row per peer; curves.csv has one row per run per evaluation.
     evaluations=$((evaluations + $(tail -n +2 "$out/$dir/metrics.csv" | cut -d, -f1 | sort -u | wc -l)))
+    [[ $dir != runs/accuracy-* ]] ||
+      evaluations_accuracy=$((evaluations_accuracy + $(tail -n +2 "$out/$dir/metrics.csv" | cut -d, -f1 | sort -u | wc -l)))
   done
   case $name in
     topologies)
@@ -125,6 +127,23 @@ check_experiment() {
       check_csv "$out/curves.csv" "$evaluations" label step epoch train_loss avg_accuracy wall_s_max ||
         fail "$name: curves.csv"
       ;;
+    heterogeneity)
+      check_csv "$out/runs.csv" "$runs" label alpha graph form momentum seed accuracy || fail "$name: runs.csv"
+      check_csv "$out/curves.csv" "$evaluations" label step avg_accuracy || fail "$name: curves.csv"
+      check_csv "$out/accuracy.csv" 5 momentum graph form acc_ainf acc_a0.1 || fail "$name: accuracy.csv"
+      # 2 α × 2 graphs × 2 forms; atc on the complete graph is all-reduce, exactly.
+      check_csv "$out/gap_split.csv" 8 alpha momentum graph form gap form_share spectral_share || fail "$name: gap_split.csv"
+      grep -q 'differs from all-reduce.s by at most 0.00 points' "$out/README.md" ||
+        fail "$name: atc on the complete graph is not all-reduce: $(grep -m1 'atc on the complete' "$out/README.md")"
+      ;;
+    networks)
+      check_csv "$out/runs.csv" "$runs" label part algorithm peers step_s test_accuracy || fail "$name: runs.csv"
+      check_csv "$out/curves.csv" "$evaluations_accuracy" label step avg_accuracy || fail "$name: curves.csv"
+      # 2 bandwidths × 2 latencies × 2 algorithms, each measured and predicted
+      check_csv "$out/sweep.csv" 8 bandwidth_mbps latency_ms algorithm step_s_measured step_s_predicted error ||
+        fail "$name: sweep.csv"
+      grep -q '^## 5. The emulation against the kernel' "$out/README.md" || fail "$name: no netns section"
+      ;;
   esac
   local png
   for png in "$out"/*.png; do
@@ -142,12 +161,17 @@ check_experiment() {
 
 start=$SECONDS
 check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png report.html
-check_experiment lian2017 6 loss_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png report.html
+check_experiment lian2017 6 loss_vs_epoch.png accuracy_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png report.html
 check_experiment gossip 28 loss_vs_time.png report.html
 check_experiment consensus 3 consensus_fit.png report.html
+check_experiment heterogeneity 10 accuracy_vs_alpha.png gap_split.png accuracy.csv gap_split.csv report.html
+# networks --tiny: 3 accuracy runs, 8 sweep runs, 2 uneven, and 2 in network namespaces where labs can be made
+networks_runs=13
+"$here/../scripts/netlab.sh" check > /dev/null 2>&1 && networks_runs=15
+check_experiment networks $networks_runs time_to_target.png predicted_vs_measured.png sweep.csv report.html
 
 echo "== command line"
-for name in topologies lian2017 gossip; do
+for name in topologies lian2017 gossip consensus heterogeneity networks; do
   "$here/$name/run.sh" --help | grep -q -- '--quick' || fail "$name/run.sh --help does not describe --quick"
   msg=$("$here/$name/run.sh" --no-such-flag 2>&1) && fail "$name/run.sh accepted --no-such-flag"
   [[ $msg == error:* ]] || fail "$name/run.sh --no-such-flag: expected an 'error:' line, got: $msg"

@@ -11,7 +11,8 @@
 #   netlab.sh topology LAB GENERATOR N [PORT]   print a topology file whose peers are the hosts
 #   netlab.sh exec LAB R CMD...           run CMD on host R (as srun would start a peer there)
 #   netlab.sh link LAB R down|up          pull host R's cable out of the switch, or plug it back
-#   netlab.sh shape LAB R RATE|off        tbf-shape host R's cable (both ways)
+#   netlab.sh shape LAB R RATE|off [BURST] tbf-shape host R's cable (both ways); BURST, the
+#                                         bucket (default 64kb: enough for 1 Gbit/s)
 #   netlab.sh partition LAB R...          move the named hosts onto a second bridge: the two
 #                                         groups no longer reach each other
 #   netlab.sh heal LAB                    put every host back on the first bridge
@@ -61,8 +62,8 @@ check() {
   return $ok
 }
 
-shape() {  # shape LAB R RATE|off: both ends of host R's cable
-  local lab=$1 r=$2 rate=$3 sw
+shape() {  # shape LAB R RATE|off [BURST]: both ends of host R's cable
+  local lab=$1 r=$2 rate=$3 burst=${4:-64kb} sw
   sw=$(switch_ns "$lab")
   local ends=("$sw h$r" "$(host_ns "$lab" "$r") eth0")
   for end in "${ends[@]}"; do
@@ -70,8 +71,8 @@ shape() {  # shape LAB R RATE|off: both ends of host R's cable
     tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null || true
     if [[ $rate != off ]]; then
       # burst: at least rate/HZ; 64 kB covers 1 Gbit/s at the kernel's 1000 Hz tick.
-      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst 64kb latency 100ms ||
-        die "tc cannot shape host $r's cable at '$rate' (a rate like 100mbit or 1gbit)"
+      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms ||
+        die "tc cannot shape host $r's cable at '$rate' with a '$burst' bucket (a rate like 100mbit, a burst like 8kb)"
     fi
   done
 }
@@ -149,9 +150,9 @@ case $cmd in
     [[ $3 == down || $3 == up ]] || die "link: '$3' is not down or up"
     ip -n "$(switch_ns "$1")" link set "h$2" "$3" ;;
   shape)
-    (($# == 3)) || die "usage: netlab.sh shape LAB R RATE|off"
+    (($# == 3 || $# == 4)) || die "usage: netlab.sh shape LAB R RATE|off [BURST]"
     need_lab "$1"; need_host "$1" "$2"
-    shape "$1" "$2" "$3" ;;
+    shape "$1" "$2" "$3" "${4:-64kb}" ;;
   partition)
     (($# >= 2)) || die "usage: netlab.sh partition LAB R..."
     need_lab "$1"

@@ -131,9 +131,10 @@ def plot_all(results, runs, speedups, targets):
     os.makedirs(pd, exist_ok=True)
     for r in runs:
         r["dat"] = os.path.join(pd, f"{r['network']}-n{r['peers']}-{r['algorithm']}.dat")
-        ek.write_dat(r["dat"], ["step", "epoch", "train_loss", "train_loss_smoothed", "wall_s_peer0"],
-                     [[p["step"], p["epoch"], p["train_loss"], p["train_loss_smoothed"], p["wall_s_peer0"]]
-                      for p in r["curve"]])
+        ek.write_dat(r["dat"], ["step", "epoch", "train_loss", "train_loss_smoothed", "wall_s_peer0", "avg_accuracy",
+                                "mean_local_accuracy"],
+                     [[p["step"], p["epoch"], p["train_loss"], p["train_loss_smoothed"], p["wall_s_peer0"],
+                       100 * p["avg_accuracy"], 100 * p["mean_local_accuracy"]] for p in r["curve"]])
     term = ek.gnuplot_terminal()
     ns = sorted({r["peers"] for r in runs})
     networks = [n for n in NET_ORDER if any(r["network"] == n for r in runs)]
@@ -164,6 +165,27 @@ def plot_all(results, runs, speedups, targets):
                                  f"lc rgb '{ALGO_COLORS[alg]}' title {ek.gp_quote(ALGO_SHORT[alg] + ', ' + net)}")
         lines.append("plot " + ", \\\n  ".join(plots))
     render("loss_vs_epoch.png", "Training loss vs epoch", lines)
+
+    # x̄ beside the local models: test accuracy vs epoch, one panel per n. The algorithms are
+    # synchronous, so their iterates are the same on every network: the fast network's runs.
+    acc_net = "fast" if "fast" in networks else networks[0]
+    lines = [f"set terminal {term} size {max(560 * len(ns), 700)},480",
+             f"set multiplot layout 1,{len(ns)} title \"Test accuracy vs epoch: x̄, the peers' average (solid), and "
+             f"the mean of the local models (dashed)\"",
+             "set grid", "set key bottom right box opaque font ',9'"]
+    for n in ns:
+        lines += [f"set title '{n} peers'", "set xlabel 'epoch'", "set ylabel 'test accuracy (%)'"]
+        plots = []
+        for alg in ALGO_TITLES:
+            r = find(runs, acc_net, n, alg)
+            if r:  # PS drawn wide: its iterates are all-reduce's, which would hide it
+                width = {"ps": 5, "allreduce": 2.5, "dpsgd": 2}[alg]
+                plots.append(f"{ek.gp_quote(r['dat'])} using 2:6 with lines lw {width} dt 1 lc rgb '{ALGO_COLORS[alg]}' "
+                             f"title {ek.gp_quote(ALGO_SHORT[alg] + ': x̄')}")
+                plots.append(f"{ek.gp_quote(r['dat'])} using 2:7 with lines lw {width} dt 2 lc rgb '{ALGO_COLORS[alg]}' "
+                             f"title {ek.gp_quote(ALGO_SHORT[alg] + ': local models')}")
+        lines.append("plot " + ", \\\n  ".join(plots))
+    render("accuracy_vs_epoch.png", "Test accuracy of x̄ and of the local models vs epoch", lines)
 
     # Training loss vs wall time: rows = networks, columns = n.
     lines = [f"set terminal {term} size {max(480 * len(ns), 640)},{380 * len(networks)}",

@@ -213,6 +213,13 @@ def run_gnuplot(script_path, png_path):
         raise RuntimeError(f"gnuplot {script_path} wrote no PNG at {png_path}:\n{res.stderr}")
 
 
+def render(script_path, lines, png_path):
+    """Writes a gnuplot script of `lines` and runs it into png_path (see run_gnuplot)."""
+    with open(script_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    run_gnuplot(script_path, png_path)
+
+
 def is_png(path):
     try:
         with open(path, "rb") as f:

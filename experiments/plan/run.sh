@@ -48,6 +48,7 @@ mkdir -p "$out"
 pt_write_meta "$out/meta.json" "$mode" "$command_line"
 model=(--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8)
 cache="$out/profile.tsv"
+rm -f "$cache"  # a validation profiles this machine afresh
 json() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d, list) else d; print($1)"; }
 
 # workers|the strategy's flags[|the model, when not the default one]
@@ -84,6 +85,12 @@ grid=(
   "2|--sp 2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 4"
   "4|--tp 4|--d-model 256 --layers 4 --heads 8 --seq 128 --batch 8"
   "2|--pp 2 --microbatches 2|--d-model 64 --layers 4 --heads 4 --seq 64 --batch 4"
+  "2|--pp 2 --microbatches 4 --vocab-parallel vocab-1"
+  "2|--pp 2 --microbatches 4 --vocab-parallel vocab-2"
+  "4|--pp 4 --microbatches 8 --vocab-parallel vocab-2"
+  "2|--pp 2 --microbatches 4|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
+  "2|--pp 2 --microbatches 4 --vocab-parallel vocab-1|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
+  "2|--pp 2 --microbatches 4 --vocab-parallel vocab-2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
 )
 echo "grid: ${#grid[@]} strategies, $steps measured steps each; profiles cached in $cache"
 printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\n' > "$out/grid.tsv"

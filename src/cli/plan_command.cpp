@@ -203,6 +203,9 @@ int run_plan(int argc, char** argv) {
       "cores to simulate (default: this machine's; the workers share them); across peers: every peer on "
       "one machine of that many cores (default: a machine each)",
       cxxopts::value<std::string>())(
+      "contention",
+      "with more workers than cores, scale the passes by a contention factor measured on a calibration model "
+      "(off by default: it over-corrects; see docs/plan.md)")(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
@@ -221,6 +224,8 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("1f1b"))("chunks", "interleaved: chunks per stage",
                                                             cxxopts::value<std::string>()->default_value("2"))(
       "stages", "units per virtual stage (default: balanced on the profile)", cxxopts::value<std::string>())(
+      "vocab-parallel", "gpt: none | vocab-1 | vocab-2 (the vocabulary split over the stages)",
+      cxxopts::value<std::string>()->default_value("none"))(
       "sequence-split", "zigzag | contiguous", cxxopts::value<std::string>()->default_value("zigzag"))("h,help",
                                                                                                        "this help");
   add_mesh_options(options, "one strategy");
@@ -242,6 +247,7 @@ int run_plan(int argc, char** argv) {
     if (across) return plan_network(args, model_name, config, batch, format);
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
+    sim.contention = args.count("contention") > 0;
     if (args.count("memory-per-worker"))
       sim.memory_cap_bytes = parse_bytes(args["memory-per-worker"].as<std::string>(), "--memory-per-worker");
     std::string cache =
@@ -260,6 +266,11 @@ int run_plan(int argc, char** argv) {
       e.schedule = parallel::parse_schedule(args["schedule"].as<std::string>());
       e.chunks = number_flag<int>(args, "chunks");
       e.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
+      try {
+        e.vocab_parallel = parallel::parse_vocab_parallel(args["vocab-parallel"].as<std::string>());
+      } catch (const Error& err) {
+        throw UsageError(err.what());
+      }
       read_mesh_options(args, e);
       e.max_workers = 0;  // --workers is the search's; a given strategy has its own
       if (args.count("stages")) {

@@ -22,7 +22,7 @@
 #include "mailbox.h"
 #include "peertrain/core/work.h"
 #include "peertrain/net/tcp.h"
-#include "token_bucket.h"
+#include "wire_clock.h"
 
 namespace peertrain::net {
 
@@ -49,7 +49,9 @@ struct Link {
   asio::steady_timer timer;       // shaping waits
   asio::steady_timer read_timer;  // ingress shaping waits
   LinkShaping shaping;
-  TokenBucket bucket;
+  WireClock wire;               // its bandwidth cap
+  bool piece_reserved = false;  // the next piece holds the wires until piece_due
+  std::chrono::steady_clock::time_point piece_due{};
   std::deque<Outgoing> queue;  // I/O thread only
   bool writing = false;
   HeaderBytes header_in{};
@@ -98,8 +100,8 @@ struct TcpCore {
   std::mutex mutex;  // guards the mailbox and the link states marked above
   std::condition_variable changed;
   Mailbox mailbox;
-  TokenBucket node_bucket;     // the shared egress cap (I/O thread only)
-  TokenBucket ingress_bucket;  // the shared ingress cap (I/O thread only)
+  WireClock node_wire;      // the shared egress cap (I/O thread only)
+  WireClock ingress_wire;   // the shared ingress cap (I/O thread only)
   std::string fatal;        // a refusal that ends connect()
   std::string last_refusal;
   bool closed = false;
@@ -113,6 +115,7 @@ struct TcpCore {
   void start_read(Link& l);
   void read_failed(Link& l, const boost::system::error_code& ec);
   void read_payload_shaped(Link& l, std::uint64_t generation, std::size_t done);
+  void read_piece(Link& l, std::uint64_t generation, std::size_t done, std::size_t piece);
   void payload_read(Link& l);
   void deliver(Link& l);
   void enqueue(Link& l, Outgoing out);

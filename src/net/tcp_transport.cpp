@@ -108,23 +108,28 @@ void TcpCore::start_read(Link& l) {
 }
 
 // The receiving card's capacity (node_ingress_mbps): the payload of a data frame is read
-// in pieces, each once the bucket every link shares holds its bytes; meanwhile the bytes
-// wait in the socket, and TCP's flow control holds the sender back, as a full card would.
-// Control frames (handshake, membership, heartbeats, reports) are read at once, like the
-// unshaped sends.
+// in pieces, each once the card every link shares would carry it; meanwhile the
+// bytes wait in the socket, and TCP's flow control holds the sender back, as a full card
+// would. Control frames (handshake, membership, heartbeats, reports) are read at once,
+// like the unshaped sends.
 void TcpCore::read_payload_shaped(Link& l, std::uint64_t generation, std::size_t done) {
   if (done == l.payload_in.size()) return payload_read(l);
   const double mbps = options.node_ingress_mbps;
   const std::size_t piece = std::min(shaped_piece(mbps), l.payload_in.size() - done);
-  const double wait_s = ingress_bucket.refill(Clock::now(), mbps, piece);
-  if (wait_s > 0) {
-    l.read_timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
-    l.read_timer.async_wait([this, &l, generation, done](boost::system::error_code ec) {
-      if (!ec && generation == l.generation) read_payload_shaped(l, generation, done);
-    });
-    return;
-  }
-  ingress_bucket.spend(piece);
+  // Cut-through: the sender held the piece for its whole time on its own wire, during which
+  // it was also coming in on this card, so the card's reservation starts a piece's time ago
+  // and a lone flow crosses both cards in one serialization time, as through a switch;
+  // several flows into one card queue on it.
+  const auto now = Clock::now();
+  const auto due = ingress_wire.reserve(now - WireClock::busy(mbps, piece), mbps, piece);
+  if (due <= now) return read_piece(l, generation, done, piece);
+  l.read_timer.expires_at(due);
+  l.read_timer.async_wait([this, &l, generation, done, piece](boost::system::error_code ec) {
+    if (!ec && generation == l.generation) read_piece(l, generation, done, piece);
+  });
+}
+
+void TcpCore::read_piece(Link& l, std::uint64_t generation, std::size_t done, std::size_t piece) {
   asio::async_read(l.socket, asio::buffer(l.payload_in.data() + done, piece),
                    [this, &l, generation, done, piece](boost::system::error_code ec, std::size_t) {
                      if (generation != l.generation) return;
@@ -232,20 +237,22 @@ void TcpCore::write_next(Link& l) {
   const std::size_t total = kHeaderBytes + payload.size();
   const double link_mbps = l.shaping.bandwidth_mbps;
   const std::size_t piece = std::min(shaped_piece(std::max(link_mbps, node_mbps)), total - out.written);
-  // Two token buckets, the link's and the card's shared by every link; a piece goes when
-  // both hold enough.
-  double wait_s = 0;
-  if (link_mbps > 0) wait_s = std::max(wait_s, l.bucket.refill(now, link_mbps, piece));
-  if (node_mbps > 0) wait_s = std::max(wait_s, node_bucket.refill(now, node_mbps, piece));
-  if (wait_s > 0) {
-    l.timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
+  // Two wires, the link's and the card's shared by every link: the piece reserves both once
+  // and goes when its last byte would be through the slower.
+  if (!l.piece_reserved && (link_mbps > 0 || node_mbps > 0)) {
+    l.piece_due = now;
+    if (link_mbps > 0) l.piece_due = std::max(l.piece_due, l.wire.reserve(now, link_mbps, piece));
+    if (node_mbps > 0) l.piece_due = std::max(l.piece_due, node_wire.reserve(now, node_mbps, piece));
+    l.piece_reserved = true;
+  }
+  if (l.piece_reserved && now < l.piece_due) {
+    l.timer.expires_at(l.piece_due);
     l.timer.async_wait([this, &l](boost::system::error_code ec) {
       if (!ec) write_next(l);
     });
     return;
   }
-  if (link_mbps > 0) l.bucket.spend(piece);
-  if (node_mbps > 0) node_bucket.spend(piece);
+  l.piece_reserved = false;
   std::vector<asio::const_buffer> buffers;
   std::size_t from = out.written, left = piece;
   if (from < kHeaderBytes) {
@@ -315,7 +322,8 @@ void TcpCore::established(Link& l, tcp::socket socket) {
       mailbox.forget(l.peer);  // what the old process sent
       l.queue.clear();
       l.writing = false;
-      l.bucket.tokens = 0;
+      l.wire = {};
+      l.piece_reserved = false;
       log::info(l.name, " rejoined: its link is up again");
     }
   }

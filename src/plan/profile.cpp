@@ -28,7 +28,9 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/batch_slice.h"
+#include "peertrain/model/transformer_layout.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/vocab_parallel.h"
 
 namespace peertrain::plan {
 namespace {
@@ -54,8 +56,63 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
+// Vocabulary parallelism's output layer on one stage: its shard's S and T passes for one
+// micro-batch (b × T / sp columns: a sequence rank's share), on one thread, in a group of
+// one (the barriers' messages are the simulator's to add).
+UnitCost measure_vocab_output(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
+#ifdef _OPENMP
+  omp_set_num_threads(1);  // as the engine: one thread per worker
+#endif
+  model::Transformer model(config);
+  const auto& c = model.config();
+  std::vector<float> params(model.num_parameters());
+  model.initialize(params, 1);
+  const auto mode = shape.vocab_parallel == 1 ? parallel::VocabParallel::kVocab1 : parallel::VocabParallel::kVocab2;
+  const parallel::VocabShard shard = parallel::vocab_shard(c.vocab, shape.vocab_ranks, 0);
+  const int d = c.d_model, n = shape.microbatch * (c.tokens() / shape.sp);
+  Rng rng(13);
+  AlignedVector<float> y(static_cast<std::size_t>(d) * n), dy(y.size());
+  for (auto& x : y) x = static_cast<float>(rng.normal());
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
+  std::vector<float> grads(params.size(), 0.0f);
+  const std::size_t w = c.tied_head ? model.layout().wte : model.layout().head_w;
+  comm::ThreadGroup alone(1, "profile vocabulary group");
+  // Four micro-batches' S, then their T, as the schedules place them; the first round warms up.
+  constexpr int kInFlight = 4;
+  std::vector<parallel::VocabOutputState> states(kInFlight);
+  std::vector<double> s_times, t_times;
+  UnitCost cost;
+  for (int r = 0; r <= repetitions; ++r) {
+    double s_sum = 0, t_sum = 0;
+    for (auto& state : states) {
+      const double start = thread_cpu_s();
+      parallel::vocab_output_forward(alone.member(0), mode, shard, c.vocab, d, c.tied_head, params.data() + w, y.data(),
+                                     n, targets, 1.0f / static_cast<float>(n), state,
+                                     mode == parallel::VocabParallel::kVocab1 ? dy.data() : nullptr);
+      s_sum += thread_cpu_s() - start;
+    }
+    for (auto& state : states) {
+      const double start = thread_cpu_s();
+      parallel::vocab_output_backward(alone.member(0), mode, shard, c.vocab, d, c.tied_head, params.data() + w, targets,
+                                      1.0f / static_cast<float>(n), state,
+                                      mode == parallel::VocabParallel::kVocab2 ? dy.data() : nullptr, grads.data() + w);
+      t_sum += thread_cpu_s() - start;
+    }
+    cost.activation_bytes = static_cast<double>(states[0].bytes());
+    if (r == 0) continue;
+    s_times.push_back(s_sum / kInFlight);
+    t_times.push_back(t_sum / kInFlight);
+  }
+  // One thread alone: its CPU time is its wall time, and the cleaner of the two here.
+  cost.forward_s = cost.forward_cpu_s = median(s_times);
+  cost.backward_s = cost.backward_cpu_s = median(t_times);
+  return cost;
+}
+
 // One unit's passes on sp × tp threads with real groups; the slowest worker's medians.
 UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
+  if (shape.unit == UnitKind::kVocabOutput) return measure_vocab_output(config, shape, repetitions);
   model::Transformer model(config);
   const auto& c = model.config();
   std::vector<float> params(model.num_parameters());
@@ -105,6 +162,7 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
       const model::TokenBatch& mine = slice.batch;
       std::optional<parallel::RingAttention> ring;
       model::UnitContext context;
+      context.vocabulary_outside = shape.vocab_parallel > 0;
       if (shape.sp > 1) {
         context.sequence_group = &sequence_groups[static_cast<std::size_t>(t)]->member(s);
         ring.emplace(*context.sequence_group, parallel::RingMode::kOnlineSoftmax, 60.0);
@@ -117,7 +175,8 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
       for (auto* v : {&in, &dout})
         for (auto& x : *v) x = static_cast<float>(data.normal());
       std::vector<float> grads(model.num_parameters(), 0.0f);
-      const bool last = unit + 1 == model.num_units();
+      // The head writes no output but its loss, unless the vocabulary is outside: then its y.
+      const bool last = unit + 1 == model.num_units() && !context.vocabulary_outside;
       float* din_or_null = unit == 0 ? nullptr : din.data();
       // [pass][0: wall, 1: CPU] per repetition: forward, B, W, fused backward.
       std::vector<double> times[4][2];
@@ -208,6 +267,31 @@ std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, c
   }
   return stats;
 }
+
+}  // namespace
+
+double measure_engine_step_s(const model::TransformerConfig& c, const parallel::EngineConfig& e, int batch, int steps) {
+  model::Transformer model(c);
+  parallel::PipelineEngine engine(model, e);
+  std::vector<float> params(model.num_parameters()), grads(params.size());
+  model.initialize(params, 1);
+  Rng rng(17);
+  std::vector<std::int32_t> bytes(static_cast<std::size_t>(batch) * c.seq), targets(bytes.size());
+  for (auto& b : bytes) b = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
+  parallel::GlobalBatch global;
+  global.batch = batch;
+  global.bytes = bytes;
+  global.targets = targets;
+  std::vector<double> times;
+  for (int r = 0; r <= steps; ++r) {
+    engine.step(params, global, grads);
+    if (r > 0) times.push_back(engine.last_stats().step_s);  // the first plans and warms up
+  }
+  return median(times);
+}
+
+namespace {
 
 model::TransformerConfig idle_model(int layers, int seq) {
   model::TransformerConfig c;
@@ -310,6 +394,42 @@ MachineCosts measure_machine() {
   return m;
 }
 
+// One barrier of `threads` threads that each compute ~0.2 ms between barriers (an all-gather
+// of 3 floats, as vocabulary parallelism's statistics): the time per round with it, less the
+// same work without it.
+double measure_barrier(int threads) {
+  if (threads < 2) return 0;
+  constexpr int kRounds = 60;
+  auto spin = [] {
+    const double until = thread_cpu_s() + 2e-4;
+    volatile double x = 1;
+    while (thread_cpu_s() < until) x = x * 1.0000001 + 1e-9;
+  };
+  auto run = [&](bool with_barrier) {
+    comm::ThreadGroup group(threads, "profile barrier group");
+    std::barrier start_line(threads);
+    double elapsed = 0;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        std::vector<float> mine(3, 1.0f), all(static_cast<std::size_t>(3 * threads));
+        start_line.arrive_and_wait();
+        const double start = wall_s();
+        for (int r = 0; r < kRounds; ++r) {
+          spin();
+          if (with_barrier) group.member(t).all_gather(mine, all);
+        }
+        start_line.arrive_and_wait();
+        if (t == 0) elapsed = wall_s() - start;
+      });
+    for (auto& th : pool) th.join();
+    return elapsed;
+  };
+  std::vector<double> extra;
+  for (int r = 0; r < 3; ++r) extra.push_back(std::max(0.0, (run(true) - run(false)) / kRounds));
+  return median(extra);
+}
+
 // A pipeline step beyond its passes: threads, groups, the start latch, the gradient
 // assembly.
 double measure_overhead(int workers) {
@@ -333,8 +453,10 @@ std::string UnitShape::key(const model::TransformerConfig& c) const {
              c.mlp_ratio, " ",
              unit == UnitKind::kEmbedding ? "embedding"
              : unit == UnitKind::kBlock   ? "block"
-                                          : "head",
-             " b", microbatch, " sp", sp, " tp", tp, " ", parallel::to_string(split), solo ? " solo" : "");
+             : unit == UnitKind::kHead    ? "head"
+                                          : "vocab-output",
+             " b", microbatch, " sp", sp, " tp", tp, " ", parallel::to_string(split), solo ? " solo" : "",
+             vocab_parallel > 0 ? str(" vocab-", vocab_parallel, "/", vocab_ranks) : "");
 }
 
 Profiler::Profiler(std::string cache_path, int repetitions) : path_(std::move(cache_path)), repetitions_(repetitions) {
@@ -378,6 +500,14 @@ void Profiler::load() {
       double s = 0;
       row >> s;
       if (row) machine_.step_overhead_s[std::stoi(key)] = s;
+    } else if (kind == "barrier") {
+      double b = 0;
+      row >> b;
+      if (row) machine_.barrier_s[std::stoi(key)] = b;
+    } else if (kind == "contention") {
+      double f = 0;
+      row >> f;
+      if (row) machine_.contention[std::stoi(key)] = f;
     }
   }
 }
@@ -398,6 +528,8 @@ void Profiler::save() const {
       out << "\n";
     }
     for (const auto& [workers, s] : machine_.step_overhead_s) out << "overhead\t" << workers << "\t" << s << "\n";
+    for (const auto& [workers, f] : machine_.contention) out << "contention\t" << workers << "\t" << f << "\n";
+    for (const auto& [threads, b] : machine_.barrier_s) out << "barrier\t" << threads << "\t" << b << "\n";
     for (const auto& [key, u] : units_)
       out << "unit\t" << key << "\t" << u.forward_s << " " << u.backward_s << " " << u.backward_input_s << " "
           << u.backward_weight_s << " " << u.forward_cpu_s << " " << u.backward_cpu_s << " " << u.backward_input_cpu_s
@@ -408,7 +540,7 @@ void Profiler::save() const {
 }
 
 const UnitCost& Profiler::unit(const model::TransformerConfig& config, const UnitShape& shape) {
-  const std::array<int, 13> numbers{static_cast<int>(config.kind),
+  const std::array<int, 15> numbers{static_cast<int>(config.kind),
                                     config.d_model,
                                     config.heads,
                                     config.tokens(),
@@ -420,7 +552,9 @@ const UnitCost& Profiler::unit(const model::TransformerConfig& config, const Uni
                                     shape.sp,
                                     shape.tp,
                                     static_cast<int>(shape.split),
-                                    shape.solo};
+                                    shape.solo,
+                                    shape.vocab_parallel,
+                                    shape.vocab_ranks};
   if (auto it = by_numbers_.find(numbers); it != by_numbers_.end()) return *it->second;
   const UnitCost& cost = unit_by_key(config, shape);
   by_numbers_[numbers] = &cost;
@@ -439,6 +573,21 @@ void Profiler::set_unit(const model::TransformerConfig& config, const UnitShape&
   units_[shape.key(config)] = cost;  // std::map: the address by_numbers_ may hold stays valid
 }
 
+double Profiler::barrier_s(int threads) {
+  machine();
+  auto it = machine_.barrier_s.find(threads);
+  if (it != machine_.barrier_s.end()) return it->second;
+  ++measured_;
+  return machine_.barrier_s[threads] = measure_barrier(threads);
+}
+
+double Profiler::contention(int workers) const {
+  auto it = machine_.contention.find(workers);
+  return it == machine_.contention.end() ? 0 : it->second;
+}
+
+void Profiler::set_contention(int workers, double factor) { machine_.contention[workers] = factor; }
+
 void Profiler::set_machine(const MachineCosts& machine) {
   machine_ = machine;
   machine_known_ = true;
@@ -447,8 +596,12 @@ void Profiler::set_machine(const MachineCosts& machine) {
 const MachineCosts& Profiler::machine() {
   if (!machine_known_) {
     auto overheads = std::move(machine_.step_overhead_s);
+    auto contention = std::move(machine_.contention);
+    auto barriers = std::move(machine_.barrier_s);
     machine_ = measure_machine();
     machine_.step_overhead_s = std::move(overheads);
+    machine_.contention = std::move(contention);
+    machine_.barrier_s = std::move(barriers);
     machine_known_ = true;
     ++measured_;
   }

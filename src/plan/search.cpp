@@ -6,10 +6,13 @@
 #include <cstdio>
 
 #include "peertrain/core/error.h"
+#include "peertrain/parallel/reshard.h"
 #include "peertrain/parallel/schedule.h"
 
 namespace peertrain::plan {
 namespace {
+
+constexpr long long kMaxMeshCombinations = 64;  // per pp: beyond it the mixed meshes are left out
 
 std::string ms(double seconds) {
   char text[32];
@@ -41,6 +44,13 @@ std::string why_slower(const Prediction& c, const Prediction& w) {
   return str("+", fixed((c.step_s / w.step_s - 1) * 100, 1), "%: ", worst->text);
 }
 
+// The output layer's weights (V × d, the matrix vocabulary parallelism splits) against a
+// block's (attention 4d², MLP 2·ratio·d²): the work of both is in their matrix products.
+bool output_outweighs_a_block(const model::TransformerConfig& c) {
+  const double d = c.d_model;
+  return static_cast<double>(c.vocab) * d > (4.0 + 2.0 * c.mlp_ratio) * d * d;
+}
+
 }  // namespace
 
 std::vector<Candidate> search(const model::TransformerConfig& config, const SearchSpace& space, Profiler& profiler,
@@ -53,34 +63,72 @@ std::vector<Candidate> search(const model::TransformerConfig& config, const Sear
       if (s != parallel::Schedule::kPipeDream) schedules.push_back(s);
   std::vector<Candidate> all;
   const int W = space.workers;
+  // A strategy the schedule can be built for (e.g. not interleaved with p ∤ m), simulated.
+  auto consider = [&](parallel::EngineConfig e) {
+    e.split = space.split;
+    try {
+      parallel::validate(parallel::ScheduleShape{.schedule = e.schedule,
+                                                 .stages = e.pp,
+                                                 .microbatches = e.microbatches,
+                                                 .output_barriers = parallel::output_barriers(e.vocab_parallel)});
+    } catch (const Error&) {
+      return;  // not a schedule for this shape: not a strategy
+    }
+    Candidate cand;
+    cand.strategy.engine = std::move(e);
+    cand.strategy.batch = space.batch;
+    cand.prediction = simulate(config, cand.strategy, profiler, options);
+    all.push_back(std::move(cand));
+  };
+  auto microbatch_counts = [&](int pp) {  // given, or every divisor of the batch up to 4·pp
+    std::vector<int> ms = space.microbatches;
+    if (ms.empty())
+      for (int m = 1; m <= std::min(space.batch, 4 * pp); ++m)
+        if (space.batch % m == 0) ms.push_back(m);
+    return ms;
+  };
   for (int pp = 1; pp <= W; ++pp) {
     if (W % pp) continue;
     for (int sp = 1; sp <= W / pp; ++sp) {
       if ((W / pp) % sp) continue;
       const int tp = W / pp / sp;
-      std::vector<int> ms = space.microbatches;
-      if (ms.empty())
-        for (int m = 1; m <= std::min(space.batch, 4 * pp); ++m)
-          if (space.batch % m == 0) ms.push_back(m);
-      for (int m : ms)
-        for (auto schedule : pp == 1 ? std::vector<parallel::Schedule>{parallel::Schedule::kOneFOneB} : schedules) {
-          Candidate cand;
-          auto& e = cand.strategy.engine;
-          e.sp = sp;
-          e.tp = tp;
-          e.pp = pp;
-          e.microbatches = m;
-          e.schedule = schedule;
-          e.split = space.split;
-          cand.strategy.batch = space.batch;
-          try {
-            parallel::validate(parallel::ScheduleShape{.schedule = schedule, .stages = pp, .microbatches = m});
-          } catch (const Error&) {
-            continue;  // not a schedule for this shape (e.g. interleaved with p ∤ m): not a strategy
-          }
-          cand.prediction = simulate(config, cand.strategy, profiler, options);
-          all.push_back(std::move(cand));
-        }
+      // Vocabulary parallelism where the engine has it (a GPT's pipeline of tensor rank 1, its
+      // vocabulary split evenly over the stages) and where it has something to balance: an
+      // output layer that outweighs a block (Yeung et al.'s case; with a small vocabulary its
+      // barriers cost more than the split saves, and near-ties only give the search more
+      // ways to pick a mispredicted strategy).
+      std::vector<parallel::VocabParallel> vocab{parallel::VocabParallel::kNone};
+      if (space.vocab_parallel && pp > 1 && tp == 1 && config.kind == model::TransformerKind::kGpt &&
+          config.vocab % pp == 0 && output_outweighs_a_block(config))
+        vocab.insert(vocab.end(), {parallel::VocabParallel::kVocab1, parallel::VocabParallel::kVocab2});
+      for (int m : microbatch_counts(pp))
+        for (auto schedule : pp == 1 ? std::vector<parallel::Schedule>{parallel::Schedule::kOneFOneB} : schedules)
+          for (auto vp : vocab)
+            consider({.sp = sp, .tp = tp, .pp = pp, .microbatches = m, .schedule = schedule, .vocab_parallel = vp});
+    }
+  }
+  // Heterogeneous stage meshes (Alpa's per-stage meshes, with cross-mesh resharding): pp ≥ 2
+  // stages of W/pp workers each, every assignment of an (sp, tp) factorization to each stage
+  // that is not uniform (the loop above has those), with each resharding strategy; 1F1B
+  // and ZB-H1, as the schedules a mixed pipeline is worth trying with.
+  for (int pp = 2; space.stage_meshes && pp <= W; ++pp) {
+    if (W % pp) continue;
+    std::vector<parallel::StageMesh> shapes;
+    for (int sp = 1; sp <= W / pp; ++sp)
+      if ((W / pp) % sp == 0) shapes.push_back({sp, W / pp / sp});
+    const auto k = static_cast<long long>(shapes.size());
+    long long combos = 1;
+    for (int p = 0; p < pp && combos <= kMaxMeshCombinations; ++p) combos *= k;
+    if (k < 2 || combos > kMaxMeshCombinations) continue;
+    for (long long code = 0; code < combos; ++code) {
+      std::vector<parallel::StageMesh> meshes;
+      for (long long c = code, p = 0; p < pp; ++p, c /= k) meshes.push_back(shapes[static_cast<std::size_t>(c % k)]);
+      if (std::all_of(meshes.begin(), meshes.end(), [&](const auto& m) { return m == meshes[0]; })) continue;
+      for (int m : microbatch_counts(pp))
+        for (auto schedule : {parallel::Schedule::kOneFOneB, parallel::Schedule::kZbH1})
+          for (auto reshard : {parallel::ReshardStrategy::kSendRecv, parallel::ReshardStrategy::kBroadcast,
+                               parallel::ReshardStrategy::kLocalAllGather})
+            consider({.pp = pp, .stage_meshes = meshes, .reshard = reshard, .microbatches = m, .schedule = schedule});
     }
   }
   std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {

@@ -46,7 +46,8 @@ std::string Strategy::describe() const {
   std::string mesh =
       e.stage_meshes.empty() ? str("sp", e.sp, " tp", e.tp) : str("meshes ", parallel::to_string(e.stage_meshes));
   return str(mesh, " pp", e.pp, " m", e.microbatches, " ", parallel::to_string(e.schedule),
-             e.schedule == parallel::Schedule::kInterleaved ? str(" v", e.chunks) : "");
+             e.schedule == parallel::Schedule::kInterleaved ? str(" v", e.chunks) : "",
+             e.vocab_parallel != parallel::VocabParallel::kNone ? str(" ", parallel::to_string(e.vocab_parallel)) : "");
 }
 
 std::vector<std::string> Strategy::flags() const {
@@ -61,6 +62,8 @@ std::vector<std::string> Strategy::flags() const {
   f.insert(f.end(), {"--pp", str(e.pp), "--microbatches", str(e.microbatches), "--schedule",
                      std::string(parallel::to_string(e.schedule))});
   if (e.schedule == parallel::Schedule::kInterleaved) f.insert(f.end(), {"--chunks", str(e.chunks)});
+  if (e.vocab_parallel != parallel::VocabParallel::kNone)
+    f.insert(f.end(), {"--vocab-parallel", std::string(parallel::to_string(e.vocab_parallel))});
   return f;
 }
 
@@ -77,8 +80,6 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     return out;
   };
   const parallel::EngineConfig& e = strategy.engine;
-  if (e.vocab_parallel != parallel::VocabParallel::kNone)
-    return refuse("the simulator does not model --vocab-parallel yet");
   if (e.microbatches < 1 || strategy.batch % e.microbatches != 0)
     return refuse(str("--microbatches ", e.microbatches, " does not divide the batch of ", strategy.batch));
   // The model's layout, kept per configuration (building it each time would cost more than
@@ -117,7 +118,8 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
                          static_cast<int>(e.schedule),
                          e.chunks,
                          static_cast<int>(e.split),
-                         e.max_workers};
+                         e.max_workers,
+                         static_cast<int>(e.vocab_parallel)};
     for (const auto& m : e.stage_meshes) key.insert(key.end(), {m.sp, m.tp});
     key.push_back(-1);
     key.insert(key.end(), e.stage_first_units.begin(), e.stage_first_units.end());
@@ -139,21 +141,28 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     meshes = it->second.second;
   }
   const int P = e.pp, M = e.microbatches, b = strategy.batch / M, units = model.num_units();
-  const parallel::ScheduleShape shape{.schedule = e.schedule, .stages = P, .microbatches = M, .interleave = e.chunks};
+  const int barriers = parallel::output_barriers(e.vocab_parallel);  // 0: no vocabulary parallelism
+  const parallel::ScheduleShape shape{
+      .schedule = e.schedule, .stages = P, .microbatches = M, .interleave = e.chunks, .output_barriers = barriers};
   const int V = shape.virtual_stages();
   const auto& ops = schedule_of(shape);
   const bool split_backward = shape.split_backward();
 
-  // Each stage's unit costs on its mesh.
+  // Each stage's unit costs on its mesh (under vocabulary parallelism the embedding and the
+  // head without the vocabulary, and the stage's share of the output layer).
   std::vector<std::vector<UnitCost>> cost(static_cast<std::size_t>(P));
   for (int p = 0; p < P; ++p)
-    for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
+    for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead, UnitKind::kVocabOutput}) {
+      if (kind == UnitKind::kVocabOutput && barriers == 0) continue;
       cost[static_cast<std::size_t>(p)].push_back(profiler.unit(c, {.unit = kind,
                                                                     .microbatch = b,
                                                                     .sp = meshes[p].sp,
                                                                     .tp = meshes[p].tp,
                                                                     .split = e.split,
-                                                                    .solo = e.workers() == 1}));
+                                                                    .solo = e.workers() == 1,
+                                                                    .vocab_parallel = barriers,
+                                                                    .vocab_ranks = P}));
+    }
   auto unit_cost = [&](int stage, int unit) -> const UnitCost& {
     return cost[static_cast<std::size_t>(stage)][static_cast<std::size_t>(kind_of(unit, units))];
   };
@@ -193,7 +202,14 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     }
   }
   // A pass: one worker's CPU time, and its wall time with the mesh alone.
+  auto output_cost = [&](int stage) -> const UnitCost& {
+    return cost[static_cast<std::size_t>(stage)][static_cast<std::size_t>(UnitKind::kVocabOutput)];
+  };
   auto pass_cost = [&](const parallel::PipelineOp& op, int stage) {
+    if (op.kind == parallel::PassKind::kOutputS)
+      return std::pair{output_cost(stage).forward_cpu_s, output_cost(stage).forward_s};
+    if (op.kind == parallel::PassKind::kOutputT)
+      return std::pair{output_cost(stage).backward_cpu_s, output_cost(stage).backward_s};
     const Chunk& ch = chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))];
     switch (op.kind) {
       case parallel::PassKind::kForward:
@@ -268,6 +284,31 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     out.transfer_s = std::max({out.transfer_s, delay[a][d], delay[d][a]});
   }
 
+  // Vocabulary parallelism: the head stage sends each micro-batch's y to every other stage
+  // for its S; every S, and vocab-2's T, ends in a barrier of all the stages (a pipeline
+  // group per sequence rank): an all-gather of the statistics (vocab-1: with the
+  // unnormalised input gradients, 2d + 3 floats a column from each stage), vocab-2's T an
+  // all-reduce of dy.
+  const int head_stage = shape.stage_of(V - 1);
+  const double columns = static_cast<double>(b) * (c.tokens() / std::max(1, meshes[0].sp));
+  const double y_delay = machine.message_s + 4.0 * columns * c.d_model / machine.copy_bytes_per_s;
+  auto gather_s = [&](double floats_per_stage) {
+    return (P - 1) * (machine.message_s + 4.0 * floats_per_stage / machine.copy_bytes_per_s);
+  };
+  // Beyond the bytes, a barrier of all the engine's threads costs what the machine's does
+  // (measured: a scheduler's wake-up once they outnumber the cores).
+  const double meet_s = barriers > 0 ? profiler.barrier_s(e.workers()) : 0.0;
+  const double s_barrier_s =
+      meet_s + (barriers == 1 ? gather_s(columns * (2.0 * c.d_model + 3)) : gather_s(columns * 3));
+  const double t_barrier_s = meet_s + 2.0 * (P - 1) * machine.message_s +
+                             2.0 * (P - 1) / P * 4.0 * columns * c.d_model / machine.copy_bytes_per_s;
+  std::vector<double> s_done(static_cast<std::size_t>(M), kNever), t_done = s_done;
+  std::vector<int> s_arrived(static_cast<std::size_t>(M), 0), t_arrived = s_arrived;
+  auto has_barrier = [&](const parallel::PipelineOp& op) {
+    return (op.kind == parallel::PassKind::kOutputS && barriers > 0) ||
+           (op.kind == parallel::PassKind::kOutputT && barriers == 2);
+  };
+
   // The replay: every stage runs its list in order; a pass starts once its inputs are there.
   // A pass is its CPU work, which the runnable stages' threads share the cores for, then
   // the rest of its wall time alone (its collectives' waits), which leaves them to others.
@@ -276,8 +317,10 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
   std::vector<double> cpu_left(static_cast<std::size_t>(P), 0), wait_left(static_cast<std::size_t>(P), 0),
       running_wall(static_cast<std::size_t>(P), 0), work(static_cast<std::size_t>(P), 0);
-  enum Phase : char { kIdle, kComputing, kWaiting };
+  // kBarrier: a pass's work done, waiting for every stage to reach the same barrier.
+  enum Phase : char { kIdle, kComputing, kWaiting, kBarrier };
   std::vector<Phase> phase(static_cast<std::size_t>(P), kIdle);
+  std::vector<char> released(static_cast<std::size_t>(P), 0);  // past its barrier, paying its messages
   auto ready_at = [&](int p, const parallel::PipelineOp& op) {
     if (op.carried) return 0.0;  // PipeDream: its input came in the step before
     const int k = shape.virtual_stage(p, op.chunk), i = op.microbatch;
@@ -285,7 +328,12 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       case parallel::PassKind::kForward:
         return k == 0 ? 0.0 : forward_done[k - 1][i] + delay[shape.stage_of(k - 1)][p];
       case parallel::PassKind::kBackward:
-        return k + 1 == V ? forward_done[k][i] : backward_done[k + 1][i] + delay[shape.stage_of(k + 1)][p];
+        if (k + 1 < V) return backward_done[k + 1][i] + delay[shape.stage_of(k + 1)][p];
+        return barriers == 0 ? forward_done[k][i] : barriers == 1 ? s_done[i] : t_done[i];  // dy
+      case parallel::PassKind::kOutputS:
+        return forward_done[V - 1][i] + (p == head_stage ? 0.0 : y_delay);
+      case parallel::PassKind::kOutputT:
+        return s_done[i];
       default:
         return backward_done[k][i];
     }
@@ -328,7 +376,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     for (int p = 0; p < P; ++p) {
       if (phase[p] == kComputing) until = std::min(until, now + cpu_left[p] / speed(p));
       if (phase[p] == kWaiting) until = std::min(until, now + wait_left[p]);
-      any = any || phase[p] != kIdle;
+      any = any || phase[p] == kComputing || phase[p] == kWaiting;
     }
     if (!any) {
       PEERTRAIN_CHECK(wake < kNever, "simulator: ", strategy.describe(), " stalls");
@@ -336,7 +384,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       continue;
     }
     for (int p = 0; p < P; ++p) {
-      if (phase[p] == kIdle) continue;
+      if (phase[p] == kIdle || phase[p] == kBarrier) continue;
       running_wall[p] += until - now;
       if (phase[p] == kComputing) {
         cpu_left[p] -= (until - now) * speed(p);
@@ -347,13 +395,31 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       }
       if (phase[p] != kWaiting || wait_left[p] > 1e-12) continue;
       const auto& op = ops[static_cast<std::size_t>(p)][next[p]];
+      if (has_barrier(op) && !released[p]) {
+        phase[p] = kBarrier;
+        ++(op.kind == parallel::PassKind::kOutputS ? s_arrived : t_arrived)[static_cast<std::size_t>(op.microbatch)];
+        continue;
+      }
+      released[p] = 0;
       const int k = shape.virtual_stage(p, op.chunk);
       if (!op.carried) {
         if (op.kind == parallel::PassKind::kForward) forward_done[k][op.microbatch] = until;
         if (op.kind == parallel::PassKind::kBackward) backward_done[k][op.microbatch] = until;
       }
+      if (op.kind == parallel::PassKind::kOutputS) s_done[static_cast<std::size_t>(op.microbatch)] = until;
+      if (op.kind == parallel::PassKind::kOutputT) t_done[static_cast<std::size_t>(op.microbatch)] = until;
       phase[p] = kIdle;
       ++next[p];
+    }
+    // A barrier every stage has reached lets them all go, after its messages.
+    for (int p = 0; p < P; ++p) {
+      if (phase[p] != kBarrier) continue;
+      const auto& op = ops[static_cast<std::size_t>(p)][next[p]];
+      const bool s_pass = op.kind == parallel::PassKind::kOutputS;
+      if ((s_pass ? s_arrived : t_arrived)[static_cast<std::size_t>(op.microbatch)] < P) continue;
+      phase[p] = kWaiting;
+      wait_left[p] = s_pass ? s_barrier_s : t_barrier_s;
+      released[p] = 1;
     }
     now = until;
   }
@@ -366,6 +432,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // Parameters each worker holds (a tensor rank: its shard of each block) and the stages'
   // gradient all-reduce, which covers the full ranges of its units.
   const int workers = e.workers();
+  const double vocab_floats = static_cast<double>(c.vocab) * c.d_model;  // one V × d matrix
   double assembly_floats = 0;
   for (int p = 0; p < P; ++p) {
     const auto& m = meshes[static_cast<std::size_t>(p)];
@@ -376,9 +443,13 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         const double whole = static_cast<double>(model.unit_parameters(u).size);
         reduced += whole;
         floats += u > 0 && u + 1 < units && m.tp > 1 ? static_cast<double>(model::tensor_shard_floats(c, m.tp)) : whole;
-        if (u + 1 == units && c.tied_head && first > 0) floats += model.unit_parameters(0).size;
+        // Under vocabulary parallelism the vocabulary's rows leave the embedding and the head
+        // (shared evenly below); without it a tied head keeps a copy of the embedding.
+        if (barriers > 0 && (u == 0 || (u + 1 == units && !c.tied_head))) floats -= vocab_floats;
+        if (u + 1 == units && c.tied_head && first > 0 && barriers == 0) floats += model.unit_parameters(0).size;
       }
     }
+    if (barriers > 0) floats += (c.tied_head ? 1 : 2) * vocab_floats / P;
     assembly_floats += reduced;
     const int k = m.workers();
     if (k > 1)
@@ -396,12 +467,18 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       if (op.kind == parallel::PassKind::kForward) held += ch.activations;
       if (op.kind == parallel::PassKind::kBackward) held += split_backward ? ch.stash : -ch.activations;
       if (op.kind == parallel::PassKind::kWeight) held -= ch.activations + ch.stash;
+      if (op.kind == parallel::PassKind::kOutputS) held += output_cost(p).activation_bytes;
+      if (op.kind == parallel::PassKind::kOutputT) held -= output_cost(p).activation_bytes;
       peak = std::max(peak, held);
     }
     out.worker_bytes.push_back(options.parameter_copies * 4.0 * floats + peak);
   }
   out.reduce_s *= std::max(1.0, static_cast<double>(workers) / cores);  // the stages reduce at once
+  if (options.contention && options.cores <= 0 && workers > cores) out.passes_s *= contention_factor(profiler, workers);
   out.overhead_s = profiler.step_overhead_s(workers) + 2 * 4 * assembly_floats / machine.copy_bytes_per_s;
+  // Vocabulary parallelism's token vectors: every stage looks up its rows and sends them to
+  // stage 0 before the passes, and gets the gradient back after.
+  if (barriers > 0) out.overhead_s += 2.0 * M * machine.message_s;
   out.step_s = out.overhead_s + out.passes_s + out.reduce_s;
   if (options.memory_cap_bytes > 0)
     for (int p = 0; p < P; ++p)
@@ -410,6 +487,37 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
                           static_cast<long long>(out.worker_bytes[p] / (1 << 20)), " MiB each, the cap is ",
                           static_cast<long long>(options.memory_cap_bytes / (1 << 20)), " MiB"));
   return out;
+}
+
+double contention_factor(Profiler& profiler, int workers) {
+  if (workers <= profiler.machine().cores) return 1.0;
+  if (const double known = profiler.contention(workers); known > 0) return known;
+  model::TransformerConfig c;  // a calibration model, unlike the ones users plan
+  c.d_model = 64;
+  c.heads = 2;
+  c.layers = std::max(2, workers);
+  c.seq = 32 * workers;
+  const int batch = 2 * workers;
+  std::vector<double> ratios;
+  for (int kind = 0; kind < 2; ++kind) {
+    Strategy s;
+    s.batch = batch;
+    if (kind == 0) {
+      s.engine.sp = workers;
+    } else {
+      s.engine.pp = workers;
+      s.engine.microbatches = 2 * workers;
+    }
+    const Prediction p = simulate(c, s, profiler);  // without contention: what it corrects
+    if (!p.feasible || p.passes_s <= 0) continue;
+    const double measured = measure_engine_step_s(c, s.engine, batch, 5);
+    // The passes are what contention slows; the overhead and the reduce were measured as such.
+    ratios.push_back(std::max(1.0, (measured - (p.step_s - p.passes_s)) / p.passes_s));
+  }
+  const double factor =
+      ratios.empty() ? 1.0 : std::accumulate(ratios.begin(), ratios.end(), 0.0) / static_cast<double>(ratios.size());
+  profiler.set_contention(workers, factor);
+  return factor;
 }
 
 }  // namespace peertrain::plan

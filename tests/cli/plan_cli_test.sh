@@ -17,6 +17,9 @@ grep -q "no strategy fits" <<<"$out" && grep -q "does not fit: stage 0's workers
   fail "plan under a 1 KiB cap: $out"
 out=$("$bin" plan "${tiny[@]}" --strategy --pp 2 --microbatches 2 --schedule zb-h1 --format json 2>&1)
 grep -q '"strategy":"sp1 tp1 pp2 m2 zb-h1", "feasible":true, "step_s":' <<<"$out" && ok || fail "plan --strategy: $out"
+out=$("$bin" plan "${tiny[@]}" --strategy --pp 2 --microbatches 2 --vocab-parallel vocab-2 --format json 2>&1)
+grep -q '"strategy":"sp1 tp1 pp2 m2 1f1b vocab-2", "feasible":true, "step_s":' <<<"$out" && ok ||
+  fail "plan --strategy --vocab-parallel vocab-2: $out"
 out=$("$bin" plan "${tiny[@]}" --strategy --tp 3 --format json 2>&1)
 grep -q '"feasible":false, "why_not":"--tp tp=3 does not divide the 2 attention heads' <<<"$out" && ok ||
   fail "plan --strategy --tp 3: $out"
@@ -43,6 +46,7 @@ expect_error "--memory-per-worker 'lots'" "${tiny[@]}" --workers 2 --memory-per-
 expect_error "plan: --workers W" "${tiny[@]}"
 expect_error "plan --run needs --topology" "${tiny[@]}" --workers 2 --run
 expect_error "--format 'yaml'" "${tiny[@]}" --workers 2 --format yaml
+expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --strategy --pp 2 --vocab-parallel vocab-3
 
 echo "plan cli tests: $pass passed, $failures failed"
 exit $((failures > 0))

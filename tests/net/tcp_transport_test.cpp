@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <thread>
 #include <numeric>
 
 #include "../../src/net/handshake.h"
@@ -225,6 +226,35 @@ TEST(TcpTransport, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // A lower bound only: the emulated link can never be faster than its cap.
     EXPECT_GE(seconds, 0.8 * (0.05 + (1 << 20) / 10e6)) << seconds;
+    net.close();
+  });
+}
+
+// A lone message smaller than a token bucket's usual burst, on a link that has been idle:
+// on a real link it still pays its serialization time, and so it does here (the wire clock
+// saves nothing up while idle). 16 KiB at 8 Mbit/s: at least 16 ms, each of three times.
+TEST(TcpTransport, AnIdleLinkSavesNoBurstForASmallMessage) {
+  const auto endpoints = loopback_endpoints(2);
+  run_peers(2, [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank});
+    o.shaping = [](int) { return LinkShaping{0.0, 8.0}; };  // no latency, 1 MB/s
+    auto net_owner = make_tcp_transport(o);
+    Transport& net = *net_owner;
+    net.connect();
+    const std::vector<float> x(1 << 12, 1.0f);  // 16 KiB
+    for (std::uint64_t round = 0; round < 3; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));  // idle: a bucket would refill
+      const auto start = std::chrono::steady_clock::now();
+      if (rank == 0) {
+        net.send(1, MessageType::kParameters, round, 0, as_bytes(x)).wait(20);
+        net.receive(1, MessageType::kParameters, round, 1);  // the other's reply ends the round
+      } else {
+        net.receive(0, MessageType::kParameters, round, 0);
+        net.send(0, MessageType::kParameters, round, 1, as_bytes(x)).wait(20);
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (rank == 0) EXPECT_GE(seconds, 0.9 * 2 * (1 << 14) / 1e6) << "round " << round << ": " << seconds;
+    }
     net.close();
   });
 }

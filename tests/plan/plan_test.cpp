@@ -39,7 +39,7 @@ void set_uniform(Profiler& profiler, const model::TransformerConfig& c, int batc
   m.copy_bytes_per_s = 1e300;
   m.message_s = 0;
   m.slowdown = std::vector<double>(64, 1.0);
-  for (int w = 1; w <= 64; ++w) m.step_overhead_s[w] = 0;
+  for (int w = 1; w <= 64; ++w) m.step_overhead_s[w] = m.barrier_s[w] = 0;
   profiler.set_machine(m);
   UnitCost u{.forward_s = kForward,
              .backward_s = kBackward,
@@ -57,6 +57,24 @@ void set_uniform(Profiler& profiler, const model::TransformerConfig& c, int batc
         for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
           for (bool solo : {false, true})
             profiler.set_unit(c, {.unit = kind, .microbatch = b, .sp = sp, .tp = tp, .solo = solo}, u);
+  // Vocabulary parallelism's shapes: the same units, and an output shard of a fifth of a unit.
+  UnitCost output{.forward_s = kForward / 5,
+                  .backward_s = kBackward / 5,
+                  .forward_cpu_s = kForward / 5,
+                  .backward_cpu_s = kBackward / 5,
+                  .activation_bytes = kActivation / 5};
+  for (int b = 1; b <= batch; ++b)
+    for (int sp = 1; sp <= workers; ++sp)
+      for (int mode : {1, 2})
+        for (int ranks = 2; ranks <= workers; ++ranks) {
+          for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
+            profiler.set_unit(
+                c, {.unit = kind, .microbatch = b, .sp = sp, .vocab_parallel = mode, .vocab_ranks = ranks}, u);
+          profiler.set_unit(
+              c,
+              {.unit = UnitKind::kVocabOutput, .microbatch = b, .sp = sp, .vocab_parallel = mode, .vocab_ranks = ranks},
+              output);
+        }
 }
 
 Strategy pipeline(int pp, int m, parallel::Schedule schedule, std::vector<int> first_units) {
@@ -127,6 +145,52 @@ TEST(Simulator, WhatCannotBeBuiltOrDoesNotFitIsRefusedWithTheReason) {
   EXPECT_NE(p.why_not.find("does not fit: stage 0's workers need"), std::string::npos) << p.why_not;
 }
 
+// Vocabulary parallelism (Yeung et al. 2025) on two stages of 3 units, one micro-batch of
+// GPipe, a core per worker, free messages: vocab-2 runs F F, then S and T on both stages
+// (each ending in a barrier), then the head stage's B, which needs T's dy, then stage 0's.
+// Each stage holds half of the vocabulary's two V × d matrices and keeps S's state until T.
+TEST(Simulator, VocabularyParallelismAddsItsPassesBarriersAndHalfTheVocabulary) {
+  const auto c = tiny_gpt();
+  model::Transformer model(c);
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  constexpr double kS = 0.5e-3, kT = 0.25e-3, kState = 300;
+  UnitCost u = profiler.unit(c, {.unit = UnitKind::kBlock, .microbatch = 8});
+  for (int mode : {1, 2}) {
+    for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
+      profiler.set_unit(c, {.unit = kind, .microbatch = 8, .vocab_parallel = mode, .vocab_ranks = 2}, u);
+    profiler.set_unit(
+        c, {.unit = UnitKind::kVocabOutput, .microbatch = 8, .vocab_parallel = mode, .vocab_ranks = 2},
+        UnitCost{
+            .forward_s = kS, .backward_s = kT, .forward_cpu_s = kS, .backward_cpu_s = kT, .activation_bytes = kState});
+  }
+  Strategy plain = pipeline(2, 1, parallel::Schedule::kGpipe, {0, 3});
+  const auto none = simulate(c, plain, profiler, {.cores = 64});
+  ASSERT_TRUE(none.feasible) << none.why_not;
+  EXPECT_NEAR(none.passes_s, 2 * 3 * kForward + 2 * 3 * kBackward, 1e-9);
+
+  Strategy two = plain;
+  two.engine.vocab_parallel = parallel::VocabParallel::kVocab2;
+  const auto p2 = simulate(c, two, profiler, {.cores = 64});
+  ASSERT_TRUE(p2.feasible) << p2.why_not;
+  EXPECT_NEAR(p2.passes_s, 2 * 3 * kForward + kS + kT + 2 * 3 * kBackward, 1e-9);
+  EXPECT_EQ(two.describe(), "sp1 tp1 pp2 m1 gpipe vocab-2");
+  const double vocab = static_cast<double>(c.vocab) * c.d_model;
+  for (int s = 0; s < 2; ++s) {
+    double floats = 0;
+    for (int unit = 3 * s; unit < 3 * s + 3; ++unit) floats += static_cast<double>(model.unit_parameters(unit).size);
+    floats += -vocab + (c.tied_head ? 1 : 2) * vocab / 2;  // its own matrix out, half of each in
+    EXPECT_DOUBLE_EQ(p2.worker_bytes[s], 4 * 4 * floats + 3 * kActivation + kState) << "stage " << s;
+  }
+  // Vocab-1: the head's B needs only S; T is off the critical path or adds itself once.
+  Strategy one = plain;
+  one.engine.vocab_parallel = parallel::VocabParallel::kVocab1;
+  const auto p1 = simulate(c, one, profiler, {.cores = 64});
+  ASSERT_TRUE(p1.feasible) << p1.why_not;
+  EXPECT_GE(p1.passes_s, 2 * 3 * kForward + kS + 2 * 3 * kBackward - 1e-9);
+  EXPECT_LE(p1.passes_s, 2 * 3 * kForward + kS + kT + 2 * 3 * kBackward + 1e-9);
+}
+
 TEST(Search, RanksTheFeasibleByTimeAndNeverChoosesWhatDoesNotFit) {
   const auto c = tiny_gpt();
   Profiler profiler("");
@@ -151,6 +215,45 @@ TEST(Search, RanksTheFeasibleByTimeAndNeverChoosesWhatDoesNotFit) {
   bool refused = false;
   for (const auto& k : capped) refused |= k.prediction.why_not.find("does not fit") != std::string::npos;
   EXPECT_TRUE(refused);
+}
+
+// The search's space beyond uniform meshes: vocabulary parallelism where the engine has it
+// (tensor rank 1, a GPT pipeline) and the output layer outweighs a block, and stages of
+// different meshes with each resharding; neither when the space leaves them out.
+TEST(Search, TriesVocabularyParallelismAndMixedStageMeshes) {
+  auto c = tiny_gpt();
+  c.vocab = 256;  // 256 × 16 output weights against a block's 12 × 16²
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  SearchSpace space;
+  space.workers = 4;
+  space.batch = 8;
+  auto count = [&](const std::vector<Candidate>& all) {
+    int vocab = 0, mixed = 0;
+    for (const auto& k : all) {
+      if (k.strategy.engine.vocab_parallel != parallel::VocabParallel::kNone) {
+        ++vocab;
+        EXPECT_EQ(k.strategy.engine.tp, 1) << k.strategy.describe();
+        EXPECT_GE(k.strategy.engine.pp, 2) << k.strategy.describe();
+      }
+      if (!k.strategy.engine.stage_meshes.empty()) {
+        ++mixed;
+        EXPECT_NE(k.strategy.describe().find("meshes "), std::string::npos);
+      }
+    }
+    return std::pair{vocab, mixed};
+  };
+  const auto [vocab, mixed] = count(search(c, space, profiler, {.cores = 4}));
+  EXPECT_GT(vocab, 0);
+  EXPECT_GT(mixed, 0);
+  space.vocab_parallel = space.stage_meshes = false;
+  EXPECT_EQ(count(search(c, space, profiler, {.cores = 4})), (std::pair{0, 0}));
+  // A vocabulary of 32: its output layer is lighter than a block, nothing to balance.
+  const auto small = tiny_gpt();
+  Profiler other("");
+  set_uniform(other, small, 8, 4);
+  space.vocab_parallel = true;
+  EXPECT_EQ(count(search(small, space, other, {.cores = 4})).first, 0);
 }
 
 TEST(Profiler, CacheReadsBackWhatItMeasured) {

@@ -1,10 +1,10 @@
 set terminal pngcairo enhanced font 'sans,10' size 640,560
 set output '/work/main/experiments/plan/results/predicted_vs_measured.png'
-set title 'Step time: simulator against the engine (32 strategies, 2 cores)'
+set title 'Step time: simulator against the engine (38 strategies, 2 cores)'
 set xlabel 'measured step time (ms)'
 set ylabel 'predicted step time (ms)'
-set xrange [0:113.8104264]
-set yrange [0:113.8104264]
+set xrange [0:160.2169294]
+set yrange [0:160.2169294]
 set key top left
 set grid
 plot x title 'predicted = measured' lc rgb '#888888', \

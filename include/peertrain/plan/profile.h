@@ -21,11 +21,17 @@
 #include <string>
 
 #include "peertrain/model/transformer.h"
+#include "peertrain/parallel/pipeline.h"
 #include "peertrain/parallel/ring_attention.h"
 
 namespace peertrain::plan {
 
-enum class UnitKind { kEmbedding, kBlock, kHead };
+// kVocabOutput: vocabulary parallelism's output layer on one stage (vocab_parallel.h): its
+// shard's S pass (logits, statistics; vocab-1 also the input gradient) as forward_s and its
+// T pass (the shard's weight gradient; vocab-2 also the input gradient) as backward_s, the
+// barriers' communication left out (the simulator adds it); activation_bytes, what S
+// keeps for T.
+enum class UnitKind { kEmbedding, kBlock, kHead, kVocabOutput };
 
 // One unit's passes on one worker of a stage mesh, for one micro-batch.
 struct UnitCost {
@@ -47,6 +53,11 @@ struct UnitShape {
   // The peer's only worker: its GEMMs fan out over every core (the engine leaves OpenMP
   // alone then), timed by the wall clock. Otherwise every worker is one thread.
   bool solo = false;
+  // Vocabulary parallelism: 0 none, 1 vocab-1, 2 vocab-2. The embedding and head units are
+  // then measured without the vocabulary (the stages share it), and kVocabOutput's shard
+  // holds vocab / vocab_ranks rows.
+  int vocab_parallel = 0;
+  int vocab_ranks = 1;
   std::string key(const model::TransformerConfig& config) const;
 };
 
@@ -64,17 +75,36 @@ struct MachineCosts {
   // cores, time-sharing one, each evicting the other's working set).
   std::vector<double> slowdown;
   double slowdown_at(int threads) const;
+  // Per worker count above the cores: a real step's time over the simulated one, on a
+  // calibration model (see simulator.h's contention_factor). Oversubscribed threads lose
+  // time to the scheduler at every hand-off and ring step, which the profiles, taken with
+  // a mesh alone and its threads started together, do not show.
+  std::map<int, double> contention;
+  // Per thread count P: what one barrier of P threads that compute between barriers costs
+  // beyond their work (vocabulary parallelism's S and T passes end in one). Small while P
+  // fits the cores; a scheduler's wake-up or more once it does not.
+  std::map<int, double> barrier_s;
 };
+
+// The median time of a real engine step of this strategy (random tokens, after one
+// warm-up step): what a calibration compares the simulator with.
+double measure_engine_step_s(const model::TransformerConfig& config, const parallel::EngineConfig& engine, int batch,
+                             int steps);
 
 class Profiler {
  public:
   // cache_path: the cache, a text file (empty: no cache, measure every time). The file holds
   // entries of this machine and build only; another's are dropped on save.
-  explicit Profiler(std::string cache_path = default_cache_path(), int repetitions = 3);
+  explicit Profiler(std::string cache_path = default_cache_path(), int repetitions = 7);
 
   const UnitCost& unit(const model::TransformerConfig& config, const UnitShape& shape);
   const MachineCosts& machine();
   double step_overhead_s(int workers);
+  // The calibrated contention for `workers` threads (0 when not measured yet); set_contention
+  // keeps a measured one (the cache saves it).
+  double contention(int workers) const;
+  double barrier_s(int threads);  // measured once per thread count (MachineCosts::barrier_s)
+  void set_contention(int workers, double factor);
 
   // Figures from elsewhere (tests; another machine's measurements), used instead of measuring.
   void set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost);
@@ -95,7 +125,7 @@ class Profiler {
   std::map<std::string, UnitCost> units_;
   // The same entries by their numbers, which the simulator asks for many times a search:
   // cheaper than spelling the key.
-  std::map<std::array<int, 13>, const UnitCost*> by_numbers_;
+  std::map<std::array<int, 15>, const UnitCost*> by_numbers_;
   MachineCosts machine_;
   bool machine_known_ = false;
   void load();

@@ -7,7 +7,10 @@
 // The replay shares the machine's cores among the worker threads that can run (processor
 // sharing: k runnable threads on C cores each progress at min(1, C/k)), which is what the
 // operating system does when a peer has more workers than cores, so the prediction is for
-// this machine; with --cores W (a core per worker) it is for a machine that has them. A
+// this machine; with --cores W (a core per worker) it is for a machine that has them. On
+// request (SimulationOptions::contention) the passes of more workers than cores are scaled
+// by a measured contention factor: threads that outnumber the cores lose time to the
+// scheduler at every hand-off and ring step. A
 // transfer delays its receiver by the boundary's resharding time: on emulated links the
 // planner's modelled time (reshard.h), on free links its memory copies and messages.
 // Beyond the passes a step pays its fixed overhead (threads, groups; measured per worker
@@ -41,6 +44,11 @@ struct SimulationOptions {
   int cores = 0;                // 0: this machine's
   double memory_cap_bytes = 0;  // per worker; 0: none
   int parameter_copies = 4;     // weights, gradient, Adam's two moments
+  // On this machine with more workers than cores, scale the replayed passes by the measured
+  // contention (contention_factor; plan --contention). Off by default: measured on its
+  // calibration model it over-corrected the validation grid's 4-worker strategies by 17–34 %
+  // (docs/plan.md), so the factor is not the machine's alone.
+  bool contention = false;
 };
 
 struct Prediction {
@@ -60,5 +68,11 @@ struct Prediction {
 
 Prediction simulate(const model::TransformerConfig& model, const Strategy& strategy, Profiler& profiler,
                     const SimulationOptions& options = {});
+
+// What W oversubscribed workers lose to the scheduler beyond the profiles (1 when W fits the
+// cores): real engine steps of a calibration model — not the user's, so the figure is the
+// machine's, measured once and cached — over the simulator's prediction of them, averaged
+// over W sequence ranks and W pipeline stages (2W micro-batches of 1F1B).
+double contention_factor(Profiler& profiler, int workers);
 
 }  // namespace peertrain::plan
