@@ -131,9 +131,10 @@ check_experiment() {
       check_csv "$out/runs.csv" "$runs" label alpha graph form momentum seed accuracy || fail "$name: runs.csv"
       check_csv "$out/curves.csv" "$evaluations" label step avg_accuracy || fail "$name: curves.csv"
       check_csv "$out/accuracy.csv" 5 momentum graph form acc_ainf acc_a0.1 || fail "$name: accuracy.csv"
-      # 2 α × 2 graphs × 2 forms; atc on the complete graph is all-reduce, exactly.
+      # 2 α × 2 graphs × 2 forms; atc on the complete graph is all-reduce (to the summation
+      # order: within 0.1 points of accuracy).
       check_csv "$out/gap_split.csv" 8 alpha momentum graph form gap form_share spectral_share || fail "$name: gap_split.csv"
-      grep -q 'differs from all-reduce.s by at most 0.00 points' "$out/README.md" ||
+      grep -qE 'differs from all-reduce.s by at most 0\.(0[0-9]|10) points' "$out/README.md" ||
         fail "$name: atc on the complete graph is not all-reduce: $(grep -m1 'atc on the complete' "$out/README.md")"
       ;;
     networks)

@@ -150,7 +150,8 @@ def findings(alphas, momenta, graphs, forms, split_rows, n_seeds):
             ci = lambda k: None if r[k + "_ci95"] != r[k + "_ci95"] else r[k + "_ci95"]
             verdict = []
             if significant(r["form_share"], ci("form_share")):
-                verdict.append("the form's share is above zero at 95 %")
+                verdict.append("the form's share is above zero at 95 %" if r["form_share"] > 0
+                               else "the form's share is below zero at 95 %")
             elif n_seeds > 1:
                 verdict.append("the form's share is not distinguishable from zero")
             if significant(r["spectral_share"], ci("spectral_share")):
@@ -166,11 +167,16 @@ def findings(alphas, momenta, graphs, forms, split_rows, n_seeds):
         best = min((r for r in split_rows if r["alpha"] == hardest and r["momentum"] == m and r["graph"] == sparse),
                    key=lambda r: r["gap"], default=None)
         if best:
-            lines.append(f"- α = {alpha_label(hardest)}, momentum {m}: the smallest gap on the {sparse} is "
-                         f"{FORM_NAMES[best['form']]}'s, {100 * best['gap']:.2f} points.")
+            overlap = any(r is not best and r["alpha"] == hardest and r["momentum"] == m and r["graph"] == sparse
+                          and abs(r["gap"] - best["gap"]) < (r["gap_ci95"] if r["gap_ci95"] == r["gap_ci95"] else 0)
+                          + (best["gap_ci95"] if best["gap_ci95"] == best["gap_ci95"] else 0) for r in split_rows)
+            lines.append(f"- α = {alpha_label(hardest)}, momentum {m}: the smallest mean gap on the {sparse} is "
+                         f"{FORM_NAMES[best['form']]}'s, {100 * best['gap']:.2f} points"
+                         + (" (its interval overlaps the others': not a ranking)." if overlap else "."))
     spread = lambda a: [r["gap_ci95"] for r in split_rows if r["alpha"] == a and r["graph"] == sparse
                         and r["gap_ci95"] == r["gap_ci95"]]
-    if n_seeds > 1 and spread(hardest) and spread("inf") and hardest != "inf":
+    if n_seeds > 1 and spread(hardest) and spread("inf") and hardest != "inf" and \
+            max(spread(hardest)) > max(spread("inf")):
         lines.append(f"- The confidence intervals widen with the skew: the {sparse}'s gap is known to ± "
                      f"{100 * max(spread('inf')):.2f} points at most on iid shards and to ± "
                      f"{100 * max(spread(hardest)):.2f} at α = {hardest}, where each seed draws very different "

@@ -229,8 +229,8 @@ void TcpCore::write_next(Link& l) {
   const auto now = Clock::now();
   if (now < out.ready_at) {  // one-way latency
     l.timer.expires_at(out.ready_at);
-    l.timer.async_wait([this, &l](boost::system::error_code ec) {
-      if (!ec) write_next(l);
+    l.timer.async_wait([this, &l, generation](boost::system::error_code ec) {
+      if (!ec && generation == l.generation) write_next(l);  // not a wait from before a rejoin
     });
     return;
   }
@@ -247,8 +247,8 @@ void TcpCore::write_next(Link& l) {
   }
   if (l.piece_reserved && now < l.piece_due) {
     l.timer.expires_at(l.piece_due);
-    l.timer.async_wait([this, &l](boost::system::error_code ec) {
-      if (!ec) write_next(l);
+    l.timer.async_wait([this, &l, generation](boost::system::error_code ec) {
+      if (!ec && generation == l.generation) write_next(l);  // not a wait from before a rejoin
     });
     return;
   }

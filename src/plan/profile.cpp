@@ -59,9 +59,9 @@ std::string cpu_model() {
 // Vocabulary parallelism's output layer on one stage: its shard's S and T passes for one
 // micro-batch (b × T / sp columns: a sequence rank's share), on one thread, in a group of
 // one (the barriers' messages are the simulator's to add).
-UnitCost measure_vocab_output(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
+UnitCost measure_vocab_output_here(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
 #ifdef _OPENMP
-  omp_set_num_threads(1);  // as the engine: one thread per worker
+  omp_set_num_threads(1);  // as the engine: one thread per worker (this thread's setting only)
 #endif
   model::Transformer model(config);
   const auto& c = model.config();
@@ -107,6 +107,22 @@ UnitCost measure_vocab_output(const model::TransformerConfig& config, const Unit
   // One thread alone: its CPU time is its wall time, and the cleaner of the two here.
   cost.forward_s = cost.forward_cpu_s = median(s_times);
   cost.backward_s = cost.backward_cpu_s = median(t_times);
+  return cost;
+}
+
+// On a thread of its own, so that the caller's OpenMP setting stays as it was.
+UnitCost measure_vocab_output(const model::TransformerConfig& config, const UnitShape& shape, int repetitions) {
+  UnitCost cost;
+  std::exception_ptr failure;
+  std::thread worker([&] {
+    try {
+      cost = measure_vocab_output_here(config, shape, repetitions);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  worker.join();
+  if (failure) std::rethrow_exception(failure);
   return cost;
 }
 

@@ -110,7 +110,8 @@ std::vector<Candidate> search(const model::TransformerConfig& config, const Sear
   // Heterogeneous stage meshes (Alpa's per-stage meshes, with cross-mesh resharding): pp ≥ 2
   // stages of W/pp workers each, every assignment of an (sp, tp) factorization to each stage
   // that is not uniform (the loop above has those), with each resharding strategy; 1F1B
-  // and ZB-H1, as the schedules a mixed pipeline is worth trying with.
+  // and ZB-H1, as the schedules a mixed pipeline is worth trying with (those of them the
+  // space allows).
   for (int pp = 2; space.stage_meshes && pp <= W; ++pp) {
     if (W % pp) continue;
     std::vector<parallel::StageMesh> shapes;
@@ -126,9 +127,10 @@ std::vector<Candidate> search(const model::TransformerConfig& config, const Sear
       if (std::all_of(meshes.begin(), meshes.end(), [&](const auto& m) { return m == meshes[0]; })) continue;
       for (int m : microbatch_counts(pp))
         for (auto schedule : {parallel::Schedule::kOneFOneB, parallel::Schedule::kZbH1})
-          for (auto reshard : {parallel::ReshardStrategy::kSendRecv, parallel::ReshardStrategy::kBroadcast,
-                               parallel::ReshardStrategy::kLocalAllGather})
-            consider({.pp = pp, .stage_meshes = meshes, .reshard = reshard, .microbatches = m, .schedule = schedule});
+          if (std::find(schedules.begin(), schedules.end(), schedule) != schedules.end())
+            for (auto reshard : {parallel::ReshardStrategy::kSendRecv, parallel::ReshardStrategy::kBroadcast,
+                                 parallel::ReshardStrategy::kLocalAllGather})
+              consider({.pp = pp, .stage_meshes = meshes, .reshard = reshard, .microbatches = m, .schedule = schedule});
     }
   }
   std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {

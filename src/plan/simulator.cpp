@@ -154,14 +154,19 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   for (int p = 0; p < P; ++p)
     for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead, UnitKind::kVocabOutput}) {
       if (kind == UnitKind::kVocabOutput && barriers == 0) continue;
+      // A block is the same with or without the vocabulary's split; the embedding and the
+      // head only leave the vocabulary out (any mode); the output shard depends on both.
+      const bool output = kind == UnitKind::kVocabOutput, block = kind == UnitKind::kBlock;
       cost[static_cast<std::size_t>(p)].push_back(profiler.unit(c, {.unit = kind,
                                                                     .microbatch = b,
                                                                     .sp = meshes[p].sp,
                                                                     .tp = meshes[p].tp,
                                                                     .split = e.split,
                                                                     .solo = e.workers() == 1,
-                                                                    .vocab_parallel = barriers,
-                                                                    .vocab_ranks = P}));
+                                                                    .vocab_parallel = block    ? 0
+                                                                                      : output ? barriers
+                                                                                               : std::min(barriers, 1),
+                                                                    .vocab_ranks = output ? P : 1}));
     }
   auto unit_cost = [&](int stage, int unit) -> const UnitCost& {
     return cost[static_cast<std::size_t>(stage)][static_cast<std::size_t>(kind_of(unit, units))];
@@ -445,11 +450,17 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         floats += u > 0 && u + 1 < units && m.tp > 1 ? static_cast<double>(model::tensor_shard_floats(c, m.tp)) : whole;
         // Under vocabulary parallelism the vocabulary's rows leave the embedding and the head
         // (shared evenly below); without it a tied head keeps a copy of the embedding.
-        if (barriers > 0 && (u == 0 || (u + 1 == units && !c.tied_head))) floats -= vocab_floats;
+        if (barriers > 0 && (u == 0 || (u + 1 == units && !c.tied_head))) {
+          floats -= vocab_floats;
+          reduced -= vocab_floats;
+        }
         if (u + 1 == units && c.tied_head && first > 0 && barriers == 0) floats += model.unit_parameters(0).size;
       }
     }
-    if (barriers > 0) floats += (c.tied_head ? 1 : 2) * vocab_floats / P;
+    if (barriers > 0) {
+      floats += (c.tied_head ? 1 : 2) * vocab_floats / P;
+      reduced += (c.tied_head ? 1 : 2) * vocab_floats / P;
+    }
     assembly_floats += reduced;
     const int k = m.workers();
     if (k > 1)

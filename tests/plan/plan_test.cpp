@@ -64,17 +64,16 @@ void set_uniform(Profiler& profiler, const model::TransformerConfig& c, int batc
                   .backward_cpu_s = kBackward / 5,
                   .activation_bytes = kActivation / 5};
   for (int b = 1; b <= batch; ++b)
-    for (int sp = 1; sp <= workers; ++sp)
+    for (int sp = 1; sp <= workers; ++sp) {
+      for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kHead})  // the vocabulary left out
+        profiler.set_unit(c, {.unit = kind, .microbatch = b, .sp = sp, .vocab_parallel = 1}, u);
       for (int mode : {1, 2})
-        for (int ranks = 2; ranks <= workers; ++ranks) {
-          for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
-            profiler.set_unit(
-                c, {.unit = kind, .microbatch = b, .sp = sp, .vocab_parallel = mode, .vocab_ranks = ranks}, u);
+        for (int ranks = 2; ranks <= workers; ++ranks)
           profiler.set_unit(
               c,
               {.unit = UnitKind::kVocabOutput, .microbatch = b, .sp = sp, .vocab_parallel = mode, .vocab_ranks = ranks},
               output);
-        }
+    }
 }
 
 Strategy pipeline(int pp, int m, parallel::Schedule schedule, std::vector<int> first_units) {
@@ -156,9 +155,9 @@ TEST(Simulator, VocabularyParallelismAddsItsPassesBarriersAndHalfTheVocabulary) 
   set_uniform(profiler, c, 8, 4);
   constexpr double kS = 0.5e-3, kT = 0.25e-3, kState = 300;
   UnitCost u = profiler.unit(c, {.unit = UnitKind::kBlock, .microbatch = 8});
+  for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kHead})
+    profiler.set_unit(c, {.unit = kind, .microbatch = 8, .vocab_parallel = 1}, u);
   for (int mode : {1, 2}) {
-    for (UnitKind kind : {UnitKind::kEmbedding, UnitKind::kBlock, UnitKind::kHead})
-      profiler.set_unit(c, {.unit = kind, .microbatch = 8, .vocab_parallel = mode, .vocab_ranks = 2}, u);
     profiler.set_unit(
         c, {.unit = UnitKind::kVocabOutput, .microbatch = 8, .vocab_parallel = mode, .vocab_ranks = 2},
         UnitCost{

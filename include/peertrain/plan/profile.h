@@ -54,8 +54,8 @@ struct UnitShape {
   // alone then), timed by the wall clock. Otherwise every worker is one thread.
   bool solo = false;
   // Vocabulary parallelism: 0 none, 1 vocab-1, 2 vocab-2. The embedding and head units are
-  // then measured without the vocabulary (the stages share it), and kVocabOutput's shard
-  // holds vocab / vocab_ranks rows.
+  // measured without the vocabulary when it is not 0 (the stages share it; the simulator
+  // asks with 1 for either mode), and kVocabOutput's shard holds vocab / vocab_ranks rows.
   int vocab_parallel = 0;
   int vocab_ranks = 1;
   std::string key(const model::TransformerConfig& config) const;
