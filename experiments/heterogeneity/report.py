@@ -70,7 +70,8 @@ def main(out):
         for g, f in settings:
             row = {"momentum": m, "graph": g, "form": f}
             for a in alphas:
-                mean, half = ek.mean_ci95(accuracies(a, g, f, m)) if accuracies(a, g, f, m) else (float("nan"), None)
+                values = accuracies(a, g, f, m)
+                mean, half = ek.mean_ci95(values) if values else (float("nan"), None)
                 row[f"acc_a{a}"], row[f"ci_a{a}"] = mean, half if half is not None else float("nan")
             accuracy_rows.append(row)
         for a in alphas:

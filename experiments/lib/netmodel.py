@@ -12,13 +12,14 @@ where L_ij is the link's latency, B the slowest of the link and the two cards it
 (sender's out, receiver's in), and b' the bytes that resource carries in that round (a
 card carries every message through it). α is the software's cost per message and β its
 cost per byte, beyond the wire; a round lasts as long as its slowest message, and a step
-is c (its computation, per algorithm) plus its rounds.
+is c (its computation, per algorithm) plus its rounds. step_time_flow replays that message
+by message, for networks whose links differ (a round waits only for what it needs).
 
 On a uniform network (latency L, bandwidth B on every link and card) this is linear:
 T = c + K · (L + α) + M · (1/B + β), with K the rounds and M the bytes on the critical path,
 so c, α and β are fitted by least squares (fit()).
 
-Standard library only, so that run.sh can use it to size its runs.
+Standard library only (but fit(), which needs numpy), so that run.sh can size its runs.
 """
 import math
 import random
@@ -74,24 +75,6 @@ class Network:
                 self.latency[a][b] = latency_s
             if bandwidth is not None:
                 self.bandwidth[a][b] = bandwidth
-
-
-def round_time(network, messages, alpha, beta):
-    out_load, in_load = {}, {}
-    for s, r, b in messages:
-        out_load[s] = out_load.get(s, 0.0) + b
-        in_load[r] = in_load.get(r, 0.0) + b
-    worst = 0.0
-    for s, r, b in messages:
-        per_byte = lambda bits_per_s: (8.0 / bits_per_s if math.isfinite(bits_per_s) else 0.0) + beta
-        wire = max(b * per_byte(network.bandwidth[s][r]), out_load[s] * per_byte(network.card_out[s]),
-                   in_load[r] * per_byte(network.card_in[r]))
-        worst = max(worst, network.latency[s][r] + alpha + wire)
-    return worst
-
-
-def step_time(algorithm, network, size, compute_s, alpha, beta):
-    return compute_s + sum(round_time(network, r, alpha, beta) for r in rounds(algorithm, network.n, size))
 
 
 def step_time_flow(algorithm, network, size, compute_s, alpha, beta):

@@ -50,8 +50,8 @@ struct Link {
   asio::steady_timer read_timer;  // ingress shaping waits
   LinkShaping shaping;
   WireClock wire;               // its bandwidth cap
-  bool piece_reserved = false;  // the next piece holds the wires until piece_due
-  std::chrono::steady_clock::time_point piece_due{};
+  // When the next piece, its wires reserved, may go (empty: not reserved yet).
+  std::optional<std::chrono::steady_clock::time_point> piece_due;
   std::deque<Outgoing> queue;  // I/O thread only
   bool writing = false;
   HeaderBytes header_in{};

@@ -239,20 +239,20 @@ void TcpCore::write_next(Link& l) {
   const std::size_t piece = std::min(shaped_piece(std::max(link_mbps, node_mbps)), total - out.written);
   // Two wires, the link's and the card's shared by every link: the piece reserves both once
   // and goes when its last byte would be through the slower.
-  if (!l.piece_reserved && (link_mbps > 0 || node_mbps > 0)) {
-    l.piece_due = now;
-    if (link_mbps > 0) l.piece_due = std::max(l.piece_due, l.wire.reserve(now, link_mbps, piece));
-    if (node_mbps > 0) l.piece_due = std::max(l.piece_due, node_wire.reserve(now, node_mbps, piece));
-    l.piece_reserved = true;
+  if (!l.piece_due && (link_mbps > 0 || node_mbps > 0)) {
+    Clock::time_point due = now;
+    if (link_mbps > 0) due = std::max(due, l.wire.reserve(now, link_mbps, piece));
+    if (node_mbps > 0) due = std::max(due, node_wire.reserve(now, node_mbps, piece));
+    l.piece_due = due;
   }
-  if (l.piece_reserved && now < l.piece_due) {
-    l.timer.expires_at(l.piece_due);
+  if (l.piece_due && now < *l.piece_due) {
+    l.timer.expires_at(*l.piece_due);
     l.timer.async_wait([this, &l, generation](boost::system::error_code ec) {
       if (!ec && generation == l.generation) write_next(l);  // not a wait from before a rejoin
     });
     return;
   }
-  l.piece_reserved = false;
+  l.piece_due.reset();
   std::vector<asio::const_buffer> buffers;
   std::size_t from = out.written, left = piece;
   if (from < kHeaderBytes) {
@@ -323,7 +323,7 @@ void TcpCore::established(Link& l, tcp::socket socket) {
       l.queue.clear();
       l.writing = false;
       l.wire = {};
-      l.piece_reserved = false;
+      l.piece_due.reset();
       log::info(l.name, " rejoined: its link is up again");
     }
   }

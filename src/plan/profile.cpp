@@ -263,19 +263,19 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
   return slowest;
 }
 
-// The statistics of `steps` steps of a model too small to compute anything (one byte a
-// token): what the engine costs around its passes.
-std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
-                                            int batch, int steps) {
+// The statistics of `steps` engine steps of model `c` on a batch of these token ids (the
+// targets: `targets`, or the same ids).
+std::vector<parallel::StepStats> engine_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
+                                              int batch, int steps, std::vector<std::int32_t> bytes,
+                                              std::vector<std::int32_t> targets = {}) {
   model::Transformer model(c);
   parallel::PipelineEngine engine(model, e);
   std::vector<float> params(model.num_parameters()), grads(params.size());
   model.initialize(params, 1);
-  std::vector<std::int32_t> bytes(static_cast<std::size_t>(batch) * c.seq, 1);
   parallel::GlobalBatch global;
   global.batch = batch;
   global.bytes = bytes;
-  global.targets = bytes;
+  global.targets = targets.empty() ? bytes : targets;
   std::vector<parallel::StepStats> stats;
   for (int r = 0; r < steps; ++r) {
     engine.step(params, global, grads);
@@ -284,26 +284,23 @@ std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, c
   return stats;
 }
 
+// Of a model too small to compute anything (one byte a token): what the engine costs
+// around its passes.
+std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
+                                            int batch, int steps) {
+  return engine_steps(c, e, batch, steps, std::vector<std::int32_t>(static_cast<std::size_t>(batch) * c.seq, 1));
+}
+
 }  // namespace
 
 double measure_engine_step_s(const model::TransformerConfig& c, const parallel::EngineConfig& e, int batch, int steps) {
-  model::Transformer model(c);
-  parallel::PipelineEngine engine(model, e);
-  std::vector<float> params(model.num_parameters()), grads(params.size());
-  model.initialize(params, 1);
   Rng rng(17);
   std::vector<std::int32_t> bytes(static_cast<std::size_t>(batch) * c.seq), targets(bytes.size());
   for (auto& b : bytes) b = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
   for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
-  parallel::GlobalBatch global;
-  global.batch = batch;
-  global.bytes = bytes;
-  global.targets = targets;
+  const auto stats = engine_steps(c, e, batch, steps + 1, std::move(bytes), std::move(targets));
   std::vector<double> times;
-  for (int r = 0; r <= steps; ++r) {
-    engine.step(params, global, grads);
-    if (r > 0) times.push_back(engine.last_stats().step_s);  // the first plans and warms up
-  }
+  for (std::size_t r = 1; r < stats.size(); ++r) times.push_back(stats[r].step_s);  // the first plans and warms up
   return median(times);
 }
 
