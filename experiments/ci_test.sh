@@ -103,8 +103,9 @@ check_experiment() {
   done
   case $name in
     topologies)
-      check_csv "$out/runs.csv" "$runs" label data topology algorithm spectral_gap test_accuracy mean_local_accuracy \
-        consensus_distance bytes_per_peer_per_step wall_s || fail "$name: runs.csv"
+      check_csv "$out/runs.csv" "$runs" label model data topology algorithm seed spectral_gap test_accuracy \
+        mean_local_accuracy consensus_distance bytes_per_peer_per_step wall_s val_bits_per_byte || fail "$name: runs.csv"
+      grep -qE '[0-9] ± [0-9]' "$out/README.md" || fail "$name: README.md gives no confidence interval"
       check_csv "$out/curves.csv" "$evaluations" label step epoch avg_accuracy consensus_distance bytes_sent_peer0 ||
         fail "$name: curves.csv"
       ;;
@@ -113,8 +114,16 @@ check_experiment() {
         fail "$name: runs.csv"
       check_csv "$out/curves.csv" "$evaluations" label network peers algorithm step epoch train_loss wall_s_peer0 ||
         fail "$name: curves.csv"
-      check_csv "$out/speedup.csv" 2 network peers target_loss time_dpsgd_s time_ps_s time_allreduce_s speedup_vs_ps \
-        speedup_vs_allreduce || fail "$name: speedup.csv"
+      # 2 networks × n = 4, aggregated over 2 seeds; per seed, 4 rows; per setting (× 4 algorithms), 8.
+      check_csv "$out/speedup.csv" 2 network peers target_loss time_dpsgd_s time_ps_s time_allreduce_s time_tree_s \
+        speedup_vs_ps speedup_vs_allreduce speedup_vs_tree speedup_vs_best seeds speedup_vs_tree_lo speedup_vs_tree_hi \
+        resolved_vs_tree || fail "$name: speedup.csv"
+      check_csv "$out/speedup_seeds.csv" 4 network peers seed time_dpsgd_s time_tree_s speedup_vs_tree ||
+        fail "$name: speedup_seeds.csv"
+      check_csv "$out/settings.csv" 8 network peers algorithm seeds s_per_step s_per_step_ci95 time_to_target_s \
+        time_to_target_s_ci95 || fail "$name: settings.csv"
+      grep -q '^| low bandwidth (10 Mbit/s) | 4 | [0-9.]*× \[[0-9.]*, [0-9.]*\]' "$out/README.md" ||
+        fail "$name: README.md's speed-up table has no 95 % interval"
       ;;
     consensus)
       check_csv "$out/runs.csv" "$runs" label graph peers momentum seed xi || fail "$name: runs.csv"
@@ -161,8 +170,10 @@ check_experiment() {
 }
 
 start=$SECONDS
-check_experiment topologies 4 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png report.html
-check_experiment lian2017 6 loss_vs_epoch.png accuracy_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png report.html
+# topologies --tiny: 2 seeds × iid, non-iid × ring, all-reduce; the GPT on a ring and all-reduce
+check_experiment topologies 10 accuracy_vs_epoch.png consensus_vs_step.png accuracy_vs_bytes.png gpt_bits_per_byte.png report.html
+check_experiment lian2017 16 loss_vs_epoch.png accuracy_vs_epoch.png loss_vs_time.png speedup_vs_n.png step_time_vs_n.png \
+  settings.csv speedup_seeds.csv report.html
 check_experiment gossip 28 loss_vs_time.png report.html
 check_experiment consensus 3 consensus_fit.png report.html
 check_experiment heterogeneity 10 accuracy_vs_alpha.png gap_split.png accuracy.csv gap_split.csv report.html

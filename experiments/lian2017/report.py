@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Report of the Lian et al. 2017 experiment: reads RESULTS/manifest.tsv and the run
-directories it names, writes runs.csv, curves.csv, speedup.csv, the PNG plots and
-README.md.
+directories it names, writes runs.csv, curves.csv, settings.csv, speedup_seeds.csv,
+speedup.csv, the PNG plots and README.md.
 
 Usage: report.py RESULTS_DIR
 
@@ -9,6 +9,13 @@ Time is peer 0's summed step time (wall_s of peer 0 in metrics.csv): the other p
 wall_s also holds the time they wait while peer 0 evaluates the average model, which
 is not training. Training loss is the peers' mean of their minibatch losses since the
 previous evaluation. Every claim in the README is computed from these numbers.
+
+Seeds: every setting (network, n, algorithm) runs with each seed; a seed fixes the model's
+initialization, the shards and the batches, so the algorithms of one seed are paired. Means
+are given with 95 % confidence intervals over the seeds (Student's t). A speed-up is a
+ratio, computed per seed (same seed, network and n) and averaged on the log scale: the
+geometric mean of the per-seed ratios, with the t-interval of their logarithms
+exponentiated. An interval that contains 1× means the difference is not resolved at 95 %.
 """
 
 import math
@@ -19,14 +26,26 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import expkit as ek  # noqa: E402
 
-ALGO_TITLES = {"dpsgd": "D-PSGD (ring)", "ps": "C-PSGD, parameter server", "allreduce": "C-PSGD, ring all-reduce"}
-ALGO_SHORT = {"dpsgd": "D-PSGD", "ps": "PS", "allreduce": "all-reduce"}
-ALGO_COLORS = {"dpsgd": "#d62728", "ps": "#1f77b4", "allreduce": "#2ca02c"}
+# "allreduce" is the ring (its key since before the tree was added); "tree" the binomial tree.
+ALGO_TITLES = {"dpsgd": "D-PSGD (ring)", "ps": "C-PSGD, parameter server", "allreduce": "C-PSGD, ring all-reduce",
+               "tree": "C-PSGD, tree all-reduce"}
+ALGO_SHORT = {"dpsgd": "D-PSGD", "ps": "PS", "allreduce": "ring all-reduce", "tree": "tree all-reduce"}
+ALGO_FLAGS = {"dpsgd": "--algorithm dpsgd", "ps": "--algorithm ps",
+              "allreduce": "--algorithm allreduce --allreduce-algo ring",
+              "tree": "--algorithm allreduce --allreduce-algo tree"}
+ALGO_COLORS = {"dpsgd": "#d62728", "ps": "#1f77b4", "allreduce": "#2ca02c", "tree": "#9467bd"}
+# The centralized baselines have the same iterates (to the summation order), so their loss
+# curves coincide: each is drawn narrower than the one before, so that all stay visible.
+ALGO_WIDTH = {"ps": 6, "allreduce": 4, "tree": 2.5, "dpsgd": 2}
+BASELINES = ["ps", "allreduce", "tree"]
+BASELINE_SHORT = dict(ALGO_SHORT, best="the fastest centralized baseline")
+PEER0_ROLE = {"ps": " (the server)", "tree": " (the root)"}
 NET_TITLES = {"fast": "fast", "lowbw": "low bandwidth (10 Mbit/s)", "highlat": "high latency (5-20 ms)"}
 NET_COLORS = {"fast": "#000000", "lowbw": "#1f77b4", "highlat": "#ff7f0e"}
 NET_DASH = {"fast": 1, "highlat": 2, "lowbw": 3}
 NET_ORDER = ["fast", "lowbw", "highlat"]
 PAPER_MAX_SPEEDUP = 10  # "up to one order of magnitude faster" (Lian et al. 2017, abstract)
+NAN = float("nan")
 
 RUN_FIELDS = [
     "label", "network", "peers", "algorithm", "hidden", "parameters", "batch", "lr", "seed", "steps", "epochs",
@@ -35,13 +54,23 @@ RUN_FIELDS = [
     "run_dir",
 ]
 CURVE_FIELDS = [
-    "label", "network", "peers", "algorithm", "step", "epoch", "train_loss", "train_loss_smoothed",
+    "label", "network", "peers", "algorithm", "seed", "step", "epoch", "train_loss", "train_loss_smoothed",
     "avg_accuracy", "mean_local_accuracy", "bytes_sent_mean", "bytes_sent_peer0", "wall_s_peer0", "wall_s_max",
 ]
-SPEEDUP_FIELDS = [
-    "network", "peers", "target_loss", "time_dpsgd_s", "time_ps_s", "time_allreduce_s",
-    "speedup_vs_ps", "speedup_vs_allreduce", "epoch_dpsgd", "epoch_ps", "epoch_allreduce",
-]
+# Per setting (network, n, algorithm): the mean over the seeds and the CI's half-width.
+STAT_KEYS = ["final_train_loss", "test_accuracy", "s_per_step", "wall_s_peer0", "bytes_sent_peer0_per_step",
+             "time_to_target_s", "epoch_at_target"]
+SETTING_FIELDS = ["network", "peers", "algorithm", "seeds", "steps", "epochs", "target_loss"] + \
+    [f for k in STAT_KEYS for f in (k, k + "_ci95")]
+SPEEDUP_SEED_FIELDS = (["network", "peers", "seed", "target_loss"] + [f"time_{a}_s" for a in ALGO_TITLES] +
+                       [f"speedup_vs_{k}" for k in BASELINES + ["best"]] + ["best_baseline"] +
+                       [f"epoch_{a}" for a in ALGO_TITLES])
+SPEEDUP_FIELDS = (["network", "peers", "target_loss"] + [f"time_{a}_s" for a in ALGO_TITLES] +
+                  [f"speedup_vs_{k}" for k in BASELINES + ["best"]] + ["seeds", "best_baseline"] +
+                  [f"time_{a}_s_ci95" for a in ALGO_TITLES] +
+                  [f"speedup_vs_{k}_{b}" for k in BASELINES + ["best"] for b in ("lo", "hi")] +
+                  [f"resolved_vs_{k}" for k in BASELINES + ["best"]] +
+                  [f for a in ALGO_TITLES for f in (f"epoch_{a}", f"epoch_{a}_ci95")])
 
 
 def smooth(values):
@@ -68,6 +97,7 @@ def load(results):
         run = dict(m)
         run.update({
             "peers": int(m["peers"]),
+            "seed": int(m["seed"]),
             "parameters": ek.mlp_parameters(m["hidden"]),
             "steps": steps,
             "epochs": float(summary["epochs"]),
@@ -84,60 +114,165 @@ def load(results):
     return runs
 
 
-def find(runs, network, n, algorithm):
-    return next((r for r in runs if r["network"] == network and r["peers"] == n and r["algorithm"] == algorithm), None)
+def find(runs, network, n, algorithm, seed):
+    return next((r for r in runs if r["network"] == network and r["peers"] == n and r["algorithm"] == algorithm
+                 and r["seed"] == seed), None)
 
 
-def targets_and_speedups(runs):
-    """target(n): the highest smoothed training loss that any run with n peers had half-way
-    through its evaluations, rounded up to 0.01 — a level every run reaches while its loss
-    still falls. Then each run's (interpolated) time and epoch at the target."""
+def present(runs):
+    """(networks in report order, n ascending, seeds ascending, algorithms in report order)."""
+    return ([n for n in NET_ORDER if any(r["network"] == n for r in runs)], sorted({r["peers"] for r in runs}),
+            sorted({r["seed"] for r in runs}), [a for a in ALGO_TITLES if any(r["algorithm"] == a for r in runs)])
+
+
+# ---------------------------------------------------------------- statistics over seeds
+
+def finite(values):
+    return [v for v in values if v is not None and not math.isnan(v)]
+
+
+def mean_ci(values):
+    """(mean, CI half-width) over the finite values; (nan, None) for none, half None for one."""
+    values = finite(values)
+    return ek.mean_ci95(values) if values else (NAN, None)
+
+
+def ratio_ci(ratios):
+    """Geometric mean of per-seed ratios and its 95 % interval (t on the logs, exponentiated):
+    (mean, lo, hi); lo and hi are None for one ratio, everything nan for none."""
+    logs = [math.log(r) for r in finite(ratios) if r > 0]
+    if not logs:
+        return NAN, None, None
+    m, h = ek.mean_ci95(logs)
+    return (math.exp(m), None, None) if h is None else (math.exp(m), math.exp(m - h), math.exp(m + h))
+
+
+def resolved(lo, hi):
+    """True when the interval excludes 1× (resolved at 95 %), False when it contains it, None without one."""
+    return None if lo is None or hi is None else not lo <= 1 <= hi
+
+
+def half(x):
+    """A CI half-width as stored (nan for none) back to None."""
+    return None if x is None or math.isnan(x) else x
+
+
+def mean_curve(curves):
+    """Point-by-point mean of the seeds' curves (the same evaluation steps: same steps and
+    eval_every), cut to the shortest."""
+    keys = ["step", "epoch", "train_loss", "train_loss_smoothed", "avg_accuracy", "mean_local_accuracy",
+            "wall_s_peer0"]
+    length = min(len(c) for c in curves)
+    return [{k: sum(c[i][k] for c in curves) / len(curves) for k in keys} for i in range(length)]
+
+
+def targets_and_times(runs):
+    """target(n): the highest smoothed training loss that any run with n peers (any algorithm,
+    network and seed) had half-way through its evaluations, rounded up to 0.01 — a level
+    every run reaches while its loss still falls. Then each run's (interpolated) time and
+    epoch at the target."""
     targets = {}
     for n in sorted({r["peers"] for r in runs}):
-        mids = []
-        for r in runs:
-            if r["peers"] == n:
-                c = r["curve"]
-                mids.append(c[(len(c) - 1) // 2]["train_loss_smoothed"])
+        mids = [r["curve"][(len(r["curve"]) - 1) // 2]["train_loss_smoothed"] for r in runs if r["peers"] == n]
         targets[n] = math.ceil(max(mids) * 100) / 100
     for r in runs:
         r["target_loss"] = targets[r["peers"]]
-        t, i = ek.interpolate_crossing(r["curve"], "train_loss_smoothed", r["target_loss"], "wall_s_peer0")
+        t, _ = ek.interpolate_crossing(r["curve"], "train_loss_smoothed", r["target_loss"], "wall_s_peer0")
         e, _ = ek.interpolate_crossing(r["curve"], "train_loss_smoothed", r["target_loss"], "epoch")
-        r["time_to_target_s"] = t if t is not None else float("nan")
-        r["epoch_at_target"] = e if e is not None else float("nan")
-    rows = []
-    networks = [n for n in NET_ORDER if any(r["network"] == n for r in runs)]
+        r["time_to_target_s"] = t if t is not None else NAN
+        r["epoch_at_target"] = e if e is not None else NAN
+    return targets
+
+
+def aggregate(runs):
+    """{(network, n, algorithm): the setting's mean and CI of every STAT_KEY over its seeds,
+    its runs (by seed) and its mean curve}."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["network"], r["peers"], r["algorithm"]), []).append(r)
+    settings = {}
+    for (net, n, alg), rs in groups.items():
+        rs.sort(key=lambda r: r["seed"])
+        s = {"network": net, "peers": n, "algorithm": alg, "seeds": len(rs), "runs": rs, "steps": rs[0]["steps"],
+             "epochs": rs[0]["epochs"], "eval_every": rs[0]["eval_every"], "target_loss": rs[0]["target_loss"],
+             "curve": mean_curve([r["curve"] for r in rs])}
+        for k in STAT_KEYS:
+            m, h = mean_ci([r[k] for r in rs])
+            s[k], s[k + "_ci95"] = m, NAN if h is None else h
+        settings[(net, n, alg)] = s
+    return settings
+
+
+def speedups(runs, targets):
+    """Per seed: each baseline's time to the target over D-PSGD's, at the same seed, network
+    and n (a paired ratio), and over the fastest baseline of that seed. Then per network and
+    n: the mean times with their CIs and the geometric mean of each ratio with its CI."""
+    networks, ns, seeds, _ = present(runs)
+    per_seed, rows = [], []
     for net in networks:
-        for n in sorted({r["peers"] for r in runs}):
-            d, p, a = find(runs, net, n, "dpsgd"), find(runs, net, n, "ps"), find(runs, net, n, "allreduce")
-            if not d:
+        for n in ns:
+            mine = []
+            for seed in seeds:
+                d = find(runs, net, n, "dpsgd", seed)
+                if not d:
+                    continue
+                row = {"network": net, "peers": n, "seed": seed, "target_loss": targets[n]}
+                for a in ALGO_TITLES:
+                    r = find(runs, net, n, a, seed)
+                    row[f"time_{a}_s"] = r["time_to_target_s"] if r else NAN
+                    row[f"epoch_{a}"] = r["epoch_at_target"] if r else NAN
+                t = d["time_to_target_s"]
+                for k in BASELINES:
+                    row[f"speedup_vs_{k}"] = row[f"time_{k}_s"] / t if t > 0 else NAN
+                timed = [(row[f"time_{k}_s"], k) for k in BASELINES if not math.isnan(row[f"time_{k}_s"])]
+                best_t, best_k = min(timed) if timed else (NAN, "")
+                row["speedup_vs_best"], row["best_baseline"] = (best_t / t if t > 0 else NAN), best_k
+                mine.append(row)
+            if not mine:
                 continue
-            row = {"network": net, "peers": n, "target_loss": targets[n], "time_dpsgd_s": d["time_to_target_s"],
-                   "epoch_dpsgd": d["epoch_at_target"]}
-            for key, base in (("ps", p), ("allreduce", a)):
-                row[f"time_{key}_s"] = base["time_to_target_s"] if base else float("nan")
-                row[f"epoch_{key}"] = base["epoch_at_target"] if base else float("nan")
-                row[f"speedup_vs_{key}"] = (base["time_to_target_s"] / d["time_to_target_s"]
-                                            if base and d["time_to_target_s"] > 0 else float("nan"))
-            rows.append(row)
-    return targets, rows
+            per_seed += mine
+            agg = {"network": net, "peers": n, "target_loss": targets[n], "seeds": len(mine),
+                   "best_baseline": "/".join(sorted({r["best_baseline"] for r in mine if r["best_baseline"]},
+                                                    key=BASELINES.index))}
+            for a in ALGO_TITLES:
+                for key, name in ((f"time_{a}_s", f"time_{a}_s"), (f"epoch_{a}", f"epoch_{a}")):
+                    m, h = mean_ci([r[key] for r in mine])
+                    agg[name], agg[name + "_ci95"] = m, NAN if h is None else h
+            for k in BASELINES + ["best"]:
+                g, lo, hi = ratio_ci([r[f"speedup_vs_{k}"] for r in mine])
+                agg[f"speedup_vs_{k}"] = g
+                agg[f"speedup_vs_{k}_lo"], agg[f"speedup_vs_{k}_hi"] = (NAN, NAN) if lo is None else (lo, hi)
+                res = resolved(lo, hi)
+                agg[f"resolved_vs_{k}"] = "" if res is None else ("yes" if res else "no")
+            rows.append(agg)
+    return per_seed, rows
+
+
+def tree_hops(n):
+    """Dependent transfers of one binomial-tree all-reduce step: ⌈log₂ n⌉ up, as many down."""
+    return 2 * math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def ring_hops(n):
+    return 2 * (n - 1)
 
 
 # ---------------------------------------------------------------- plots
 
-def plot_all(results, runs, speedups, targets):
+def plot_all(results, runs, settings, speedup_rows, targets):
+    """Curves are the means over the seeds (same evaluation steps in every seed); the
+    speed-ups are the geometric means with their 95 % intervals as error bars."""
     pd = os.path.join(results, "plotdata")
     os.makedirs(pd, exist_ok=True)
-    for r in runs:
-        r["dat"] = os.path.join(pd, f"{r['network']}-n{r['peers']}-{r['algorithm']}.dat")
-        ek.write_dat(r["dat"], ["step", "epoch", "train_loss", "train_loss_smoothed", "wall_s_peer0", "avg_accuracy",
+    for s in settings.values():
+        s["dat"] = os.path.join(pd, f"{s['network']}-n{s['peers']}-{s['algorithm']}.dat")
+        ek.write_dat(s["dat"], ["step", "epoch", "train_loss", "train_loss_smoothed", "wall_s_peer0", "avg_accuracy",
                                 "mean_local_accuracy"],
                      [[p["step"], p["epoch"], p["train_loss"], p["train_loss_smoothed"], p["wall_s_peer0"],
-                       100 * p["avg_accuracy"], 100 * p["mean_local_accuracy"]] for p in r["curve"]])
+                       100 * p["avg_accuracy"], 100 * p["mean_local_accuracy"]] for p in s["curve"]])
     term = ek.gnuplot_terminal()
-    ns = sorted({r["peers"] for r in runs})
-    networks = [n for n in NET_ORDER if any(r["network"] == n for r in runs)]
+    networks, ns, seeds, algorithms = present(runs)
+    over = f"mean of {len(seeds)} seeds" if len(seeds) > 1 else "one seed"
     figures = []
 
     def render(name, title, lines):
@@ -150,19 +285,20 @@ def plot_all(results, runs, speedups, targets):
 
     # Training loss vs epoch: one panel per n; colour = algorithm, dash = network.
     lines = [f"set terminal {term} size {max(560 * len(ns), 700)},500",
-             f"set multiplot layout 1,{len(ns)} title 'Training loss vs epoch (colour: algorithm; dash: network; PS drawn wide, under all-reduce)'",
+             f"set multiplot layout 1,{len(ns)} title 'Training loss vs epoch, {over} (colour: algorithm; dash: "
+             f"network; the centralized three coincide)'",
              "set grid", "set key top right box opaque font ',9'"]
     for n in ns:
         lines += [f"set title '{n} peers'", "set xlabel 'epoch (passes over the 60,000 training images)'",
                   "set ylabel 'training loss (cross-entropy, mean of peers)'"]
         plots = []
-        for alg in ALGO_TITLES:
+        for alg in algorithms:
             for net in networks:
-                r = find(runs, net, n, alg)
-                if r:
-                    width = {"ps": 5, "allreduce": 2.5, "dpsgd": 2}[alg]
-                    plots.append(f"{ek.gp_quote(r['dat'])} using 2:3 with lines lw {width} dt {NET_DASH[net]} "
-                                 f"lc rgb '{ALGO_COLORS[alg]}' title {ek.gp_quote(ALGO_SHORT[alg] + ', ' + net)}")
+                s = settings.get((net, n, alg))
+                if s:
+                    plots.append(f"{ek.gp_quote(s['dat'])} using 2:3 with lines lw {ALGO_WIDTH[alg]} "
+                                 f"dt {NET_DASH[net]} lc rgb '{ALGO_COLORS[alg]}' "
+                                 f"title {ek.gp_quote(ALGO_SHORT[alg] + ', ' + net)}")
         lines.append("plot " + ", \\\n  ".join(plots))
     render("loss_vs_epoch.png", "Training loss vs epoch", lines)
 
@@ -170,91 +306,101 @@ def plot_all(results, runs, speedups, targets):
     # synchronous, so their iterates are the same on every network: the fast network's runs.
     acc_net = "fast" if "fast" in networks else networks[0]
     lines = [f"set terminal {term} size {max(560 * len(ns), 700)},480",
-             f"set multiplot layout 1,{len(ns)} title \"Test accuracy vs epoch: x̄, the peers' average (solid), and "
-             f"the mean of the local models (dashed)\"",
+             f"set multiplot layout 1,{len(ns)} title \"Test accuracy vs epoch, {over}: x̄ (solid) and the "
+             f"mean of the local models (dashed)\"",
              "set grid", "set key bottom right box opaque font ',9'"]
     for n in ns:
         lines += [f"set title '{n} peers'", "set xlabel 'epoch'", "set ylabel 'test accuracy (%)'"]
         plots = []
-        for alg in ALGO_TITLES:
-            r = find(runs, acc_net, n, alg)
-            if r:  # PS drawn wide: its iterates are all-reduce's, which would hide it
-                width = {"ps": 5, "allreduce": 2.5, "dpsgd": 2}[alg]
-                plots.append(f"{ek.gp_quote(r['dat'])} using 2:6 with lines lw {width} dt 1 lc rgb '{ALGO_COLORS[alg]}' "
-                             f"title {ek.gp_quote(ALGO_SHORT[alg] + ': x̄')}")
-                plots.append(f"{ek.gp_quote(r['dat'])} using 2:7 with lines lw {width} dt 2 lc rgb '{ALGO_COLORS[alg]}' "
-                             f"title {ek.gp_quote(ALGO_SHORT[alg] + ': local models')}")
+        for alg in algorithms:
+            s = settings.get((acc_net, n, alg))
+            if s:
+                plots.append(f"{ek.gp_quote(s['dat'])} using 2:6 with lines lw {ALGO_WIDTH[alg]} dt 1 "
+                             f"lc rgb '{ALGO_COLORS[alg]}' title {ek.gp_quote(ALGO_SHORT[alg] + ': x̄')}")
+                plots.append(f"{ek.gp_quote(s['dat'])} using 2:7 with lines lw {ALGO_WIDTH[alg]} dt 2 "
+                             f"lc rgb '{ALGO_COLORS[alg]}' title {ek.gp_quote(ALGO_SHORT[alg] + ': local models')}")
         lines.append("plot " + ", \\\n  ".join(plots))
     render("accuracy_vs_epoch.png", "Test accuracy of x̄ and of the local models vs epoch", lines)
 
     # Training loss vs wall time: rows = networks, columns = n.
     lines = [f"set terminal {term} size {max(480 * len(ns), 640)},{380 * len(networks)}",
-             f"set multiplot layout {len(networks)},{len(ns)} title 'Training loss vs wall time (grey: target loss)'",
+             f"set multiplot layout {len(networks)},{len(ns)} title 'Training loss vs wall time, {over} "
+             f"(grey: target loss)'",
              "set grid", "set logscale x", "set key top right box opaque font ',8'"]
     for net in networks:
         for n in ns:
             lines += [f"set title {ek.gp_quote(f'{NET_TITLES[net]}, {n} peers')}",
                       "set xlabel 'wall time (s, log scale)'", "set ylabel 'training loss'"]
             plots = []
-            for alg in ALGO_TITLES:
-                r = find(runs, net, n, alg)
-                if r:
-                    plots.append(f"{ek.gp_quote(r['dat'])} using 5:4 with lines lw 2 lc rgb '{ALGO_COLORS[alg]}' "
+            for alg in algorithms:
+                s = settings.get((net, n, alg))
+                if s:
+                    plots.append(f"{ek.gp_quote(s['dat'])} using 5:4 with lines lw 2 lc rgb '{ALGO_COLORS[alg]}' "
                                  f"title {ek.gp_quote(ALGO_SHORT[alg])}")
             plots.append(f"{targets[n]} with lines dt 2 lw 1 lc rgb '#808080' notitle")
             lines.append("plot " + ", \\\n  ".join(plots))
     render("loss_vs_time.png", "Training loss vs wall time", lines)
 
-    # Speed-up vs n: colour = network, solid = over PS, dashed = over all-reduce.
+    # Speed-up vs n: one panel per baseline, colour = network, error bars = 95 % CI. The
+    # networks' points are nudged apart along x so that their bars do not hide each other.
     sp = os.path.join(pd, "speedup.dat")
-    plots = []
+    keys = [k for k in BASELINES if k in algorithms] + ["best"]
+    values = []
     with open(sp, "w") as f:
-        f.write("# peers speedup_vs_ps speedup_vs_allreduce (one block per network)\n")
-        for i, net in enumerate(networks):
-            for row in (s for s in speedups if s["network"] == net):
-                vals = [row["speedup_vs_ps"], row["speedup_vs_allreduce"]]
-                f.write(f"{row['peers']} " + " ".join("NaN" if math.isnan(v) else repr(v) for v in vals) + "\n")
-            f.write("\n\n")
-            plots.append(f"{ek.gp_quote(sp)} index {i} using 1:2 with linespoints lw 2 pt 7 dt 1 "
-                         f"lc rgb '{NET_COLORS[net]}' title {ek.gp_quote(NET_TITLES[net] + ': over PS')}")
-            plots.append(f"{ek.gp_quote(sp)} index {i} using 1:3 with linespoints lw 2 pt 5 dt 2 "
-                         f"lc rgb '{NET_COLORS[net]}' title {ek.gp_quote(NET_TITLES[net] + ': over all-reduce')}")
-    plots.append("1 with lines lw 1 lc rgb '#808080' title 'no speed-up'")
-    values = [v for s in speedups for v in (s["speedup_vs_ps"], s["speedup_vs_allreduce"]) if not math.isnan(v) and v > 0]
+        f.write("# peers x speedup lo hi (one block per baseline and network; lo = hi = mean without a CI)\n")
+        for k in keys:
+            for i, net in enumerate(networks):
+                nudge = 2 ** (0.05 * (i - (len(networks) - 1) / 2))
+                for row in (s for s in speedup_rows if s["network"] == net):
+                    g, lo, hi = (row[f"speedup_vs_{k}{b}"] for b in ("", "_lo", "_hi"))
+                    lo, hi = (g, g) if math.isnan(lo) else (lo, hi)
+                    values += [v for v in (g, lo, hi) if not math.isnan(v) and v > 0]
+                    f.write(f"{row['peers']} {row['peers'] * nudge!r} " +
+                            " ".join("NaN" if math.isnan(v) else repr(v) for v in (g, lo, hi)) + "\n")
+                f.write("\n\n")
     lo = min(values + [1.0]) / 1.5
     hi = max(values + [1.0]) * 1.5
     xs = f"({', '.join(str(n) for n in ns)})"
-    lines = [f"set terminal {term} size 1100,600",
-             'set title "Speed-up of D-PSGD in reaching the target loss\\n(time of the baseline / time of D-PSGD)"',
+    cols = 2 if len(keys) > 2 else len(keys)
+    rows = math.ceil(len(keys) / cols)
+    lines = [f"set terminal {term} size {720 * cols},{420 * rows + 60}",
+             f"set multiplot layout {rows},{cols} title \"Speed-up of D-PSGD in reaching the target loss (time of "
+             f"the baseline / time of D-PSGD): geometric mean over {len(seeds)} seed(s), bars: 95 % CI\"",
              "set grid", "set logscale y", f"set yrange [{lo!r}:{hi!r}]", f"set ytics {ek.log_tics(lo, hi)}",
-             "set logscale x 2", f"set xtics {xs}",
-             f"set xrange [{ns[0] / 1.3!r}:{ns[-1] * 1.3!r}]", "set xlabel 'peers n (log scale)'",
-             "set ylabel 'speed-up (×, log scale)'", "set key outside right top box font ',9'",
-             "plot " + ", \\\n  ".join(plots)]
+             "set logscale x 2", f"set xtics {xs}", f"set xrange [{ns[0] / 1.4!r}:{ns[-1] * 1.4!r}]",
+             "set xlabel 'peers n (log scale)'", "set ylabel 'speed-up (×, log scale)'",
+             "set key outside right top box font ',8'"]
+    for j, k in enumerate(keys):
+        lines.append(f"set title {ek.gp_quote('over ' + BASELINE_SHORT[k])}")
+        plots = [f"{ek.gp_quote(sp)} index {j * len(networks) + i} using 2:3:4:5 with yerrorlines lw 2 pt 7 "
+                 f"lc rgb '{NET_COLORS[net]}' title {ek.gp_quote(NET_TITLES[net])}" for i, net in enumerate(networks)]
+        plots.append("1 with lines lw 1 lc rgb '#808080' title 'no speed-up'")
+        lines.append("plot " + ", \\\n  ".join(plots))
     render("speedup_vs_n.png", "Speed-up of D-PSGD vs n", lines)
 
-    # Seconds per step vs n: explains the speed-ups.
+    # Seconds per step vs n: explains the speed-ups. Means only (the intervals are in the
+    # tables; with two seeds a t-interval can reach below zero, which a log axis cannot show).
     lines = [f"set terminal {term} size {max(480 * len(networks), 640)},460",
-             f"set multiplot layout 1,{len(networks)} title 'Time per training step (peer 0) vs n'",
+             f"set multiplot layout 1,{len(networks)} title 'Time per training step (peer 0) vs n, {over}'",
              "set grid", "set logscale y", "set logscale x 2", f"set xtics {xs}",
              f"set xrange [{ns[0] / 1.3!r}:{ns[-1] * 1.3!r}]", "set key top left box opaque font ',9'"]
     for net in networks:
         dat = os.path.join(pd, f"step-{net}.dat")
         with open(dat, "w") as f:
-            for alg in ALGO_TITLES:
+            for alg in algorithms:
                 for n in ns:
-                    r = find(runs, net, n, alg)
-                    if r:
-                        f.write(f"{n} {r['s_per_step']!r}\n")
+                    s = settings.get((net, n, alg))
+                    if s:
+                        f.write(f"{n} {s['s_per_step']!r}\n")
                 f.write("\n\n")
-        per_step = [r["s_per_step"] for r in runs if r["network"] == net and r["s_per_step"] > 0]
+        per_step = [s["s_per_step"] for s in settings.values() if s["network"] == net and s["s_per_step"] > 0]
         lo, hi = min(per_step) / 1.5, max(per_step) * 1.5
         lines += [f"set title {ek.gp_quote(NET_TITLES[net])}", "set xlabel 'peers n (log scale)'",
                   "set ylabel 'seconds per step (log scale)'", f"set yrange [{lo!r}:{hi!r}]",
                   f"set ytics {ek.log_tics(lo, hi)}"]
         lines.append("plot " + ", \\\n  ".join(
             f"{ek.gp_quote(dat)} index {i} using 1:2 with linespoints lw 2 pt 7 lc rgb '{ALGO_COLORS[alg]}' "
-            f"title {ek.gp_quote(ALGO_SHORT[alg])}" for i, alg in enumerate(ALGO_TITLES)))
+            f"title {ek.gp_quote(ALGO_SHORT[alg])}" for i, alg in enumerate(algorithms)))
     render("step_time_vs_n.png", "Seconds per step vs n", lines)
     return figures
 
@@ -265,224 +411,365 @@ def fmt_s(x):
     return "—" if x is None or math.isnan(x) else (f"{x:.3g}" if x < 100 else f"{x:.0f}")
 
 
+def fmt_s_ci(mean, half_width):
+    """'0.209 ± 0.012' (3 significant digits), the mean alone without an interval."""
+    h = half(half_width)
+    return fmt_s(mean) if h is None or math.isnan(mean) else f"{fmt_s(mean)} ± {fmt_s(h)}"
+
+
 def fmt_x(x):
     return "—" if x is None or math.isnan(x) else f"{x:.2f}×"
 
 
-def verdict(speedup):
-    if math.isnan(speedup):
+def fmt_x_ci(row, key, mark=True):
+    """A speed-up with its interval, '1.43× [1.30, 1.58]', and † where the interval holds 1×."""
+    g, lo, hi = row[f"speedup_vs_{key}"], row[f"speedup_vs_{key}_lo"], row[f"speedup_vs_{key}_hi"]
+    if math.isnan(g):
+        return "—"
+    if math.isnan(lo):
+        return fmt_x(g)
+    return f"{fmt_x(g)} [{lo:.2f}, {hi:.2f}]" + (" †" if mark and row[f"resolved_vs_{key}"] == "no" else "")
+
+
+def verdict(row, key):
+    """faster / slower / not resolved, from the 95 % interval; from the mean alone (±20 %)
+    with one seed."""
+    g = row[f"speedup_vs_{key}"]
+    if math.isnan(g):
         return "not measured"
-    if speedup >= 1.2:
-        return "faster"
-    if speedup <= 1 / 1.2:
-        return "slower"
-    return "on par"
+    res = row[f"resolved_vs_{key}"]
+    if res == "":
+        word = "faster" if g >= 1.2 else "slower" if g <= 1 / 1.2 else "on par"
+        return f"{word}, one seed: no interval"
+    if res == "no":
+        return "not resolved at 95 %: the interval contains 1×"
+    return "faster, resolved at 95 %" if g > 1 else "slower, resolved at 95 %"
 
 
-def xbar_epochs(runs, ns, net):
+def setting_of(settings, net, n, alg):
+    return settings.get((net, n, alg))
+
+
+def paired_ratio(runs, net, n, seeds, num, den_keys, key):
+    """Per seed: run `num`'s `key` over the mean of the `den_keys` runs' (same seed, network
+    and n); returns ratio_ci of those ratios."""
+    ratios = []
+    for seed in seeds:
+        a = find(runs, net, n, num, seed)
+        dens = finite([r[key] for r in (find(runs, net, n, k, seed) for k in den_keys) if r])
+        if a and dens and sum(dens) > 0:
+            ratios.append(a[key] / (sum(dens) / len(dens)))
+    return ratio_ci(ratios)
+
+
+def fmt_ratio(g, lo, hi):
+    return "—" if math.isnan(g) else (fmt_x(g) if lo is None else f"{fmt_x(g)} [{lo:.2f}, {hi:.2f}]")
+
+
+def headline(runs, settings, speedup_rows):
+    """The few numbers a reader needs first, each computed here: the speed-up over the fastest
+    centralized baseline in each slow network, and at high latency over the tree against over
+    the ring (the ring is the worst all-reduce for latency)."""
+    out = []
+    networks, ns, seeds, algorithms = present(runs)
+    n = ns[-1]
+    for net in (x for x in ("lowbw", "highlat") if x in networks):
+        row = next((s for s in speedup_rows if s["network"] == net and s["peers"] == n), None)
+        if not row or math.isnan(row["speedup_vs_best"]):
+            continue
+        fastest = " / ".join(ALGO_SHORT[k] for k in row["best_baseline"].split("/") if k)
+        out.append(f"{NET_TITLES[net][0].upper() + NET_TITLES[net][1:]}, n = {n}: D-PSGD's speed-up in reaching the "
+                   f"target loss over the fastest centralized baseline ({fastest}) is "
+                   f"{fmt_x_ci(row, 'best', mark=False)} ({verdict(row, 'best')}).")
+    if "highlat" in networks and "tree" in algorithms and "allreduce" in algorithms:
+        row = next((s for s in speedup_rows if s["network"] == "highlat" and s["peers"] == n), None)
+        step = {a: settings.get(("highlat", n, a)) for a in ("dpsgd", "allreduce", "tree")}
+        if row and all(step.values()) and row["speedup_vs_tree"] > 0:
+            sps = {a: fmt_s_ci(s["s_per_step"], s["s_per_step_ci95"]) for a, s in step.items()}
+            out.append(
+                f"High latency, n = {n}: over ring all-reduce ({ring_hops(n)} dependent transfers a step) D-PSGD is "
+                f"{fmt_x_ci(row, 'allreduce', mark=False)}; over tree all-reduce ({tree_hops(n)} dependent transfers) "
+                f"{fmt_x_ci(row, 'tree', mark=False)} ({verdict(row, 'tree')}). Measured against the ring, D-PSGD's "
+                f"speed-up is {row['speedup_vs_allreduce'] / row['speedup_vs_tree']:.2f} times what it is against the "
+                f"tree. Seconds per step: tree {sps['tree']}, ring {sps['allreduce']}, D-PSGD {sps['dpsgd']}.")
+    if len(seeds) > 1:
+        out.append(f"Speed-ups: geometric means over {len(seeds)} seeds of the per-seed paired ratios, in brackets "
+                   f"the 95 % interval (t on the log ratios, {len(seeds) - 1} degree(s) of freedom).")
+    else:
+        out.append("One seed: no confidence intervals.")
+    return out
+
+
+def xbar_epochs(runs, ns, seeds, net):
     """Per n: the epoch at which x̄'s test accuracy first reached the accuracy every run of
-    that n reached (the least of their best), and D-PSGD's epochs over the baselines'."""
+    that n reached (the least of their best, over algorithms and seeds), per algorithm the
+    mean over the seeds, and D-PSGD's epochs over the centralized baselines', paired by seed."""
     parts, ratios = [], []
     for n in ns:
-        rs = [r for r in (find(runs, net, n, a) for a in ALGO_TITLES) if r]
-        if not rs or any(not r["curve"] for r in rs):
+        rs = [r for r in runs if r["network"] == net and r["peers"] == n and r["curve"]]
+        if not rs:
             continue
         target = math.floor(min(max(p["avg_accuracy"] for p in r["curve"]) for r in rs) * 100) / 100
-        first = {}
         for r in rs:
-            hit = next((p["epoch"] for p in r["curve"] if p["avg_accuracy"] >= target), None)
-            if hit is not None:
-                first[r["algorithm"]] = hit
-                parts.append(f"{ALGO_SHORT[r['algorithm']]} n={n} {hit:.3f}")
-        if "dpsgd" in first:
-            ratios += [first["dpsgd"] / e for a, e in first.items() if a != "dpsgd" and e > 0]
+            r["_xbar_hit"] = next((p["epoch"] for p in r["curve"] if p["avg_accuracy"] >= target), NAN)
+        for a in ALGO_TITLES:
+            m, h = mean_ci([r["_xbar_hit"] for r in rs if r["algorithm"] == a])
+            if not math.isnan(m):
+                parts.append(f"{ALGO_SHORT[a]} n={n} {ek.fmt_ci(m, h, digits=3)}")
+        g, lo, hi = paired_ratio(runs, net, n, seeds, "dpsgd", BASELINES, "_xbar_hit")
+        if not math.isnan(g):
+            ratios.append(f"n = {n}: {fmt_ratio(g, lo, hi)}")
     if not parts:
         return []
     s = (f"On x̄'s test accuracy, the model D-PSGD delivers ({NET_TITLES[net]} network), the epoch at which each "
-         f"run first reached the accuracy all runs of its n reached: " + ", ".join(parts))
+         f"run first reached the accuracy all runs of its n reached (mean over seeds): " + ", ".join(parts))
     if ratios:
-        s += (f". D-PSGD needed {min(ratios):.2f}× to {max(ratios):.2f}× the epochs of the centralized baselines "
-              f"on x̄ (one seed; evaluations every few hundredths of an epoch)")
+        s += (". D-PSGD's epochs over the centralized baselines' on x̄, paired by seed: " + "; ".join(ratios) +
+              " (evaluations every few hundredths of an epoch)")
     return [s + "."]
 
 
-def observations(runs, speedups, targets):
+def observations(runs, settings, speedup_rows):
     obs = []
-    ns = sorted({r["peers"] for r in runs})
-    networks = [n for n in NET_ORDER if any(r["network"] == n for r in runs)]
+    networks, ns, seeds, algorithms = present(runs)
     ref_net = networks[0]
+    baselines = [k for k in BASELINES if k in algorithms]
 
-    # 1. Per-epoch convergence.
+    # 1. Per-epoch convergence (the same on every network: the algorithms are synchronous).
     parts = []
     for n in ns:
-        rs = [find(runs, ref_net, n, a) for a in ALGO_TITLES]
-        rs = [r for r in rs if r]
-        parts.append(f"n = {n} after {rs[0]['epochs']:.3g} epochs: " +
-                     ", ".join(f"{ALGO_SHORT[r['algorithm']]} {r['final_train_loss']:.4f}" for r in rs))
-    obs.append(f"Per epoch (final training loss, {NET_TITLES[ref_net]} network): " + "; ".join(parts) + ".")
-    parts, ratios = [], []
+        ss = [s for s in (setting_of(settings, ref_net, n, a) for a in algorithms) if s]
+        parts.append(f"n = {n} after {ss[0]['epochs']:.3g} epoch(s): " +
+                     ", ".join(f"{ALGO_SHORT[s['algorithm']]} "
+                               f"{ek.fmt_ci(s['final_train_loss'], half(s['final_train_loss_ci95']), digits=4)}"
+                               for s in ss))
+    obs.append(f"Per epoch (final training loss, mean over seeds, {NET_TITLES[ref_net]} network): " +
+               "; ".join(parts) + ".")
+    spread = 0.0
+    for r in runs:
+        if r["network"] == ref_net and r["algorithm"] in baselines:
+            same = finite([o["epoch_at_target"] for o in runs if o["network"] == ref_net and o["peers"] == r["peers"]
+                           and o["seed"] == r["seed"] and o["algorithm"] in baselines])
+            spread = max([spread] + [abs(v - r["epoch_at_target"]) for v in same])
+    parts, more = [], []
+    all_close = True
     for n in ns:
-        d = find(runs, ref_net, n, "dpsgd")
-        for a in ALGO_TITLES:
-            r = find(runs, ref_net, n, a)
-            if r and not math.isnan(r["epoch_at_target"]):
-                parts.append(f"{ALGO_SHORT[a]} n={n} {r['epoch_at_target']:.3f}")
-                if d and a != "dpsgd" and r["epoch_at_target"] > 0 and not math.isnan(d["epoch_at_target"]):
-                    ratios.append(d["epoch_at_target"] / r["epoch_at_target"])
-    s = (f"Epoch at which each run reached its target training loss ({NET_TITLES[ref_net]} network; the mean "
-         f"loss of the peers' local models, not of x̄): " + ", ".join(parts))
-    if ratios:
-        lo, hi = min(ratios), max(ratios)
-        s += f". D-PSGD needed {lo:.2f}× to {hi:.2f}× the epochs of the centralized baselines"
-        if hi <= 1.25:
-            s += (" — comparable per-epoch convergence, as in the paper, so the differences in time below come "
-                  "from the time per step")
+        g, lo, hi = paired_ratio(runs, ref_net, n, seeds, "dpsgd", baselines, "epoch_at_target")
+        if math.isnan(g):
+            continue
+        parts.append(f"n = {n}: {fmt_ratio(g, lo, hi)}")
+        all_close &= (g if hi is None else hi) <= 1.25
+        if (g > 1.25) if lo is None else (lo > 1):
+            more.append(str(n))
+    s = (f"Epochs to the target training loss ({NET_TITLES[ref_net]} network; the mean loss of the peers' local "
+         f"models, not of x̄): the centralized baselines reached it within {spread:.3f} epochs of each other in "
+         f"every seed" + (" (their iterates agree to the summation order)" if spread < 0.01 else "") +
+         "; D-PSGD's epochs over theirs, paired by seed")
+    if parts:
+        s += ": " + "; ".join(parts)
+        if all_close:
+            s += (" — comparable per-epoch convergence (within 1.25×), as in the paper, so the differences in time "
+                  "below come from the time per step")
+        elif more:
+            s += (f" — D-PSGD needed more epochs than the baselines at n = {', '.join(more)}"
+                  + (" (one seed)" if len(seeds) == 1 else " (the interval above 1×)") +
+                  ", unlike the paper's comparable per-epoch convergence")
         else:
-            s += " — more epochs than the baselines, unlike the paper's comparable per-epoch convergence"
+            s += (" — the intervals reach above 1.25× but include 1×: comparable per-epoch convergence is neither "
+                  "established nor ruled out")
     obs.append(s + ".")
-    obs += xbar_epochs(runs, ns, ref_net)
+    obs += xbar_epochs(runs, ns, seeds, ref_net)
     worst = 0.0
     for n in ns:
-        for a in ALGO_TITLES:
-            curves = [find(runs, net, n, a) for net in networks]
-            curves = [c["curve"] for c in curves if c]
-            for points in zip(*curves):
-                losses = [p["train_loss"] for p in points]
-                worst = max(worst, max(losses) - min(losses))
+        for a in algorithms:
+            for seed in seeds:
+                curves = [c["curve"] for c in (find(runs, net, n, a, seed) for net in networks) if c]
+                for points in zip(*curves):
+                    losses = [p["train_loss"] for p in points]
+                    worst = max(worst, max(losses) - min(losses))
     same = "0 (identical)" if worst == 0 else f"{worst:.2g}"
-    obs.append(f"The networks change only the timing: for the same algorithm and n, the training loss at every "
-               f"evaluation differs by at most {same} across the {len(networks)} networks.")
+    obs.append(f"The networks change only the timing: for the same algorithm, n and seed, the training loss at "
+               f"every evaluation differs by at most {same} across the {len(networks)} networks.")
 
-    # 2. Speed-ups per network.
+    # 2. Speed-ups per network and baseline, with their intervals.
     for net in networks:
-        rows = [s for s in speedups if s["network"] == net]
-        for key in ("ps", "allreduce"):
+        rows = [s for s in speedup_rows if s["network"] == net]
+        for key in baselines:
             valid = [s for s in rows if not math.isnan(s[f"speedup_vs_{key}"])]
             if not valid:
                 continue
             best = max(valid, key=lambda s: s[f"speedup_vs_{key}"])
-            trend = ", ".join(f"n={s['peers']} {s[f'speedup_vs_{key}']:.2f}×" for s in valid)
-            obs.append(f"{NET_TITLES[net][0].upper() + NET_TITLES[net][1:]}, D-PSGD vs {ALGO_SHORT[key]}: {trend}. At n = {best['peers']} "
-                       f"D-PSGD reached loss {best['target_loss']:.2f} in {fmt_s(best['time_dpsgd_s'])} s vs "
-                       f"{fmt_s(best[f'time_{key}_s'])} s for {ALGO_SHORT[key]} "
-                       f"({best[f'speedup_vs_{key}']:.2f}×, {verdict(best[f'speedup_vs_{key}'])}).")
+            trend = ", ".join(f"n={s['peers']} {fmt_x_ci(s, key, mark=False)}" for s in valid)
+            obs.append(f"{NET_TITLES[net][0].upper() + NET_TITLES[net][1:]}, D-PSGD vs {ALGO_SHORT[key]}: {trend}. "
+                       f"At n = {best['peers']} D-PSGD reached loss {best['target_loss']:.2f} in "
+                       f"{fmt_s_ci(best['time_dpsgd_s'], best['time_dpsgd_s_ci95'])} s vs "
+                       f"{fmt_s_ci(best[f'time_{key}_s'], best[f'time_{key}_s_ci95'])} s for {ALGO_SHORT[key]} "
+                       f"({verdict(best, key)}).")
+    unresolved = [(s, k) for s in speedup_rows for k in baselines + ["best"] if s[f"resolved_vs_{k}"] == "no"]
+    if len(seeds) > 1:
+        if unresolved:
+            obs.append("Not resolved at 95 % (the interval contains 1×, so these differences could be noise across "
+                       "seeds): " + "; ".join(f"D-PSGD vs {BASELINE_SHORT[k]}, {NET_TITLES[s['network']]}, "
+                                              f"n = {s['peers']} ({fmt_x_ci(s, k, mark=False)})"
+                                              for s, k in unresolved) + ".")
+        else:
+            obs.append("Every speed-up's 95 % interval excludes 1×: each difference is resolved.")
 
     # 3. Why: per-step time and traffic at the largest n.
     n = ns[-1]
     for net in networks:
-        rs = {a: find(runs, net, n, a) for a in ALGO_TITLES}
-        if not all(rs.values()):
+        ss = {a: setting_of(settings, net, n, a) for a in algorithms}
+        if not all(ss.values()):
             continue
-        obs.append(f"Why, {NET_TITLES[net]} at n = {n}: seconds per step D-PSGD {rs['dpsgd']['s_per_step']:.4g}, "
-                   f"PS {rs['ps']['s_per_step']:.4g}, all-reduce {rs['allreduce']['s_per_step']:.4g}; peer 0 sent "
-                   f"{ek.human_bytes(rs['dpsgd']['bytes_sent_peer0_per_step'])}, "
-                   f"{ek.human_bytes(rs['ps']['bytes_sent_peer0_per_step'])} (the server) and "
-                   f"{ek.human_bytes(rs['allreduce']['bytes_sent_peer0_per_step'])} per step.")
+        obs.append(f"Why, {NET_TITLES[net]} at n = {n}: seconds per step " +
+                   ", ".join(f"{ALGO_SHORT[a]} {fmt_s_ci(s['s_per_step'], s['s_per_step_ci95'])}"
+                             for a, s in ss.items()) +
+                   "; peer 0 sent " + ", ".join(ek.human_bytes(s["bytes_sent_peer0_per_step"]) + PEER0_ROLE.get(a, "")
+                                                for a, s in ss.items()) +
+                   " per step (same order).")
     for net in networks:
         growth = []
-        for a in ALGO_TITLES:
-            lo, hi = find(runs, net, ns[0], a), find(runs, net, ns[-1], a)
+        for a in algorithms:
+            lo, hi = setting_of(settings, net, ns[0], a), setting_of(settings, net, ns[-1], a)
             if lo and hi and len(ns) > 1:
                 growth.append(f"{ALGO_SHORT[a]} {hi['s_per_step'] / lo['s_per_step']:.2f}×")
         if growth:
-            obs.append(f"Time per step from n = {ns[0]} to n = {ns[-1]} ({NET_TITLES[net]}): " + ", ".join(growth) + ".")
+            obs.append(f"Time per step from n = {ns[0]} to n = {ns[-1]} ({NET_TITLES[net]}, means): " +
+                       ", ".join(growth) + ".")
 
-    # 4. Against the paper.
-    slow = [s for s in speedups if s["network"] != "fast"]
+    # 4. Against the paper: its claim is over well-optimized centralized SGD, so the measure
+    # is the speed-up over the fastest baseline of each seed, not over the ring alone.
+    slow = [s for s in speedup_rows if s["network"] != "fast" and not math.isnan(s["speedup_vs_best"])]
     if slow:
-        best_key, best = max(((k, s) for s in slow for k in ("ps", "allreduce") if not math.isnan(s[f"speedup_vs_{k}"])),
-                             key=lambda t: t[1][f"speedup_vs_{t[0]}"], default=(None, None))
-        if best:
-            b = best[f"speedup_vs_{best_key}"]
-            if b >= PAPER_MAX_SPEEDUP / 2:
-                word = "agrees with the paper's \"up to one order of magnitude\" in slow networks"
-            elif b >= 1.2:
-                word = ("agrees in direction with the paper (D-PSGD is faster in a slow network) but is smaller "
-                        "than its up to ~10×")
-            else:
-                word = "disagrees with the paper: D-PSGD was not faster in a slow network here"
-            obs.append(f"Largest speed-up in a slow network: {b:.2f}× over {ALGO_SHORT[best_key]} "
-                       f"({NET_TITLES[best['network']]}, n = {best['peers']}); this {word}.")
-            if best_key == "allreduce":
-                obs.append("That all-reduce is the ring, the worst all-reduce for latency: 2(n − 1) = "
-                           f"{2 * (best['peers'] - 1)} dependent transfers a step. Against latency-optimal all-reduces "
-                           "the win is smaller: at 10 ms on 16 peers experiments/gossip measured D-PSGD's step 3.4× "
-                           "faster than recursive doubling's and 6.5× than a binomial tree's (23.9× than the ring's), "
-                           "and against the parameter server here it is 1.2–1.9× at high latency.")
-        lowest = [(k, s) for s in slow for k in ("ps", "allreduce")
-                  if not math.isnan(s[f"speedup_vs_{k}"]) and s[f"speedup_vs_{k}"] < 1.2]
-        if lowest:
-            parts = ", ".join(f"{ALGO_SHORT[k]} in {NET_TITLES[s['network']]} at n = {s['peers']} "
-                              f"({s[f'speedup_vs_{k}']:.2f}×)" for k, s in lowest)
-            obs.append(f"Where D-PSGD was not clearly faster in a slow network: {parts}.")
-    fast = [s for s in speedups if s["network"] == "fast"]
+        best = max(slow, key=lambda s: s["speedup_vs_best"])
+        b, lo = best["speedup_vs_best"], best["speedup_vs_best_lo"]
+        sure = math.isnan(lo) or lo > 1
+        if b >= PAPER_MAX_SPEEDUP / 2 and sure:
+            word = "agrees with the paper's \"up to one order of magnitude\" in slow networks"
+        elif b >= 1.2 and sure:
+            word = ("agrees in direction with the paper (D-PSGD is faster in a slow network) but is smaller "
+                    "than its up to ~10×")
+        elif not sure:
+            word = "is not resolved at 95 %, so it neither confirms nor refutes the paper here"
+        else:
+            word = "disagrees with the paper: D-PSGD was not faster than every centralized baseline in a slow network"
+        obs.append(f"Largest speed-up over the fastest centralized baseline in a slow network: "
+                   f"{fmt_x_ci(best, 'best', mark=False)} ({NET_TITLES[best['network']]}, n = {best['peers']}, "
+                   f"fastest baseline: {' / '.join(ALGO_SHORT[k] for k in best['best_baseline'].split('/') if k)}); "
+                   f"this {word}.")
+    # The ring is the worst all-reduce for latency: the latency win is measured against the tree too.
+    ring = [s for s in speedup_rows if s["network"] == "highlat" and not math.isnan(s["speedup_vs_allreduce"])]
+    if ring and "tree" in baselines:
+        top = max(ring, key=lambda s: s["speedup_vs_allreduce"])
+        if not math.isnan(top["speedup_vs_tree"]):
+            obs.append(f"The largest speed-up over ring all-reduce at high latency, "
+                       f"{fmt_x_ci(top, 'allreduce', mark=False)} (n = {top['peers']}), is against the worst "
+                       f"all-reduce for latency: {ring_hops(top['peers'])} dependent transfers a step. The binomial "
+                       f"tree needs {tree_hops(top['peers'])}, and over it D-PSGD is "
+                       f"{fmt_x_ci(top, 'tree', mark=False)} ({verdict(top, 'tree')}); over the parameter server "
+                       f"(two transfers) {fmt_x_ci(top, 'ps', mark=False)}. Recursive doubling "
+                       f"({tree_hops(top['peers']) // 2} rounds) would be faster still; it is not run here (see "
+                       f"experiments/gossip).")
+    fast = [s for s in speedup_rows if s["network"] == "fast"]
     if fast:
-        parts = ", ".join(f"n={s['peers']}: {fmt_x(s['speedup_vs_ps'])} over PS, {fmt_x(s['speedup_vs_allreduce'])} "
-                          f"over all-reduce" for s in fast)
+        parts = ", ".join(f"n={s['peers']}: " + ", ".join(f"{fmt_x_ci(s, k, mark=False)} over {ALGO_SHORT[k]}"
+                                                          for k in baselines) for s in fast)
         obs.append(f"Fast network: {parts}. Without emulated limits the step time is set by the peers sharing "
                    f"this machine's cores, not by the network.")
     return obs
 
 
-def explanations(runs, speedups):
-    """Plain statements of where and why the setup changes the outcome, each with a number."""
+def explanations(runs, settings):
+    """Plain statements of where and why the setup changes the outcome, each with a number
+    (means over the seeds)."""
     out = []
-    ns = sorted({r["peers"] for r in runs})
+    _, ns, _, algorithms = present(runs)
     n = ns[-1]
-    lb = {a: find(runs, "lowbw", n, a) for a in ALGO_TITLES}
-    if all(lb.values()):
+
+    def at(net):
+        ss = {a: setting_of(settings, net, n, a) for a in algorithms}
+        return ss if all(ss.values()) and {"dpsgd", "ps", "allreduce"} <= set(ss) else None
+
+    sps = lambda s: f"{s['s_per_step']:.3g} s"  # noqa: E731
+    sent = lambda s: ek.human_bytes(s["bytes_sent_peer0_per_step"])  # noqa: E731
+    lb = at("lowbw")
+    if lb:
         out.append(
-            f"**Low bandwidth, all-reduce.** Ring all-reduce sends 2(n−1)/n model sizes per peer per step and D-PSGD on "
-            f"a ring sends 2 (measured at n = {n}: {ek.human_bytes(lb['allreduce']['bytes_sent_peer0_per_step'])} vs "
-            f"{ek.human_bytes(lb['dpsgd']['bytes_sent_peer0_per_step'])} per step), so when every card is capped at the "
-            f"same rate neither has a busiest node and D-PSGD cannot win by much: measured "
-            f"{lb['dpsgd']['s_per_step']:.3g} s vs {lb['allreduce']['s_per_step']:.3g} s per step. The paper's advantage "
-            f"is over centralized schemes whose busiest node carries O(n) traffic, like the parameter server here "
-            f"({ek.human_bytes(lb['ps']['bytes_sent_peer0_per_step'])} per step at the server, "
-            f"{lb['ps']['s_per_step']:.3g} s per step).")
+            f"**Low bandwidth, ring all-reduce.** Ring all-reduce sends 2(n−1)/n model sizes per peer per step and "
+            f"D-PSGD on a ring sends 2 (measured at n = {n}: {sent(lb['allreduce'])} vs {sent(lb['dpsgd'])} per step), "
+            f"so when every card is capped at the same rate neither has a busiest node and D-PSGD cannot win by much: "
+            f"measured {sps(lb['dpsgd'])} vs {sps(lb['allreduce'])} per step. The paper's advantage is over "
+            f"centralized schemes whose busiest node carries O(n) traffic, like the parameter server here "
+            f"({sent(lb['ps'])} per step at the server, {sps(lb['ps'])} per step).")
+        if "tree" in lb:
+            out.append(
+                f"**Low bandwidth, tree all-reduce.** Each of the tree's {tree_hops(n)} rounds sends the whole model "
+                f"and waits for the round before it, so a step is a chain of {tree_hops(n)} model-sized transfers, "
+                f"{tree_hops(n) // 2} of them from the root's card in the broadcast ({sent(lb['tree'])} per step from "
+                f"peer 0, the root): {sps(lb['tree'])} per step, "
+                f"{lb['tree']['s_per_step'] / lb['dpsgd']['s_per_step']:.2f} times D-PSGD's. The tree saves latency, "
+                f"not bandwidth.")
         out.append(
-            "**Sender-side emulation.** peertrain caps what a peer sends, not what it receives, so the n−1 gradients "
-            f"the workers push to the server arrive in parallel; only the server's broadcast of n−1 models is "
-            f"serialized on its card (measured at n = {n}: {lb['ps']['s_per_step']:.3g} s per step, "
-            f"{lb['ps']['s_per_step'] / (lb['dpsgd']['s_per_step'] / 2):.3g} times D-PSGD's time per model sent; "
-            f"n − 1 = {n - 1}). "
-            "On a real 10 Mbit/s network the server's incoming link would serialize the n−1 pushes as well (not "
-            "measured here), so the speed-up over the parameter server here understates that network's.")
-    hl = {a: find(runs, "highlat", n, a) for a in ALGO_TITLES}
-    if all(hl.values()):
+            "**Sender-side emulation.** This experiment caps what a peer sends (`node_bandwidth_mbps`), not what it "
+            "receives (no `node_ingress_mbps`), so the n−1 gradients the workers push to the server arrive in "
+            f"parallel; only the server's broadcast of n−1 models is serialized on its card (measured at n = {n}: "
+            f"{sps(lb['ps'])} per step, {lb['ps']['s_per_step'] / (lb['dpsgd']['s_per_step'] / 2):.3g} times "
+            f"D-PSGD's time per model sent; n − 1 = {n - 1}). On a real 10 Mbit/s network the server's incoming link "
+            "would serialize the n−1 pushes as well (not measured here), so the speed-up over the parameter server "
+            "here understates that network's.")
+    hl = at("highlat")
+    if hl:
+        tree = (f", the tree all-reduce {tree_hops(n)} ({sps(hl['tree'])})" if "tree" in hl else "")
         out.append(
-            f"**High latency.** Ring all-reduce runs 2(n−1) dependent transfers per step, each waiting for a link's "
-            f"latency (measured {hl['allreduce']['s_per_step']:.3g} s per step at n = {n}), the parameter server two "
-            f"({hl['ps']['s_per_step']:.3g} s), D-PSGD one exchange with its neighbours "
-            f"({hl['dpsgd']['s_per_step']:.3g} s).")
-    fast = {a: find(runs, "fast", n, a) for a in ALGO_TITLES}
-    if all(fast.values()):
+            f"**High latency.** Ring all-reduce runs {ring_hops(n)} dependent transfers per step at n = {n}, each "
+            f"waiting for a link's latency (measured {sps(hl['allreduce'])} per step){tree}, the parameter server two "
+            f"({sps(hl['ps'])}), D-PSGD one exchange with its neighbours ({sps(hl['dpsgd'])}).")
+    fast = at("fast")
+    if fast:
         out.append(
             f"**Fast network on one machine.** All {n} peers share this machine's cores, so there is no parallel "
-            f"speed-up with n: the step time grows with n for every algorithm (here {fast['dpsgd']['s_per_step']:.3g} s "
-            f"per step for D-PSGD at n = {n}), and bytes are copied by the same cores that compute gradients. In the "
-            f"paper each worker had its own GPU, so adding workers did not take compute from the others.")
+            f"speed-up with n: the step time grows with n for every algorithm (here {sps(fast['dpsgd'])} per step "
+            f"for D-PSGD at n = {n}), and bytes are copied by the same cores that compute gradients. In the paper "
+            f"each worker had its own GPU, so adding workers did not take compute from the others.")
     return out
 
 
-def write_readme(results, runs, speedups, targets, figures, meta, networks_desc):
-    ns = sorted({r["peers"] for r in runs})
-    networks = [n for n in NET_ORDER if any(r["network"] == n for r in runs)]
+def epochs_note(meta, epochs):
+    """Why the full run trains one epoch: the time budget of the seeds (from this run's own
+    duration)."""
+    total = float(meta.get("total_s", 0) or 0)
+    if meta.get("mode") != "full" or epochs >= 2 or total <= 0:
+        return ""
+    return (f" One epoch, not two as in the single-seed version of this experiment: the seeds and the tree "
+            f"baseline quadruple the trainings, and two epochs would have taken about {ek.clock(2 * total)} here "
+            f"instead of {ek.clock(total)}; one epoch buys the confidence intervals, and every run still reaches "
+            f"the target loss.")
+
+
+def write_readme(results, runs, settings, speedup_rows, targets, figures, meta, networks_desc):
+    networks, ns, seeds, algorithms = present(runs)
     r0 = runs[0]
     params = r0["parameters"]
     msg = 4 * params
     full_params = ek.mlp_parameters("512,512")
     full_msg = 4 * full_params
+    first = lambda n: setting_of(settings, networks[0], n, "dpsgd")  # noqa: E731
     lines = [
         "# Lian et al. 2017 on one machine: D-PSGD vs centralized SGD under slow networks",
         "",
         "Generated by `experiments/lian2017/report.py` from the CSVs in this folder; every number below is read "
         "from the runs' `metrics.csv` and `summary.json`.",
         "",
+        "## Headline",
+        "",
+    ]
+    lines += [f"- {h}" for h in headline(runs, settings, speedup_rows)]
+    lines += [
+        "",
         "## Setup",
         "",
         ek.machine_section(meta),
-        f"- Algorithms: {', '.join(ALGO_TITLES.values())} (`--algorithm dpsgd|ps|allreduce`); peers n = "
+        f"- Algorithms: {', '.join(ALGO_TITLES[a] + f' (`{ALGO_FLAGS[a]}`)' for a in algorithms)}; peers n = "
         f"{', '.join(str(n) for n in ns)}; every peer is a process on this machine, so wall time grows with n.",
         f"- Model: MLP 784-{r0['hidden'].replace(',', '-')}-10, {params:,} parameters, {ek.human_bytes(msg)} per "
         f"message ({msg * 8 / 1e7:.3g} s at 10 Mbit/s). Why so small: the full 784-512-512-10 MLP has "
@@ -492,49 +779,81 @@ def write_readme(results, runs, speedups, targets, figures, meta, networks_desc)
         f"communication-bound, the regime the paper studies.",
         "- Training loss: each peer's minibatch loss on its own model (for D-PSGD the local models, not x̄), "
         "averaged over the peers and the steps since the previous evaluation.",
-        f"- Data: Fashion-MNIST, iid shards; batch {r0['batch']} per peer; lr {r0['lr']}; momentum 0.9; seed "
-        f"{r0['seed']}; " + "; ".join(f"n = {n}: {find(runs, networks[0], n, 'dpsgd')['steps']} steps "
-                                       f"({find(runs, networks[0], n, 'dpsgd')['epochs']:.3g} epochs), "
-                                       f"evaluation every {find(runs, networks[0], n, 'dpsgd')['eval_every']} steps"
-                                       for n in ns if find(runs, networks[0], n, "dpsgd")) + ".",
-        "- Networks (emulated by each sender: frames leave `latency_ms` after they are queued, a token bucket caps "
-        "the rate):",
+        f"- Data: Fashion-MNIST, iid shards; batch {r0['batch']} per peer; lr {r0['lr']}; momentum 0.9; " +
+        "; ".join(f"n = {n}: {first(n)['steps']} steps ({first(n)['epochs']:.3g} epochs), evaluation every "
+                  f"{first(n)['eval_every']} steps" for n in ns if first(n)) + "." + epochs_note(meta, r0["epochs"]),
+        f"- Seeds: {', '.join(str(s) for s in seeds)}. A seed fixes the model's initialization, the shards and the "
+        "batches, so every algorithm of one seed starts from the same model and sees the same data: the runs are "
+        "paired by seed. " +
+        ("Tables give means with 95 % confidence intervals over the seeds (Student's t, "
+         f"{len(seeds) - 1} degree(s) of freedom: t = {ek.T975[min(len(seeds) - 1, len(ek.T975)) - 1]}). A speed-up "
+         "is a ratio of times, computed per seed (same seed, network and n) and averaged on the log scale: the "
+         "geometric mean of the per-seed ratios, with the t-interval of the log ratios exponentiated (so it is not "
+         "symmetric, and can differ slightly from the ratio of the mean times). † marks an interval that contains "
+         "1×: that difference is not resolved at 95 %." if len(seeds) > 1 else
+         "One seed: no confidence intervals."),
+        "- Networks (emulated by each sender, docs/net.md, \"Link emulation\": a frame leaves `latency_ms` after it "
+        "is queued; the bandwidth is a wire clock: a frame goes out in pieces, each handed to the socket once its "
+        "last byte would have crossed the wire — the link's and the card's, the slower of the two — after the bytes "
+        "before it; nothing is saved up while a link is idle, so every message pays its full serialization time):",
     ]
     lines += [f"  - **{NET_TITLES.get(n['network'], n['network'])}** (`{n['network']}`): {n['description']}"
               for n in networks_desc]
     lines += [
         "- Time: peer 0's summed step time (`wall_s` of peer 0). The other peers' `wall_s` also counts the time "
         "they wait while peer 0 evaluates x̄ (see the notes), which is not training.",
-        "- Target loss per n: the highest training loss (smoothed over 3 evaluations) that any run with that n had "
-        "half-way through, rounded up to 0.01, so every run reaches it while its loss still falls; the time to it "
-        "is interpolated between the two evaluations around the crossing. Targets: " +
-        ", ".join(f"n = {n}: {t:.2f}" for n, t in sorted(targets.items())) + ".",
-        "- Files: `runs/<network>-n<N>-<algorithm>/` (metrics.csv, summary.json, topology.yaml, logs, "
-        "command.txt); `runs.csv` (one row per run), `curves.csv` (every evaluation of every run), `speedup.csv`.",
+        "- Target loss per n: the highest training loss (smoothed over 3 evaluations) that any run with that n "
+        "(every algorithm, network and seed) had half-way through, rounded up to 0.01, so every run reaches it "
+        "while its loss still falls; the time to it is interpolated between the two evaluations around the "
+        "crossing. Targets: " + ", ".join(f"n = {n}: {t:.2f}" for n, t in sorted(targets.items())) + ".",
+        "- Files: `runs/<network>-n<N>-<algorithm>-s<seed>/` (metrics.csv, summary.json, topology.yaml, logs, "
+        "command.txt; `allreduce` is the ring, `tree` the binomial tree); `runs.csv` (one row per run), "
+        "`curves.csv` (every evaluation of every run), `settings.csv` (per network, n and algorithm: means and CI "
+        "half-widths over the seeds), `speedup_seeds.csv` (the paired ratios, one row per seed), `speedup.csv` "
+        "(their geometric means and intervals).",
         "",
         "## Figures",
         "",
         ek.md_table(["figure", "file"], [(t, f"[{n}]({n})") for n, t in figures]),
         "",
-        "## Speed-up of D-PSGD in reaching the target loss",
+        "## Time to the target loss (s, mean ± 95 % CI over seeds)",
         "",
     ]
-    rows = [(NET_TITLES[s["network"]], s["peers"], f"{s['target_loss']:.2f}", fmt_s(s["time_dpsgd_s"]),
-             fmt_s(s["time_ps_s"]), fmt_s(s["time_allreduce_s"]), fmt_x(s["speedup_vs_ps"]),
-             fmt_x(s["speedup_vs_allreduce"])) for s in speedups]
-    lines += [ek.md_table(["network", "n", "target loss", "D-PSGD s", "PS s", "all-reduce s", "speed-up over PS",
-                           "speed-up over all-reduce"], rows), ""]
-    lines += ["## Runs", ""]
-    rows = [(NET_TITLES[r["network"]], r["peers"], ALGO_SHORT[r["algorithm"]], r["steps"], f"{r['epochs']:.3g}",
-             f"{r['final_train_loss']:.4f}", f"{r['test_accuracy']:.4f}", f"{r['s_per_step']:.4g}",
-             ek.human_bytes(r["bytes_sent_peer0_per_step"]), f"{r['wall_s_peer0']:.1f}") for r in runs]
-    lines += [ek.md_table(["network", "n", "algorithm", "steps", "epochs", "final training loss", "x̄ test accuracy",
-                           "s/step", "peer 0 sent/step", "wall s (peer 0)"], rows), ""]
+    header = ["network", "n", "target loss"] + [f"{ALGO_SHORT[a]} s" for a in algorithms]
+    rows = [[NET_TITLES[s["network"]], s["peers"], f"{s['target_loss']:.2f}"] +
+            [fmt_s_ci(s[f"time_{a}_s"], s[f"time_{a}_s_ci95"]) for a in algorithms] for s in speedup_rows]
+    lines += [ek.md_table(header, rows), ""]
+    baselines = [k for k in BASELINES if k in algorithms]
+    lines += ["## Speed-up of D-PSGD in reaching the target loss", "",
+              "Time of the baseline over the time of D-PSGD" +
+              (", per seed; geometric mean [95 % CI]. † the interval contains 1×: not resolved at 95 %."
+               if len(seeds) > 1 else " (one seed)."), ""]
+    header = ["network", "n"] + [f"over {ALGO_SHORT[k]}" for k in baselines] + ["over the fastest baseline",
+                                                                                 "fastest baseline"]
+    rows = [[NET_TITLES[s["network"]], s["peers"]] + [fmt_x_ci(s, k) for k in baselines] +
+            [fmt_x_ci(s, "best"), " / ".join(ALGO_SHORT[k] for k in s["best_baseline"].split("/") if k)]
+            for s in speedup_rows]
+    lines += [ek.md_table(header, rows), ""]
+    lines += [f"## Runs (per setting: mean ± 95 % CI over {len(seeds)} seed(s); every run in runs.csv)", ""]
+    rows = []
+    for net in networks:
+        for n in ns:
+            for a in algorithms:
+                s = setting_of(settings, net, n, a)
+                if s:
+                    rows.append((NET_TITLES[net], n, ALGO_SHORT[a], s["seeds"], s["steps"], f"{s['epochs']:.3g}",
+                                 ek.fmt_ci(s["final_train_loss"], half(s["final_train_loss_ci95"]), digits=4),
+                                 ek.fmt_ci(s["test_accuracy"], half(s["test_accuracy_ci95"]), digits=4),
+                                 fmt_s_ci(s["s_per_step"], s["s_per_step_ci95"]),
+                                 ek.human_bytes(s["bytes_sent_peer0_per_step"]),
+                                 fmt_s_ci(s["wall_s_peer0"], s["wall_s_peer0_ci95"])))
+    lines += [ek.md_table(["network", "n", "algorithm", "seeds", "steps", "epochs", "final training loss",
+                           "x̄ test accuracy", "s/step", "peer 0 sent/step", "wall s (peer 0)"], rows), ""]
     lines += ["## Plots", ""]
     for name, title in figures:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
-    lines += ["## Observations (computed from runs.csv, curves.csv and speedup.csv)", ""]
-    lines += [f"- {o}" for o in observations(runs, speedups, targets)]
+    lines += ["## Observations (computed from runs.csv, curves.csv, settings.csv and speedup.csv)", ""]
+    lines += [f"- {o}" for o in observations(runs, settings, speedup_rows)]
     lines += [
         "",
         "## How this differs from the paper, and what that changes",
@@ -545,7 +864,7 @@ def write_readme(results, runs, speedups, targets, figures, meta, networks_desc)
         f"- **Here:** a {params:,}-parameter MLP on Fashion-MNIST, n ≤ {ns[-1]}, all peers as processes on one "
         f"{meta.get('nproc', '?')}-core machine over loopback TCP, bandwidth and latency emulated by the sender.",
     ]
-    lines += [f"- {e}" for e in explanations(runs, speedups)]
+    lines += [f"- {e}" for e in explanations(runs, settings)]
     lines += [
         "",
         "## Notes",
@@ -555,7 +874,7 @@ def write_readme(results, runs, speedups, targets, figures, meta, networks_desc)
         "grows with the number of evaluations. This report uses peer 0's `wall_s` for that reason; `runs.csv` keeps "
         "both (`wall_s`, `wall_s_peer0`).",
         "- peertrain's `bytes_sent` counts the evaluation reports peers 1..n−1 send to peer 0; bytes per step here "
-        "are peer 0's, which sends none (for PS, peer 0 is the server).",
+        "are peer 0's, which sends none (for PS, peer 0 is the server; for the tree, the root).",
         "",
     ]
     with open(os.path.join(results, "README.md"), "w") as f:
@@ -569,14 +888,20 @@ def main():
     runs = load(results)
     meta = ek.read_json(os.path.join(results, "meta.json"))
     networks_desc = ek.read_tsv(os.path.join(results, "networks.tsv"))
-    targets, speedups = targets_and_speedups(runs)
+    targets = targets_and_times(runs)
+    settings = aggregate(runs)
+    per_seed, speedup_rows = speedups(runs, targets)
     ek.write_csv(os.path.join(results, "runs.csv"), RUN_FIELDS, runs)
     ek.write_csv(os.path.join(results, "curves.csv"), CURVE_FIELDS,
-                 [dict(p, label=r["label"], network=r["network"], peers=r["peers"], algorithm=r["algorithm"])
-                  for r in runs for p in r["curve"]])
-    ek.write_csv(os.path.join(results, "speedup.csv"), SPEEDUP_FIELDS, speedups)
-    figures = plot_all(results, runs, speedups, targets)
-    write_readme(results, runs, speedups, targets, figures, meta, networks_desc)
+                 [dict(p, label=r["label"], network=r["network"], peers=r["peers"], algorithm=r["algorithm"],
+                       seed=r["seed"]) for r in runs for p in r["curve"]])
+    ek.write_csv(os.path.join(results, "settings.csv"), SETTING_FIELDS,
+                 [settings[k] for k in sorted(settings, key=lambda k: (NET_ORDER.index(k[0]), k[1],
+                                                                       list(ALGO_TITLES).index(k[2])))])
+    ek.write_csv(os.path.join(results, "speedup_seeds.csv"), SPEEDUP_SEED_FIELDS, per_seed)
+    ek.write_csv(os.path.join(results, "speedup.csv"), SPEEDUP_FIELDS, speedup_rows)
+    figures = plot_all(results, runs, settings, speedup_rows, targets)
+    write_readme(results, runs, settings, speedup_rows, targets, figures, meta, networks_desc)
 
 
 if __name__ == "__main__":

@@ -142,10 +142,10 @@ the grid, against the best measured strategy of the grid with W workers (target:
     text += f"""
 ## Across peers
 
-`peertrain plan --topology FILE --algorithm A --cores {meta.get("nproc", "?")}` for every run of the
-lian2017 experiment (its committed measurements in `experiments/lian2017/results/runs.csv`:
-peer 0's seconds per step; MLP 784-32-10, batch 32, every peer a process of that 2-core
-machine), from the run's own topology file. Target: within 20 %: **{within} of {len(peers)}**.
+`peertrain plan --topology FILE --algorithm A [--allreduce-algo tree] --cores {meta.get("nproc", "?")}` for
+every seed-1 run of the lian2017 experiment (its committed measurements in
+`experiments/lian2017/results/runs.csv`: peer 0's seconds per step; MLP 784-32-10, batch 32,
+every peer a process of that 2-core machine), from the run's own topology file. Target: within 20 %: **{within} of {len(peers)}**.
 
 {ek.md_table(["run", "measured ms/step", "predicted ms/step", "error", "what holds it back (predicted)"], prow)}
 """

@@ -131,17 +131,24 @@ for workers in 2 4; do
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$name" "$pflags" "$pstep" "$step" "$stages" >> "$out/search.tsv"
   echo "  plan --workers $workers picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms, measured $(json 'd*1e3' <<< "$step") ms"
 done
-# Across peers: every run of the lian2017 experiment (its committed measurements: the
-# seconds per step of peer 0), predicted from its topology file, on this machine's 2 cores
-# as those runs had them.
+# Across peers: every run of the lian2017 experiment with seed 1 (its committed
+# measurements: the seconds per step of peer 0; the other seeds step at the same pace),
+# predicted from its topology file, on this machine's 2 cores as those runs had them.
 lian=$PT_SCRIPT_DIR/../lian2017/results
 printf 'label\tmeasured_s\tpredicted_s\twhere\n' > "$out/peers.tsv"
-tail -n +2 "$lian/runs.csv" | while IFS=, read -r label _ _ algorithm hidden _ batch _ _ _ _ _ _ _ _ _ s_per_step _; do
-  predicted=$("$PEERTRAIN" plan --topology "$lian/runs/${label//\//-}/topology.yaml" --algorithm "$algorithm" --model mlp \
-    --hidden "$hidden" --batch "$batch" --cores "$(nproc)" --format json)
-  printf '%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$(json 'd["step_s"]' <<< "$predicted")" \
-    "$(json 'd["where"]' <<< "$predicted")" >> "$out/peers.tsv"
-done
+/usr/bin/python3 -c '
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    if r.get("seed", "1") == "1":
+        print(r["label"], r["algorithm"], r["hidden"], r["batch"], r["s_per_step"], r["run_dir"])' "$lian/runs.csv" |
+  while read -r label algorithm hidden batch s_per_step run_dir; do
+    flags=(--algorithm "$algorithm")
+    [[ $algorithm == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
+    predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
+      --hidden "$hidden" --batch "$batch" --cores "$(nproc)" --format json)
+    printf '%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$(json 'd["step_s"]' <<< "$predicted")" \
+      "$(json 'd["where"]' <<< "$predicted")" >> "$out/peers.tsv"
+  done
 echo "  across peers: $(($(wc -l < "$out/peers.tsv") - 1)) lian2017 runs predicted"
 pt_finish_meta "$out/meta.json"
 /usr/bin/python3 "$PT_SCRIPT_DIR/report.py" "$out"

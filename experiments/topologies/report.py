@@ -5,7 +5,9 @@ directories it names, writes runs.csv, curves.csv, the PNG plots and README.md.
 Usage: report.py RESULTS_DIR
 
 Every number in the README comes from the runs' metrics.csv / summary.json /
-inspect.json; the observations are computed, not written by hand.
+inspect.json; the observations are computed, not written by hand. Each setting (data,
+topology) ran over several seeds: its tables give the seed mean with a 95 % confidence
+interval, its differences are paired by seed, and its curves are seed means.
 """
 
 import math
@@ -35,16 +37,16 @@ COLORS = {
 }
 
 RUN_FIELDS = [
-    "label", "data", "topology", "algorithm", "peers", "hidden", "batch", "lr", "seed", "steps", "epochs",
+    "label", "model", "data", "topology", "algorithm", "peers", "hidden", "batch", "lr", "seed", "steps", "epochs",
     "spectral_gap", "contraction_per_step", "time_varying", "period",
     "test_accuracy", "mean_local_accuracy", "consensus_distance", "final_train_loss",
     "bytes_sent_per_peer", "bytes_per_peer_per_step", "train_bytes_per_peer_per_step_peer0",
-    "wall_s", "wall_s_peer0", "items_per_s", "mean_compute_s", "mean_comm_wait_s", "run_dir",
+    "wall_s", "wall_s_peer0", "items_per_s", "mean_compute_s", "mean_comm_wait_s", "val_bits_per_byte", "run_dir",
 ]
 CURVE_FIELDS = [
-    "label", "data", "topology", "algorithm", "step", "epoch", "train_loss", "avg_accuracy",
+    "label", "model", "data", "topology", "algorithm", "seed", "step", "epoch", "train_loss", "avg_accuracy",
     "mean_local_accuracy", "consensus_distance", "bytes_sent_mean", "bytes_sent_peer0",
-    "wall_s_peer0", "wall_s_max",
+    "wall_s_peer0", "wall_s_max", "avg_bits_per_byte",
 ]
 
 
@@ -63,12 +65,20 @@ def load(results):
         d = os.path.join(results, m["run_dir"])
         summary = ek.read_json(os.path.join(d, "summary.json"))
         inspect = ek.read_json(os.path.join(d, "inspect.json"))
-        curve = ek.per_evaluation(ek.read_metrics(os.path.join(d, "metrics.csv")))
+        rows = ek.read_metrics(os.path.join(d, "metrics.csv"))
+        curve = ek.per_evaluation(rows)
+        # The GPT's x̄ in bits per byte on held-out text: peer 0's row of each evaluation.
+        bpb = {r["step"]: r["avg_bits_per_byte"] for r in rows if r["peer"] == 0 and "avg_bits_per_byte" in r}
+        for p in curve:
+            p["avg_bits_per_byte"] = bpb.get(p["step"], "")
         exact = m["algorithm"] == "allreduce"
         steps = int(summary["steps"])
         period = inspect.get("period", {}).get("period", 1) if inspect.get("time_varying") else 1
         run = dict(m)
         run.update({
+            "model": m.get("model", "mlp"),
+            "seed": int(m["seed"]),
+            "val_bits_per_byte": float(summary["val_bits_per_byte"]) if "val_bits_per_byte" in summary else "",
             "peers": int(m["peers"]),
             "steps": steps,
             "epochs": float(summary["epochs"]),
@@ -94,6 +104,63 @@ def load(results):
         })
         runs.append(run)
     return runs
+
+
+# Averaged over the seeds of a setting; the other fields (graph, spectrum, steps) do not
+# depend on the seed and are the first seed's.
+MEAN_FIELDS = ["test_accuracy", "mean_local_accuracy", "consensus_distance", "final_train_loss", "wall_s",
+               "wall_s_peer0", "bytes_sent_per_peer", "bytes_per_peer_per_step", "train_bytes_per_peer_per_step_peer0",
+               "items_per_s", "mean_compute_s", "mean_comm_wait_s"]
+
+
+def aggregate(runs):
+    """One entry per (model, data, topology): every MEAN_FIELDS field (and the GPT's bits per
+    byte) as the seed mean with its 95 % half-width in FIELD_ci (None for one seed), the
+    curve as the seed mean evaluation by evaluation, the seed runs themselves in `runs`."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["model"], r["data"], r["topology"]), []).append(r)
+    out = []
+    for (model, _, _), rs in groups.items():
+        rs.sort(key=lambda r: r["seed"])
+        a = dict(rs[0])
+        a["runs"] = rs
+        a["seeds"] = [r["seed"] for r in rs]
+        for f in MEAN_FIELDS + (["val_bits_per_byte"] if model == "gpt" else []):
+            a[f], a[f + "_ci"] = ek.mean_ci95([r[f] for r in rs])
+        length = min(len(r["curve"]) for r in rs)
+        curve = []
+        for i in range(length):
+            points = [r["curve"][i] for r in rs]
+            p = {}
+            for k, v in points[0].items():
+                values = [q[k] for q in points]
+                p[k] = "" if "" in values else sum(values) / len(values)
+            p["step"] = points[0]["step"]
+            curve.append(p)
+        a["curve"] = curve
+        out.append(a)
+    return out
+
+
+def paired(a, b, field):
+    """(mean, 95 % half-width, seeds) of a's field minus b's over the seeds both ran."""
+    bs = {r["seed"]: r[field] for r in b["runs"]}
+    diffs = [r[field] - bs[r["seed"]] for r in a["runs"] if r["seed"] in bs]
+    if not diffs:
+        return None, None, 0
+    mean, half = ek.mean_ci95(diffs)
+    return mean, half, len(diffs)
+
+
+def resolved(mean, half):
+    """Whether a paired difference's 95 % interval excludes zero."""
+    return half is not None and abs(mean) > half
+
+
+def points_ci(mean, half):
+    """A difference of accuracies in percentage points, with its interval."""
+    return ek.fmt_ci(mean, half, scale=100.0, digits=2) + (" (one seed)" if half is None else "")
 
 
 def predict_steady_states(results, runs, meta):
@@ -206,14 +273,114 @@ def plot_all(results, runs, settings, alpha):
         return lines + ["plot " + ", \\\n  ".join(plots)]
 
     n = runs[0]["peers"]
+    n = f"{n} peers, mean of {len(runs[0]['seeds'])} seed(s)" if len(runs[0]["seeds"]) > 1 else f"{n} peers"
     figures.append(("accuracy_vs_epoch.png", "Test accuracy of the average model vs epoch",
-                    multiplot("accuracy_vs_epoch.png", f"{n} peers: test accuracy of x̄ vs epoch", panel_accuracy)))
+                    multiplot("accuracy_vs_epoch.png", f"{n}: test accuracy of x̄ vs epoch", panel_accuracy)))
     figures.append(("consensus_vs_step.png", "Consensus distance vs step, with the spectrum's steady-state prediction",
-                    multiplot("consensus_vs_step.png", f"{n} peers: consensus distance (solid) and the steady state predicted from W, scaled by the complete graph (dashed)",
+                    multiplot("consensus_vs_step.png", f"{n}: consensus distance (solid) and the steady state predicted from W, scaled by the complete graph (dashed)",
                               panel_consensus, height=540, panel_width=900)))
     figures.append(("accuracy_vs_bytes.png", "Test accuracy of the average model vs data sent per peer",
-                    multiplot("accuracy_vs_bytes.png", f"{n} peers: test accuracy of x̄ vs data sent per peer", panel_bytes)))
+                    multiplot("accuracy_vs_bytes.png", f"{n}: test accuracy of x̄ vs data sent per peer", panel_bytes)))
     return figures
+
+
+# ---------------------------------------------------------------- the GPT part
+
+def plot_gpt(results, gpt):
+    """x̄'s held-out bits per byte against the step, seed means, one line per topology."""
+    pd = os.path.join(results, "plotdata")
+    os.makedirs(pd, exist_ok=True)
+    plots = []
+    for r in gpt:
+        dat = os.path.join(pd, f"gpt-{r['topology']}.dat")
+        ek.write_dat(dat, ["step", "avg_bits_per_byte"],
+                     [[p["step"], p["avg_bits_per_byte"]] for p in r["curve"] if p["avg_bits_per_byte"] != ""])
+        plots.append(f"{ek.gp_quote(dat)} using 1:2 with linespoints lw 2 pt 7 ps 0.6 lc rgb '{COLORS[r['topology']]}' "
+                     f"title {ek.gp_quote(TOPO_TITLES[r['topology']])}")
+    name = "gpt_bits_per_byte.png"
+    seeds, peers = len(gpt[0]["seeds"]), gpt[0]["peers"]
+    title = f"GPT, {peers} peers: held-out bits per byte of x̄ (mean of {seeds} seed(s))"
+    ek.render(os.path.join(pd, "gpt_bits_per_byte.gp"), [
+        f"set terminal {ek.gnuplot_terminal()} size 800,520", f"set output {ek.gp_quote(os.path.join(results, name))}",
+        f"set title {ek.gp_quote(title)}",
+        "set grid", "set key top right box opaque", "set xlabel 'step (one batch of sequences per peer)'",
+        "set ylabel 'validation bits per byte of x̄ (lower is better)'", "plot " + ", \\\n  ".join(plots)],
+        os.path.join(results, name))
+    return name, "GPT: held-out bits per byte of x̄ vs step"
+
+
+def gpt_lines(gpt, figure):
+    """The GPT section of the README: a table with paired differences, the plot, and what
+    the numbers say."""
+    ref = next((r for r in gpt if r["algorithm"] == "allreduce"), None)
+    r0 = gpt[0]
+    words = open(os.path.join(r0["results"], r0["run_dir"], "command.txt")).read().split()
+    def flag(name):
+        return words[words.index(name) + 1] if name in words else "?"
+    rows = []
+    for r in gpt:
+        if ref and r is not ref:
+            d, half, _ = paired(r, ref, "val_bits_per_byte")
+            vs = ek.fmt_ci(d, half, digits=4) + (" *" if resolved(d, half) else "")
+        else:
+            vs = "—"
+        rows.append((TOPO_TITLES[r["topology"]], gap_cell(r), ek.fmt_ci(r["val_bits_per_byte"], r["val_bits_per_byte_ci"], digits=4),
+                     vs, ek.sci(r["consensus_distance"]), ek.human_bytes(r["bytes_per_peer_per_step"]), f"{r['wall_s']:.3g}"))
+    name, title = figure
+    lines = [
+        "## The GPT: bits per byte on a ring, an exponential graph and all-reduce",
+        "",
+        f"- Model: the byte-level GPT (`--model gpt`), d_model {flag('--d-model')}, {flag('--layers')} layers, "
+        f"{flag('--heads')} heads, context {flag('--seq')} bytes; batch {flag('--batch')} sequences per peer; Adam, lr "
+        f"{flag('--lr')} with linear warm-up and cosine decay, weight decay {flag('--weight-decay')}; {r0['steps']} steps; "
+        f"{r0['peers']} peers; seeds {', '.join(str(x) for x in r0['seeds'])}. Data: the fortunes text "
+        f"(`/usr/share/games/fortunes`), each peer its own shard; x̄ scored on {flag('--eval-windows')} held-out "
+        "windows, in bits per byte (the cross-entropy of the next byte, in bits).",
+        "",
+        ek.md_table(["topology", "spectral gap", "x̄ bits per byte", "x̄ − all-reduce", "consensus distance",
+                     "bytes/peer/step", "wall s"], rows),
+        "",
+        "Mean over the seeds ± the 95 % half-width; *x̄ − all-reduce* is paired by seed, * where its interval "
+        "excludes zero.",
+        "",
+        f"### {title}",
+        "",
+        f"![{title}]({name})",
+        "",
+    ]
+    return lines
+
+
+def gpt_observations(gpt):
+    ref = next((r for r in gpt if r["algorithm"] == "allreduce"), None)
+    if not ref:
+        return []
+    parts = []
+    for r in gpt:
+        if r is ref:
+            continue
+        d, half, k = paired(r, ref, "val_bits_per_byte")
+        verdict = ("resolved: " + ("worse" if d > 0 else "better") + " than all-reduce") if resolved(d, half) else \
+            "not resolved at 95 %"
+        parts.append(f"{TOPO_TITLES[r['topology']]} {ek.fmt_ci(d, half, digits=4)} bits per byte ({verdict})")
+    gossip = [r for r in gpt if r is not ref]
+    between = []
+    for i, a in enumerate(gossip):
+        for b in gossip[i + 1:]:
+            d, half, _ = paired(a, b, "val_bits_per_byte")
+            between.append(f"{TOPO_TITLES[a['topology']]} minus {TOPO_TITLES[b['topology']]} {ek.fmt_ci(d, half, digits=4)} "
+                           f"({'resolved' if resolved(d, half) else 'not resolved'} at 95 %)")
+    tail = ("; between the gossip graphs, paired by seed: " + "; ".join(between)) if between else ""
+    all_worse = all(resolved(*paired(r, ref, "val_bits_per_byte")[:2]) and paired(r, ref, "val_bits_per_byte")[0] > 0
+                    for r in gossip)
+    if between and all_worse and not any("(resolved" in b for b in between):
+        gaps = sorted(r["spectral_gap"] for r in gossip)
+        tail += (f". Graphs whose spectral gaps differ {gaps[-1] / gaps[0]:.0f}× end the same, so the gap to "
+                 "all-reduce is not the topology's but the update form's: each peer takes its own Adam step on its "
+                 "own gradient before the mix, where all-reduce steps once on the average gradient")
+    return [f"**The GPT.** All-reduce's x̄ reached {ek.fmt_ci(ref['val_bits_per_byte'], ref['val_bits_per_byte_ci'], digits=4)} "
+            f"bits per byte after {ref['steps']} steps; D-PSGD's x̄ minus that, paired by seed: " + "; ".join(parts)
+            + tail + "."]
 
 
 # ---------------------------------------------------------------- report
@@ -235,6 +402,11 @@ def contraction_cell(r):
     return f"{r['contraction_per_step']:.4g}"
 
 
+def acc_ci(r, field="test_accuracy"):
+    """An aggregated accuracy in percent, with its 95 % interval over the seeds."""
+    return ek.fmt_ci(r[field], r.get(field + "_ci"), scale=100.0, digits=2)
+
+
 def observations(runs, settings, alpha):
     obs = []
     for data in settings:
@@ -247,28 +419,66 @@ def observations(runs, settings, alpha):
         if best and worst:
             heading = data_title(data, alpha)
             if best is worst:
-                s = (f"**{heading}.** The average model x̄ reached {best['test_accuracy']:.4f} on the "
+                s = (f"**{heading}.** The average model x̄ reached {acc_ci(best)} % on the "
                      f"{TOPO_TITLES[best['topology']]} after {best['epochs']:.3g} epochs")
             else:
-                s = (f"**{heading}.** The average model x̄ reached {worst['test_accuracy']:.4f} on the "
-                     f"{TOPO_TITLES[worst['topology']]} (lowest) to {best['test_accuracy']:.4f} on the "
+                s = (f"**{heading}.** The average model x̄ reached {acc_ci(worst)} % on the "
+                     f"{TOPO_TITLES[worst['topology']]} (lowest seed mean) to {acc_ci(best)} % on the "
                      f"{TOPO_TITLES[best['topology']]} (highest) after {best['epochs']:.3g} epochs")
             if ref:
-                s += f"; the exact average (all-reduce) reached {ref['test_accuracy']:.4f}"
+                s += f"; the exact average (all-reduce) reached {acc_ci(ref)} %"
             obs.append(s + ".")
             # Where the gap to all-reduce comes from: on the complete graph W = J, so the topology
             # takes nothing away; what is left is the update form.
             complete = next((r for r in gossip if r["topology"] == "complete"), None)
-            if ref and complete and worst and ref["test_accuracy"] - complete["test_accuracy"] > 0.005:
+            if ref and complete:
+                gap, half, k = paired(complete, ref, "test_accuracy")
                 spread = best["test_accuracy"] - worst["test_accuracy"]
-                gap = ref["test_accuracy"] - complete["test_accuracy"]
-                obs.append(f"Where the gap to all-reduce comes from ({title}): the complete graph mixes with W = J, "
-                           f"an exact average, yet x̄ ended {100 * gap:.2f} points below all-reduce, while the "
-                           f"topologies differ among themselves by {100 * spread:.2f} points. The gap is the update "
-                           f"form's, not the topology's: in D-PSGD's cta step each peer takes its gradient at its "
-                           f"own model after its own momentum step, not at x̄ (experiments/gossip measures atc, D², "
-                           f"gradient tracking and quasi-global momentum against it). One seed: differences below "
-                           f"about 0.5 points are within its noise (experiments/consensus and gossip use 3).")
+                s = (f"Where the gap to all-reduce comes from ({title}): the complete graph mixes with W = J, an "
+                     f"exact average, yet x̄ ended {points_ci(gap, half)} points from all-reduce (paired over {k} "
+                     f"seeds, 95 % CI), while the topologies' means differ among themselves by at most "
+                     f"{100 * spread:.2f} points.")
+                if resolved(gap, half) and gap < 0:
+                    s += (" That gap is resolved, and it is the update form's, not the topology's: in D-PSGD's cta "
+                          "step each peer takes its gradient at its own model after its own momentum step, not at x̄ "
+                          "(experiments/heterogeneity splits it into the form's and the spectral gap's shares).")
+                else:
+                    s += " The complete graph's gap to all-reduce is not resolved at 95 %."
+                # The topology's own share: what a sparser graph adds to the complete graph's gap.
+                shares = [(r, *paired(r, complete, "test_accuracy")[:2]) for r in gossip if r is not complete]
+                if shares:
+                    worst_share = max(shares, key=lambda t: abs(t[1]))
+                    s += (" What the sparser graphs add to it, paired by seed (x̄ minus the complete graph's): "
+                          + ", ".join(f"{TOPO_TITLES[r['topology']]} {points_ci(d, h)}" for r, d, h in shares)
+                          + f"; the largest, the {TOPO_TITLES[worst_share[0]['topology']]}'s, is "
+                          + ("resolved" if resolved(worst_share[1], worst_share[2]) else "not resolved")
+                          + " at 95 %.")
+                    if gap < 0 and abs(worst_share[1]) < abs(gap):
+                        s += (f" Every topology's share is smaller than the complete graph's own gap "
+                              f"({100 * abs(gap):.2f} points): what separates D-PSGD from all-reduce here is "
+                              f"already there with W = J, so it is the update form's, not the topology's (in "
+                              f"D-PSGD's cta step each peer takes its gradient at its own model, not at x̄; "
+                              f"experiments/heterogeneity splits the two shares over α).")
+                obs.append(s)
+            # Which differences between topologies the seeds resolve (paired by seed).
+            pairs = [(a, b) for i, a in enumerate(gossip) for b in gossip[i + 1:]]
+            sure, unsure = [], []
+            for a, b in pairs:
+                d, half, _ = paired(a, b, "test_accuracy")
+                if d is None:
+                    continue
+                hi, lo = (a, b) if d > 0 else (b, a)
+                text = f"{TOPO_TITLES[hi['topology']]} over {TOPO_TITLES[lo['topology']]} by {points_ci(abs(d), half)}"
+                (sure if resolved(d, half) else unsure).append(text)
+            if sure or unsure:
+                s = f"x̄ accuracy between gossip topologies, paired by seed ({title}): "
+                s += (f"{len(sure)} of {len(sure) + len(unsure)} pairs resolved at 95 % ("
+                      + "; ".join(sure) + ")") if sure else f"none of the {len(unsure)} pairs is resolved at 95 %"
+                if unsure:
+                    widest = max(paired(a, b, "test_accuracy")[1] or 0.0 for a, b in pairs)
+                    s += (f"; the others are within their noise (intervals up to ± {100 * widest:.2f} points), "
+                          f"so they are not ranked")
+                obs.append(s + ".")
             # Local models vs the average.
             lags = [r["test_accuracy"] - r["mean_local_accuracy"] for r in gossip]
             parts = [f"{TOPO_TITLES[r['topology']]} {lag:+.4f}" for r, lag in zip(gossip, lags)]
@@ -347,11 +557,11 @@ def observations(runs, settings, alpha):
                 parts.append(f"{TOPO_TITLES[r['topology']]} x̄ {r['test_accuracy'] - base['test_accuracy']:+.4f}, "
                              f"local {r['mean_local_accuracy'] - base['mean_local_accuracy']:+.4f}")
         if parts:
-            obs.append(f"Non-iid minus iid accuracy: " + "; ".join(parts) + ".")
+            obs.append("Non-iid minus iid accuracy (seed means): " + "; ".join(parts) + ".")
     return obs
 
 
-def write_readme(results, runs, settings, figures, meta, alpha):
+def write_readme(results, runs, settings, figures, meta, alpha, gpt=None, gpt_figure=None):
     n = runs[0]["peers"]
     hidden = runs[0]["hidden"]
     params = ek.mlp_parameters(hidden)
@@ -367,7 +577,8 @@ def write_readme(results, runs, settings, figures, meta, alpha):
         f"- Peers: {n}, every one a process on this machine talking over loopback TCP, so the wall time of a run "
         f"grows with n and with the bytes copied (the peers share {meta.get('nproc', '?')} cores).",
         f"- Model: MLP 784-{hidden.replace(',', '-')}-10 ({params:,} parameters, {ek.human_bytes(4 * params)} per message); "
-        f"Fashion-MNIST; batch {runs[0]['batch']} per peer; lr {runs[0]['lr']}; momentum 0.9; seed {runs[0]['seed']}; "
+        f"Fashion-MNIST; batch {runs[0]['batch']} per peer; lr {runs[0]['lr']}; momentum 0.9; "
+        f"seeds {', '.join(str(x) for x in runs[0]['seeds'])} (the seed draws the model, the shards and the batches); "
         f"{runs[0]['steps']} steps ({runs[0]['epochs']:.3g} epochs); evaluation every {runs[0]['eval_every']} steps.",
         f"- Data: {', '.join(data_title(d, alpha) for d in settings)}.",
         "- Topologies (Metropolis weights): " + ", ".join(sorted({TOPO_TITLES[r['topology']] for r in runs})) + ". "
@@ -383,14 +594,26 @@ def write_readme(results, runs, settings, figures, meta, alpha):
     for data in settings:
         rs = [r for r in runs if r["data"] == data]
         lines += [f"## Results: {data_title(data, alpha)}", ""]
-        rows = [(TOPO_TITLES[r["topology"]], gap_cell(r), contraction_cell(r), f"{r['test_accuracy']:.4f}",
-                 f"{r['mean_local_accuracy']:.4f}", ek.sci(r["consensus_distance"]),
-                 ek.human_bytes(r["bytes_per_peer_per_step"]), ek.human_bytes(r["train_bytes_per_peer_per_step_peer0"]),
-                 f"{r['wall_s']:.3g}") for r in rs]
-        lines += [ek.md_table(["topology", "spectral gap", "(1−gap)²", "x̄ accuracy", "mean local accuracy",
-                               "consensus distance", "bytes/peer/step", "of which training", "wall s"], rows), ""]
+        ref = next((r for r in rs if r["algorithm"] == "allreduce"), None)
+        rows = []
+        for r in rs:
+            if ref and r is not ref:
+                d, half, _ = paired(r, ref, "test_accuracy")
+                vs_ref = points_ci(d, half) + (" *" if resolved(d, half) else "")
+            else:
+                vs_ref = "—"
+            rows.append((TOPO_TITLES[r["topology"]], gap_cell(r), contraction_cell(r), acc_ci(r), vs_ref,
+                         acc_ci(r, "mean_local_accuracy"), ek.sci(r["consensus_distance"]),
+                         ek.human_bytes(r["bytes_per_peer_per_step"]),
+                         ek.human_bytes(r["train_bytes_per_peer_per_step_peer0"]), f"{r['wall_s']:.3g}"))
+        lines += [ek.md_table(["topology", "spectral gap", "(1−gap)²", "x̄ accuracy %", "x̄ − all-reduce, points",
+                               "mean local accuracy %", "consensus distance", "bytes/peer/step", "of which training",
+                               "wall s"], rows), ""]
     lines += [
-        "Columns: spectral gap and (1−gap)² from `peertrain topology inspect` (for the one-peer exponential graph "
+        f"Columns: every measured column is the mean over the {len(runs[0]['seeds'])} seeds, ± the half-width of its "
+        "95 % confidence interval (Student's t); *x̄ − all-reduce* is paired by seed (the same seed draws the same "
+        "model, shards and batches for both), and * marks an interval that excludes zero. Spectral gap and "
+        "(1−gap)² from `peertrain topology inspect` (for the one-peer exponential graph "
         "inspect reports the per-step equivalent of its period's contraction); accuracies, consensus distance and "
         "wall time (slowest peer's summed step times) from `summary.json`; bytes/peer/step = "
         "`bytes_sent_per_peer / steps`; *of which training* = peer 0's sent bytes / steps (peer 0 sends no "
@@ -411,10 +634,11 @@ def write_readme(results, runs, settings, figures, meta, alpha):
         "persistently, not as white noise, so the model is not expected to hold there; all-reduce keeps every model "
         "identical (distance 0, not drawn on the log scale).",
         "",
-        "## Observations (computed from runs.csv and curves.csv)",
-        "",
     ]
-    lines += [f"- {o}" for o in observations(runs, settings, alpha)]
+    if gpt:
+        lines += gpt_lines(gpt, gpt_figure)
+    lines += ["## Observations (computed from runs.csv and curves.csv)", ""]
+    lines += [f"- {o}" for o in observations(runs, settings, alpha) + (gpt_observations(gpt) if gpt else [])]
     lines += [
         "",
         "## Notes",
@@ -439,14 +663,22 @@ def main():
     runs = load(results)
     meta = ek.read_json(os.path.join(results, "meta.json"))
     alpha = 0.1
-    settings = [d for d in ("iid", "noniid") if any(r["data"] == d for r in runs)]
     ek.write_csv(os.path.join(results, "runs.csv"), RUN_FIELDS, runs)
     ek.write_csv(os.path.join(results, "curves.csv"), CURVE_FIELDS,
-                 [dict(p, label=r["label"], data=r["data"], topology=r["topology"], algorithm=r["algorithm"])
-                  for r in runs for p in r["curve"]])
-    predict_steady_states(results, runs, meta)
-    figures = plot_all(results, runs, settings, alpha)
-    write_readme(results, runs, settings, figures, meta, alpha)
+                 [dict(p, label=r["label"], model=r["model"], data=r["data"], topology=r["topology"],
+                       algorithm=r["algorithm"], seed=r["seed"]) for r in runs for p in r["curve"]])
+    for r in runs:
+        r["results"] = results
+    settings_all = aggregate(runs)
+    mlp = [a for a in settings_all if a["model"] == "mlp"]
+    gpt = [a for a in settings_all if a["model"] == "gpt"]
+    if not mlp:
+        raise SystemExit(f"error: {results}/manifest.tsv lists no MLP run")
+    settings = [d for d in ("iid", "noniid") if any(r["data"] == d for r in mlp)]
+    predict_steady_states(results, mlp, meta)
+    figures = plot_all(results, mlp, settings, alpha)
+    gpt_figure = plot_gpt(results, gpt) if gpt else None
+    write_readme(results, mlp, settings, figures, meta, alpha, gpt, gpt_figure)
 
 
 if __name__ == "__main__":

@@ -138,9 +138,11 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   const auto start = std::chrono::steady_clock::now();
   std::vector<plan::PeerAlgorithm> algorithms;
   if (args.count("compare"))
-    algorithms = {plan::PeerAlgorithm::kDpsgd, plan::PeerAlgorithm::kAllReduce, plan::PeerAlgorithm::kPs};
+    algorithms = {plan::PeerAlgorithm::kDpsgd, plan::PeerAlgorithm::kAllReduce, plan::PeerAlgorithm::kTreeAllReduce,
+                  plan::PeerAlgorithm::kRdAllReduce, plan::PeerAlgorithm::kPs};
   else
-    algorithms = {plan::parse_peer_algorithm(args["algorithm"].as<std::string>())};
+    algorithms = {
+        plan::parse_peer_algorithm(args["algorithm"].as<std::string>(), args["allreduce-algo"].as<std::string>())};
   for (auto a : algorithms)
     rows.push_back(
         {str(plan::to_string(a), " on ", topo.name), plan::predict_network(topo, a, bytes, compute_s, probe, shared)});
@@ -172,10 +174,10 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   }
   std::printf(
       "%s: %d peers%s; %s, %.0f parameter bytes, %.3f ms of compute a step; loopback probe %.1f us a message, "
-      "%.1f us of CPU\n\n",
+      "%.1f us of CPU (%.1f us for 64 bytes)\n\n",
       topo.name.c_str(), topo.num_peers(),
       shared > 0 ? str(", sharing ", shared, " cores").c_str() : ", a machine each", model_name.c_str(), bytes,
-      compute_s * 1e3, probe.message_s * 1e6, probe.message_cpu_s * 1e6);
+      compute_s * 1e3, probe.message_s * 1e6, probe.message_cpu_s * 1e6, probe.small_message_cpu_s * 1e6);
   std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
   for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
   std::printf("\npredicted in %.3f s\n", plan_s);
@@ -214,8 +216,11 @@ int run_plan(int argc, char** argv) {
       "out", "with --run: the run's folder (launch's --out)", cxxopts::value<std::string>());
   options.add_options("across peers (with --topology and without --run)")(
       "algorithm", "dpsgd | allreduce | ps", cxxopts::value<std::string>()->default_value("dpsgd"))(
-      "compare", "rank the algorithms, and D-PSGD on other graphs, for the topology's network")(
-      "hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"));
+      "allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
+      cxxopts::value<std::string>()->default_value("ring"))(
+      "compare",
+      "rank the algorithms (the three all-reduces among them), and D-PSGD on other graphs, for the "
+      "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"));
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))(

@@ -28,17 +28,69 @@ double link_time(const topology::LinkProperties& link, double bytes, const Netwo
   return link.latency_ms * 1e-3 + std::max(capped, bytes / probe.bytes_per_s);
 }
 
+// The rounds of a tree or recursive-doubling all-reduce over positions 0..n−1, as
+// algo/collectives.cpp runs them: each round a set of (from, to) messages of the whole
+// vector, one per peer at most, and a round starts when the one before has ended.
+std::vector<std::vector<std::pair<int, int>>> log_rounds(PeerAlgorithm algorithm, int n) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  if (algorithm == PeerAlgorithm::kTreeAllReduce) {
+    for (int mask = 1; mask < n; mask <<= 1) {  // reduce: a position with this bit set sends down
+      auto& r = rounds.emplace_back();
+      for (int me = mask; me < n; me += 2 * mask) r.emplace_back(me, me - mask);
+    }
+    for (int k = static_cast<int>(rounds.size()) - 1; k >= 0; --k) {  // broadcast: the same tree backwards
+      auto& r = rounds.emplace_back();
+      for (const auto& [from, to] : rounds[static_cast<std::size_t>(k)]) r.emplace_back(to, from);
+    }
+    return rounds;
+  }
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
+  auto real = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  if (extra > 0) {  // the first 2·extra positions pair up; the even one hands its vector over
+    auto& r = rounds.emplace_back();
+    for (int e = 0; e < extra; ++e) r.emplace_back(2 * e, 2 * e + 1);
+  }
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    auto& r = rounds.emplace_back();
+    for (int v = 0; v < p2; ++v) r.emplace_back(real(v), real(v ^ mask));  // both ways at once
+  }
+  if (extra > 0) {
+    auto& r = rounds.emplace_back();
+    for (int e = 0; e < extra; ++e) r.emplace_back(2 * e + 1, 2 * e);
+  }
+  return rounds;
+}
+
 }  // namespace
 
-PeerAlgorithm parse_peer_algorithm(const std::string& text) {
-  if (text == "dpsgd") return PeerAlgorithm::kDpsgd;
-  if (text == "allreduce") return PeerAlgorithm::kAllReduce;
-  if (text == "ps") return PeerAlgorithm::kPs;
-  throw Error(ErrorKind::kInvalidArgument, str("--algorithm '", text, "': expected dpsgd, allreduce or ps"));
+PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::string& allreduce_algo) {
+  if (allreduce_algo != "ring" && allreduce_algo != "tree" && allreduce_algo != "rd")
+    throw Error(ErrorKind::kInvalidArgument, str("--allreduce-algo '", allreduce_algo, "': expected ring, tree or rd"));
+  if (algorithm == "dpsgd") return PeerAlgorithm::kDpsgd;
+  if (algorithm == "allreduce")
+    return allreduce_algo == "tree" ? PeerAlgorithm::kTreeAllReduce
+           : allreduce_algo == "rd" ? PeerAlgorithm::kRdAllReduce
+                                    : PeerAlgorithm::kAllReduce;
+  if (algorithm == "ps") return PeerAlgorithm::kPs;
+  throw Error(ErrorKind::kInvalidArgument, str("--algorithm '", algorithm, "': expected dpsgd, allreduce or ps"));
 }
 
 std::string to_string(PeerAlgorithm a) {
-  return a == PeerAlgorithm::kDpsgd ? "dpsgd" : a == PeerAlgorithm::kAllReduce ? "allreduce" : "ps";
+  switch (a) {
+    case PeerAlgorithm::kDpsgd:
+      return "dpsgd";
+    case PeerAlgorithm::kAllReduce:
+      return "allreduce";
+    case PeerAlgorithm::kTreeAllReduce:
+      return "allreduce-tree";
+    case PeerAlgorithm::kRdAllReduce:
+      return "allreduce-rd";
+    case PeerAlgorithm::kPs:
+      break;
+  }
+  return "ps";
 }
 
 NetworkProbe probe_network(double message_bytes) {
@@ -67,33 +119,43 @@ NetworkProbe probe_network(double message_bytes) {
   std::thread other([&] { peers[1]->connect(); });
   peers[0]->connect();
   other.join();
-  const net::Payload payload(static_cast<std::size_t>(std::max(1.0, message_bytes)), std::byte{1});
-  const int trips = std::clamp(static_cast<int>(2e8 / std::max(message_bytes, 1.0)), 10, 400);
-  timespec cpu0{}, cpu1{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
-  const double start = now_s();
-  std::thread echo([&] {
-    for (int k = 0; k < trips; ++k) {
-      auto got = peers[1]->receive(0, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 0, 10.0);
-      peers[1]
-          ->send(0, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 1, net::SendBuffer(std::move(got)))
-          .wait();
+  // Ping-pong `trips` messages of `bytes`; returns the wall and the process's CPU seconds.
+  std::uint64_t tag = 0;
+  auto ping_pong = [&](double bytes, int trips) {
+    const net::Payload payload(static_cast<std::size_t>(std::max(1.0, bytes)), std::byte{1});
+    const std::uint64_t first = tag;
+    tag += static_cast<std::uint64_t>(trips);
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const double start = now_s();
+    std::thread echo([&] {
+      for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
+        auto got = peers[1]->receive(0, net::MessageType::kParameters, k, 0, 10.0);
+        peers[1]->send(0, net::MessageType::kParameters, k, 1, net::SendBuffer(std::move(got))).wait();
+      }
+    });
+    for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
+      peers[0]->send(1, net::MessageType::kParameters, k, 0, net::SendBuffer(payload)).wait();
+      peers[0]->receive(1, net::MessageType::kParameters, k, 1, 10.0);
     }
-  });
-  for (int k = 0; k < trips; ++k) {
-    peers[0]->send(1, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 0, net::SendBuffer(payload)).wait();
-    peers[0]->receive(1, net::MessageType::kParameters, static_cast<std::uint64_t>(k), 1, 10.0);
-  }
-  echo.join();
-  const double wall = now_s() - start;
+    echo.join();
+    const double wall = now_s() - start;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu =
+        static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
+    return std::pair{wall / (2.0 * trips), cpu / (2.0 * trips)};
+  };
+  const auto [wall, cpu] =
+      ping_pong(message_bytes, std::clamp(static_cast<int>(2e8 / std::max(message_bytes, 1.0)), 10, 400));
+  // A small message: what a message costs whatever its size (system calls, framing, the
+  // thread hand-offs), which the S/n pieces of a ring all-reduce pay 2(n − 1) times.
+  const auto small = ping_pong(64, 400);
   std::thread closing([&] { peers[1]->close(); });  // goodbyes both ways, so neither sees a reset
   peers[0]->close();
   closing.join();
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
-  const double cpu =
-      static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
-  p.message_s = wall / (2.0 * trips);
-  p.message_cpu_s = cpu / (2.0 * trips);
+  p.message_s = wall;
+  p.message_cpu_s = cpu;
+  p.small_message_cpu_s = std::min(small.second, cpu);
   p.bytes_per_s = message_bytes / p.message_s;
   std::vector<char> x(64 << 20, 1), y(64 << 20);
   const double copy_start = now_s();
@@ -154,7 +216,35 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
       }
       consider(2.0 * (n - 1) * std::max(slowest, card(S / n)), str(2 * (n - 1), " ring steps, bound by ", which));
       messages = 4 * (n - 1);
-      p.cpu_s = compute_s + messages / 2.0 * message_cpu / n;  // messages of S/n; each end pays half
+      // Messages of S/n: each pays the fixed cost of a message and 1/n of S's per-byte
+      // cost; each end pays half.
+      const double piece_cpu = probe.small_message_cpu_s + (message_cpu - probe.small_message_cpu_s) / n;
+      p.cpu_s = compute_s + messages / 2.0 * piece_cpu;
+      p.comm_s = wait;
+      p.step_s = std::max(p.cpu_s, compute_s + wait);
+    } else if (algorithm == PeerAlgorithm::kTreeAllReduce || algorithm == PeerAlgorithm::kRdAllReduce) {
+      // Rounds in sequence, each as slow as its slowest message of S (its link, or the
+      // sender's card: one message a round per peer, so a card is never shared).
+      const auto rounds = log_rounds(algorithm, n);
+      double total = 0, worst = 0;
+      std::string which;
+      for (const auto& round : rounds) {
+        double slowest = 0;
+        for (const auto& [from, to] : round) {
+          const double t = std::max(link_time(topo.link(from, to), S, probe), card(S));
+          if (from == i || to == i) ++messages;
+          if (t > slowest) slowest = t;
+          if (t > worst) {
+            worst = t;
+            which = str("link ", from, "-", to);
+          }
+        }
+        total += slowest;
+      }
+      consider(total, str(rounds.size(), algorithm == PeerAlgorithm::kTreeAllReduce ? " tree" : " doubling",
+                          " rounds of the whole vector, the slowest ", which));
+      // Each message costs its ends CPU, and each one received is added (or copied) in.
+      p.cpu_s = compute_s + messages / 2.0 * message_cpu + messages / 2.0 * S / probe.copy_bytes_per_s;
       p.comm_s = wait;
       p.step_s = std::max(p.cpu_s, compute_s + wait);
     } else {

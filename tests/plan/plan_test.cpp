@@ -314,6 +314,32 @@ TEST(Network, AllReduceAndTheServerScaleAsTheyShould) {
   EXPECT_NEAR(p.step_s, kCompute + 20e-3, 1e-6);  // the free loopback's nanoseconds
 }
 
+TEST(Network, TreeAndRecursiveDoublingCountTheirRounds) {
+  // n = 4: the binomial tree 2 rounds up and 2 down, recursive doubling 2 exchanges, each
+  // round one message of the whole S: 10 ms of latency each, or 1 s at 10 Mbit/s.
+  auto p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 4 * 10e-3, 1e-6);  // the free loopback's nanoseconds
+  EXPECT_NE(p.where.find("4 tree rounds"), std::string::npos) << p.where;
+  p = predict_network(ring_of_four(0, 10, 0), PeerAlgorithm::kRdAllReduce, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 2 * 1.0, 1e-6);
+  // A 10 Mbit/s card is never shared: one message a round per peer.
+  p = predict_network(ring_of_four(0, 0, 10), PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 4 * 1.0, 1e-6);
+  // n = 6: the tree ⌈log₂ 6⌉ = 3 rounds each way; doubling 2 rounds among 4, and one before
+  // and one after for the 2 peers beyond the power of two.
+  auto six =
+      topology::make_topology("ring6", {}, topology::generate("ring", {.n = 6}), topology::WeightScheme::kMetropolis);
+  six.default_link = {10, 0};
+  EXPECT_NEAR(predict_network(six, PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0).step_s,
+              kCompute + 6 * 10e-3, 1e-6);
+  EXPECT_NEAR(predict_network(six, PeerAlgorithm::kRdAllReduce, kS, kCompute, kFreeLoopback, 0).step_s,
+              kCompute + 4 * 10e-3, 1e-6);
+  EXPECT_EQ(parse_peer_algorithm("allreduce", "tree"), PeerAlgorithm::kTreeAllReduce);
+  EXPECT_EQ(parse_peer_algorithm("allreduce", "rd"), PeerAlgorithm::kRdAllReduce);
+  EXPECT_EQ(parse_peer_algorithm("allreduce"), PeerAlgorithm::kAllReduce);
+  EXPECT_THROW(parse_peer_algorithm("allreduce", "star"), Error);
+}
+
 TEST(Network, PeersSharingCoresAreBoundByTheirCpu) {
   const NetworkProbe costly{.message_s = 0, .message_cpu_s = 1e-3, .bytes_per_s = 1e15, .copy_bytes_per_s = 1e15};
   // Each peer: 1 ms of compute and 2 messages' CPU (each end pays half of 1 ms): 3 ms;
@@ -322,6 +348,13 @@ TEST(Network, PeersSharingCoresAreBoundByTheirCpu) {
   EXPECT_NEAR(p.step_s, 4 * 3e-3 / 2, 1e-6);  // the free loopback's nanoseconds
   EXPECT_NE(p.where.find("sharing 2 cores"), std::string::npos) << p.where;
   EXPECT_THROW(parse_peer_algorithm("gossip"), Error);
+  // Ring all-reduce's 2(n − 1) sends and receives of S/n each pay a message's fixed cost
+  // (the small message's 0.5 ms) and a quarter of S's per-byte 0.5 ms: 12 message ends of
+  // 0.625 ms, half each, plus 1 ms of compute, is 4.75 ms a peer; 4 peers on 2 cores: 9.5 ms.
+  NetworkProbe split = costly;
+  split.small_message_cpu_s = 0.5e-3;
+  const auto ring = predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kAllReduce, kS, kCompute, split, 2);
+  EXPECT_NEAR(ring.step_s, 4 * 4.75e-3 / 2, 1e-6);
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // The cost model of a decentralized run over a topology (issue 17, across peers): from each
 // peer's compute time, the message sizes and every link's latency and bandwidth (the
 // topology file's link emulation), it predicts each peer's time per step under D-PSGD,
-// ring all-reduce or a parameter server, and where the time goes.
+// an all-reduce (ring, tree, recursive doubling) or a parameter server, and where the time goes.
 //
 // Per step and peer, the algorithms' traffic (S = the parameters' bytes):
 //   dpsgd      S to and from each neighbour; the gossip overlaps the gradient, so a peer
 //              waits max(compute, the slowest neighbour's S over its link), the sends
 //              sharing the peer's card when node_bandwidth_mbps caps it;
-//   allreduce  2(n − 1) ring steps of S/n, each bound by the ring's slowest link;
+//   allreduce  ring: 2(n − 1) ring steps of S/n, each bound by the ring's slowest link;
+//              tree (binomial): ⌈log₂ n⌉ rounds of S up the tree, then as many down, each
+//              round bound by its slowest pair; rd (recursive doubling): log₂ n rounds of
+//              S swapped between pairs, and two more for the peers beyond a power of two;
 //   ps         peer 0 receives n − 1 gradients and sends n − 1 parameter vectors through
 //              its card; the others send one and receive one.
 // Each message also costs its two ends software time (the probe's loopback round trip),
@@ -24,15 +27,19 @@
 
 namespace peertrain::plan {
 
-enum class PeerAlgorithm { kDpsgd, kAllReduce, kPs };
-PeerAlgorithm parse_peer_algorithm(const std::string& text);  // throws naming --algorithm
-std::string to_string(PeerAlgorithm algorithm);
+enum class PeerAlgorithm { kDpsgd, kAllReduce, kTreeAllReduce, kRdAllReduce, kPs };
+// --algorithm dpsgd|allreduce|ps with --allreduce-algo ring|tree|rd, as launch takes them;
+// throws naming the flag.
+PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::string& allreduce_algo = "ring");
+std::string to_string(PeerAlgorithm algorithm);  // dpsgd, allreduce, allreduce-tree, allreduce-rd, ps
 
 // A quick probe of this machine: two of peertrain's own TCP transports in one process,
-// over loopback, passing a message of the parameters' size back and forth.
+// over loopback, passing a message of the parameters' size back and forth, then a small
+// one (so a message's CPU splits into a fixed part and a part per byte).
 struct NetworkProbe {
   double message_s = 0;         // one message of that size, one way (half a round trip)
   double message_cpu_s = 0;     // the CPU it costs both ends together (framing, checksum, copies, threads)
+  double small_message_cpu_s = 0;  // the same for a 64-byte message: a message's fixed cost
   double bytes_per_s = 0;       // loopback's rate for such messages
   double copy_bytes_per_s = 0;  // memcpy, for mixing
 };

@@ -1,6 +1,6 @@
 set terminal pngcairo enhanced font 'sans,10' size 1280,520
 set output '/work/main/experiments/topologies/results/accuracy_vs_bytes.png'
-set multiplot layout 1,2 title '16 peers: test accuracy of x̄ vs data sent per peer'
+set multiplot layout 1,2 title '16 peers, mean of 3 seed(s): test accuracy of x̄ vs data sent per peer'
 set grid
 set key box opaque samplen 3 spacing 1.1
 unset logscale; unset format; set autoscale

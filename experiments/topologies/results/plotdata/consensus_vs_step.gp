@@ -1,6 +1,6 @@
 set terminal pngcairo enhanced font 'sans,10' size 1800,540
 set output '/work/main/experiments/topologies/results/consensus_vs_step.png'
-set multiplot layout 1,2 title '16 peers: consensus distance (solid) and the steady state predicted from W, scaled by the complete graph (dashed)'
+set multiplot layout 1,2 title '16 peers, mean of 3 seed(s): consensus distance (solid) and the steady state predicted from W, scaled by the complete graph (dashed)'
 set grid
 set key box opaque samplen 3 spacing 1.1
 unset logscale; unset format; set autoscale
@@ -9,7 +9,7 @@ set xlabel 'step (one minibatch per peer)'
 set ylabel 'consensus distance (1/n) Σ‖x_i − x̄‖² (squared parameter norm)'
 set logscale y
 set format y '10^{%T}'
-set yrange [0.00073833:0.9720899999999999]
+set yrange [0.0007325188888888889:0.9368479999999999]
 set xrange [0:351]
 set key outside right top font ',9' samplen 2
 plot '/work/main/experiments/topologies/results/plotdata/iid-ring.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#1f77b4' title 'ring (measured)', \
@@ -27,7 +27,7 @@ set xlabel 'step (one minibatch per peer)'
 set ylabel 'consensus distance (1/n) Σ‖x_i − x̄‖² (squared parameter norm)'
 set logscale y
 set format y '10^{%T}'
-set yrange [0.0012594000000000001:2.320698]
+set yrange [0.00137265:2.049776]
 set xrange [0:351]
 set key outside right top font ',9' samplen 2
 plot '/work/main/experiments/topologies/results/plotdata/noniid-ring.dat' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 pt 7 ps 0.6 lc rgb '#1f77b4' title 'ring (measured)', \
