@@ -94,6 +94,20 @@ def interpolate_crossing(points, key, target, time_key):
     return None, None
 
 
+def interpolate_rise(points, key, target, time_key):
+    """First time `key` rises to `target` or above (a test accuracy, say), linearly
+    interpolated between the two evaluations around the crossing: the mirror of
+    interpolate_crossing. Returns (time, index) or (None, None)."""
+    for i, p in enumerate(points):
+        if p[key] >= target:
+            if i == 0:
+                return p[time_key], i
+            a = points[i - 1]
+            frac = (target - a[key]) / (p[key] - a[key]) if a[key] != p[key] else 1.0
+            return a[time_key] + frac * (p[time_key] - a[time_key]), i
+    return None, None
+
+
 def first_reaching(points, key, target):
     """First point whose `key` is at least `target`, or None."""
     for p in points:

@@ -20,6 +20,8 @@ Measures each strategy of the grid (gpt d128 L4 H4 T128, batch 8) with bench pip
 (the median of its steps) and predicts it with plan --strategy, then checks plan's pick.
 
   --quick     3 measured steps a strategy instead of 9 (about 2 minutes)
+  --peers-only  redo only the across-peers part (after a new lian2017 run or a change to
+              plan --topology), keeping DIR's grid and search results; about 1 minute
   --out DIR   where results go (default: experiments/plan/results)
   -h, --help  this help
 
@@ -31,10 +33,12 @@ EOF
 command_line="experiments/plan/run.sh${*:+ $*}"
 steps=9
 mode=full
+peers_only=0
 out=$PT_SCRIPT_DIR/results
 while (($#)); do
   case $1 in
     --quick) steps=3 mode=quick ;;
+    --peers-only) peers_only=1 ;;
     --out) out=$2; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -45,10 +49,16 @@ PT_T0=$SECONDS
 pt_find_binary "$PT_SCRIPT_DIR"
 pt_check_tools
 mkdir -p "$out"
-pt_write_meta "$out/meta.json" "$mode" "$command_line"
+if ((peers_only)); then
+  [[ -s $out/grid.tsv && -s $out/search.tsv && -s $out/meta.json ]] ||
+    { echo "error: --peers-only needs a full run's grid.tsv, search.tsv and meta.json in $out" >&2; exit 1; }
+  cp "$out/meta.json" "$out/meta.grid.json"
+else
+  pt_write_meta "$out/meta.json" "$mode" "$command_line"
+fi
 model=(--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8)
 cache="$out/profile.tsv"
-rm -f "$cache"  # a validation profiles this machine afresh
+((peers_only)) || rm -f "$cache"  # a validation profiles this machine afresh
 json() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d, list) else d; print($1)"; }
 
 # workers|the strategy's flags[|the model, when not the default one]
@@ -92,6 +102,7 @@ grid=(
   "2|--pp 2 --microbatches 4 --vocab-parallel vocab-1|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
   "2|--pp 2 --microbatches 4 --vocab-parallel vocab-2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
 )
+if ((!peers_only)); then
 echo "grid: ${#grid[@]} strategies, $steps measured steps each; profiles cached in $cache"
 printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\n' > "$out/grid.tsv"
 base_model="${model[*]}"
@@ -131,6 +142,7 @@ for workers in 2 4; do
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$name" "$pflags" "$pstep" "$step" "$stages" >> "$out/search.tsv"
   echo "  plan --workers $workers picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms, measured $(json 'd*1e3' <<< "$step") ms"
 done
+fi
 # Across peers: every run of the lian2017 experiment with seed 1 (its committed
 # measurements: the seconds per step of peer 0; the other seeds step at the same pace),
 # predicted from its topology file, on this machine's 2 cores as those runs had them.
@@ -140,8 +152,8 @@ printf 'label\tmeasured_s\tpredicted_s\twhere\n' > "$out/peers.tsv"
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     if r.get("seed", "1") == "1":
-        print(r["label"], r["algorithm"], r["hidden"], r["batch"], r["s_per_step"], r["run_dir"])' "$lian/runs.csv" |
-  while read -r label algorithm hidden batch s_per_step run_dir; do
+        print("\t".join(r[k] for k in ("label", "algorithm", "hidden", "batch", "s_per_step", "run_dir")))' "$lian/runs.csv" |
+  while IFS=$'\t' read -r label algorithm hidden batch s_per_step run_dir; do
     flags=(--algorithm "$algorithm")
     [[ $algorithm == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
     predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
@@ -150,6 +162,10 @@ for r in csv.DictReader(open(sys.argv[1])):
       "$(json 'd["where"]' <<< "$predicted")" >> "$out/peers.tsv"
   done
 echo "  across peers: $(($(wc -l < "$out/peers.tsv") - 1)) lian2017 runs predicted"
-pt_finish_meta "$out/meta.json"
+if ((peers_only)); then  # the grid's dates and duration stay those of the full run
+  mv "$out/meta.grid.json" "$out/meta.json"
+else
+  pt_finish_meta "$out/meta.json"
+fi
 /usr/bin/python3 "$PT_SCRIPT_DIR/report.py" "$out"
 echo "report: $out/README.md"

@@ -128,7 +128,11 @@ def aggregate(runs):
         a["seeds"] = [r["seed"] for r in rs]
         for f in MEAN_FIELDS + (["val_bits_per_byte"] if model == "gpt" else []):
             a[f], a[f + "_ci"] = ek.mean_ci95([r[f] for r in rs])
-        length = min(len(r["curve"]) for r in rs)
+        # The seeds evaluate at the same steps (same flags); average over the steps all share.
+        shared = set.intersection(*({p["step"] for p in r["curve"]} for r in rs))
+        for r in rs:
+            r["curve"] = [p for p in r["curve"] if p["step"] in shared]
+        length = len(rs[0]["curve"])
         curve = []
         for i in range(length):
             points = [r["curve"][i] for r in rs]
@@ -155,12 +159,16 @@ def paired(a, b, field):
 
 def resolved(mean, half):
     """Whether a paired difference's 95 % interval excludes zero."""
-    return half is not None and abs(mean) > half
+    return mean is not None and half is not None and abs(mean) > half
 
 
 def points_ci(mean, half):
-    """A difference of accuracies in percentage points, with its interval."""
-    return ek.fmt_ci(mean, half, scale=100.0, digits=2) + (" (one seed)" if half is None else "")
+    """A difference of accuracies in percentage points, with its interval; a third digit
+    where two would show an interval that excludes zero as equal to its mean."""
+    if mean is None:
+        return "— (no seed in common)"
+    digits = 3 if half is not None and round(100 * abs(mean), 2) == round(100 * half, 2) else 2
+    return ek.fmt_ci(mean, half, scale=100.0, digits=digits) + (" (one seed, no interval)" if half is None else "")
 
 
 def predict_steady_states(results, runs, meta):
@@ -375,9 +383,10 @@ def gpt_observations(gpt):
                     for r in gossip)
     if between and all_worse and not any("(resolved" in b for b in between):
         gaps = sorted(r["spectral_gap"] for r in gossip)
-        tail += (f". Graphs whose spectral gaps differ {gaps[-1] / gaps[0]:.0f}× end the same, so the gap to "
-                 "all-reduce is not the topology's but the update form's: each peer takes its own Adam step on its "
-                 "own gradient before the mix, where all-reduce steps once on the average gradient")
+        tail += (f". Graphs whose spectral gaps differ {gaps[-1] / gaps[0]:.0f}× are not resolved apart, while "
+                 "both are resolved from all-reduce: consistent with a gap that is the update form's rather than the "
+                 "topology's (each peer takes its own Adam step on its own gradient before the mix, where all-reduce "
+                 "steps once on the average gradient)")
     return [f"**The GPT.** All-reduce's x̄ reached {ek.fmt_ci(ref['val_bits_per_byte'], ref['val_bits_per_byte_ci'], digits=4)} "
             f"bits per byte after {ref['steps']} steps; D-PSGD's x̄ minus that, paired by seed: " + "; ".join(parts)
             + tail + "."]
@@ -434,10 +443,10 @@ def observations(runs, settings, alpha):
             if ref and complete:
                 gap, half, k = paired(complete, ref, "test_accuracy")
                 spread = best["test_accuracy"] - worst["test_accuracy"]
+                over = f"paired over {k} seeds, 95 % CI" if k > 1 else "one seed"
                 s = (f"Where the gap to all-reduce comes from ({title}): the complete graph mixes with W = J, an "
-                     f"exact average, yet x̄ ended {points_ci(gap, half)} points from all-reduce (paired over {k} "
-                     f"seeds, 95 % CI), while the topologies' means differ among themselves by at most "
-                     f"{100 * spread:.2f} points.")
+                     f"exact average, and its x̄ ended {points_ci(gap, half)} points from all-reduce's ({over}), "
+                     f"while the topologies' means differ among themselves by at most {100 * spread:.2f} points.")
                 if resolved(gap, half) and gap < 0:
                     s += (" That gap is resolved, and it is the update form's, not the topology's: in D-PSGD's cta "
                           "step each peer takes its gradient at its own model after its own momentum step, not at x̄ "
@@ -453,12 +462,15 @@ def observations(runs, settings, alpha):
                           + f"; the largest, the {TOPO_TITLES[worst_share[0]['topology']]}'s, is "
                           + ("resolved" if resolved(worst_share[1], worst_share[2]) else "not resolved")
                           + " at 95 %.")
-                    if gap < 0 and abs(worst_share[1]) < abs(gap):
-                        s += (f" Every topology's share is smaller than the complete graph's own gap "
-                              f"({100 * abs(gap):.2f} points): what separates D-PSGD from all-reduce here is "
-                              f"already there with W = J, so it is the update form's, not the topology's (in "
-                              f"D-PSGD's cta step each peer takes its gradient at its own model, not at x̄; "
-                              f"experiments/heterogeneity splits the two shares over α).")
+                    if gap is not None and gap < 0 and abs(worst_share[1]) < abs(gap):
+                        s += (f" Every topology's mean share is smaller than the complete graph's own mean gap "
+                              f"({100 * abs(gap):.2f} points): " +
+                              ("the gap is resolved and already there with W = J, so it is the update form's, not "
+                               "the topology's" if resolved(gap, half) else
+                               "consistent with a gap that is the update form's rather than the topology's, though "
+                               "neither the gap nor the shares are resolved at 95 % over these seeds") +
+                              " (in D-PSGD's cta step each peer takes its gradient at its own model, not at x̄; "
+                              "experiments/heterogeneity splits the two shares over α with more runs).")
                 obs.append(s)
             # Which differences between topologies the seeds resolve (paired by seed).
             pairs = [(a, b) for i, a in enumerate(gossip) for b in gossip[i + 1:]]
@@ -474,10 +486,13 @@ def observations(runs, settings, alpha):
                 s = f"x̄ accuracy between gossip topologies, paired by seed ({title}): "
                 s += (f"{len(sure)} of {len(sure) + len(unsure)} pairs resolved at 95 % ("
                       + "; ".join(sure) + ")") if sure else f"none of the {len(unsure)} pairs is resolved at 95 %"
-                if unsure:
-                    widest = max(paired(a, b, "test_accuracy")[1] or 0.0 for a, b in pairs)
-                    s += (f"; the others are within their noise (intervals up to ± {100 * widest:.2f} points), "
-                          f"so they are not ranked")
+                widths = [h for h in (paired(a, b, "test_accuracy")[1] for a, b in pairs) if h is not None]
+                if unsure and widths:
+                    s += (f"; {'the others are' if sure else 'they are'} within their noise (intervals up to "
+                          f"± {100 * max(widths):.2f} points), so they are not ranked")
+                if sure:
+                    s += (f" (no correction for the {len(sure) + len(unsure)} comparisons: at 95 % about one in "
+                          f"twenty resolves by chance)")
                 obs.append(s + ".")
             # Local models vs the average.
             lags = [r["test_accuracy"] - r["mean_local_accuracy"] for r in gossip]
@@ -583,12 +598,14 @@ def write_readme(results, runs, settings, figures, meta, alpha, gpt=None, gpt_fi
         f"- Data: {', '.join(data_title(d, alpha) for d in settings)}.",
         "- Topologies (Metropolis weights): " + ", ".join(sorted({TOPO_TITLES[r['topology']] for r in runs})) + ". "
         "All-reduce is C-PSGD (ring all-reduce of the gradients), the exact-average reference.",
-        "- Runs: `runs/<data>-<topology>/` (metrics.csv, summary.json, topology.yaml, inspect.json, logs, command.txt). "
+        "- Runs: `runs/<data>-<topology>-s<seed>/` and `runs/gpt-<topology>-s<seed>/` (metrics.csv, summary.json, "
+        "topology.yaml, inspect.json, logs, command.txt). "
         "Combined: `runs.csv` (one row per run), `curves.csv` (every run's evaluations, stacked).",
         "",
         "## Figures",
         "",
-        ek.md_table(["figure", "file"], [(title, f"[{name}]({name})") for name, title, _ in figures]),
+        ek.md_table(["figure", "file"], [(title, f"[{name}]({name})") for name, title, _ in figures]
+                    + ([(gpt_figure[1], f"[{gpt_figure[0]}]({gpt_figure[0]})")] if gpt_figure else [])),
         "",
     ]
     for data in settings:
@@ -605,13 +622,15 @@ def write_readme(results, runs, settings, figures, meta, alpha, gpt=None, gpt_fi
             rows.append((TOPO_TITLES[r["topology"]], gap_cell(r), contraction_cell(r), acc_ci(r), vs_ref,
                          acc_ci(r, "mean_local_accuracy"), ek.sci(r["consensus_distance"]),
                          ek.human_bytes(r["bytes_per_peer_per_step"]),
-                         ek.human_bytes(r["train_bytes_per_peer_per_step_peer0"]), f"{r['wall_s']:.3g}"))
+                         ek.human_bytes(r["train_bytes_per_peer_per_step_peer0"]),
+                         ek.fmt_ci(r["wall_s"], r["wall_s_ci"], digits=1)))
         lines += [ek.md_table(["topology", "spectral gap", "(1−gap)²", "x̄ accuracy %", "x̄ − all-reduce, points",
                                "mean local accuracy %", "consensus distance", "bytes/peer/step", "of which training",
                                "wall s"], rows), ""]
     lines += [
-        f"Columns: every measured column is the mean over the {len(runs[0]['seeds'])} seeds, ± the half-width of its "
-        "95 % confidence interval (Student's t); *x̄ − all-reduce* is paired by seed (the same seed draws the same "
+        f"Columns: the accuracies and wall s are means over the {len(runs[0]['seeds'])} seed(s), ± the half-width of "
+        "their 95 % confidence interval (Student's t; none for one seed); consensus distance and bytes are seed means; "
+        "*x̄ − all-reduce* is paired by seed (the same seed draws the same "
         "model, shards and batches for both), and * marks an interval that excludes zero. Spectral gap and "
         "(1−gap)² from `peertrain topology inspect` (for the one-peer exponential graph "
         "inspect reports the per-step equivalent of its period's contraction); accuracies, consensus distance and "
@@ -650,8 +669,10 @@ def write_readme(results, runs, settings, figures, meta, alpha, gpt=None, gpt_fi
         "from the gradients of the others; on separate machines its cost would be network time instead.",
         "- Evaluation is outside the timings: peer 0 evaluates x̄ while the others wait for its release, and "
         "neither is counted in `wall_s` (the slowest peer's summed step times).",
-        "",
     ]
+    if meta.get("note"):
+        lines.append(f"- This run: {meta['note']}")
+    lines.append("")
     with open(os.path.join(results, "README.md"), "w") as f:
         f.write("\n".join(lines))
 

@@ -102,7 +102,7 @@ degree_of() {  # messages of one model size each peer sends per step (for the es
   esac
 }
 
-# A rough duration model, fitted to the full runs on this 2-core machine (session 16: ring
+# A rough duration model, fitted to the full runs on this 2-core machine (ring
 # 40 s, complete 140 s of 16 peers): start-up (each peer reads Fashion-MNIST) ~0.8 s per
 # peer; compute ~6·P·batch flops per peer-step at ~80 GFLOP/s per core; loopback traffic
 # ~2 GB/s; an evaluation runs n+1 models on 10,000 images at ~160 GFLOP/s per core.
@@ -142,6 +142,14 @@ pt_write_meta "$out/meta.json" "$mode" "$command_line"
 
 printf 'label\tmodel\tdata\ttopology\talgorithm\tpeers\trun_dir\thidden\tbatch\tlr\tseed\teval_every\n' > "$out/manifest.tsv"
 index=0
+flag_value() {  # NAME FLAGS... -> the value after NAME
+  local name=$1
+  shift
+  while (($# > 1)); do
+    [[ $1 == "$name" ]] && { echo "$2"; return; }
+    shift
+  done
+}
 # launch_one MODEL DATA TOPOLOGY SEED [flags...]: one training, and its manifest row.
 launch_one() {
   local model=$1 data=$2 topo=$3 seed=$4
@@ -157,7 +165,9 @@ launch_one() {
     pt_die "topology inspect failed for '$label'; see $run_dir/inspect.err"
   pt_launch "$index" "$total" "$label" "$run_dir" "$run_dir/topology.yaml" --algorithm "$algorithm" --seed "$seed" "$@"
   local b=$batch l=$lr h=$hidden e=$eval_every
-  [[ $model == gpt ]] && b=8 l=0.003 h=- e=$gpt_eval_every
+  if [[ $model == gpt ]]; then  # the GPT's batch and lr, as its flags give them
+    b=$(flag_value --batch "${gpt_flags[@]}") l=$(flag_value --lr "${gpt_flags[@]}") h=- e=$gpt_eval_every
+  fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$model" "$data" "$topo" "$algorithm" "$n" \
     "runs/$name" "$h" "$b" "$l" "$seed" "$e" >> "$out/manifest.tsv"
 }

@@ -113,6 +113,13 @@ std::pair<double, double> peer_compute(const std::string& model_name, const std:
 int plan_network(const cxxopts::ParseResult& args, const std::string& model_name,
                  const model::TransformerConfig& config, int batch, const std::string& format) {
   const auto topo = topology::load_topology_file(args["topology"].as<std::string>());
+  // The flags first, before the compute is measured and the loopback probed.
+  if (args.count("compare") && (args.count("algorithm") || args.count("allreduce-algo")))
+    throw UsageError("--compare ranks every algorithm; leave out --algorithm and --allreduce-algo");
+  if (args.count("allreduce-algo") && args["algorithm"].as<std::string>() != "allreduce")
+    throw UsageError("--allreduce-algo is for --algorithm allreduce");
+  const auto chosen =
+      plan::parse_peer_algorithm(args["algorithm"].as<std::string>(), args["allreduce-algo"].as<std::string>());
   std::vector<int> hidden;
   {
     std::stringstream in(args["hidden"].as<std::string>());
@@ -141,8 +148,7 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
     algorithms = {plan::PeerAlgorithm::kDpsgd, plan::PeerAlgorithm::kAllReduce, plan::PeerAlgorithm::kTreeAllReduce,
                   plan::PeerAlgorithm::kRdAllReduce, plan::PeerAlgorithm::kPs};
   else
-    algorithms = {
-        plan::parse_peer_algorithm(args["algorithm"].as<std::string>(), args["allreduce-algo"].as<std::string>())};
+    algorithms = {chosen};
   for (auto a : algorithms)
     rows.push_back(
         {str(plan::to_string(a), " on ", topo.name), plan::predict_network(topo, a, bytes, compute_s, probe, shared)});

@@ -28,39 +28,62 @@ double link_time(const topology::LinkProperties& link, double bytes, const Netwo
   return link.latency_ms * 1e-3 + std::max(capped, bytes / probe.bytes_per_s);
 }
 
-// The rounds of a tree or recursive-doubling all-reduce over positions 0..n−1, as
-// algo/collectives.cpp runs them: each round a set of (from, to) messages of the whole
-// vector, one per peer at most, and a round starts when the one before has ended.
-std::vector<std::vector<std::pair<int, int>>> log_rounds(PeerAlgorithm algorithm, int n) {
-  std::vector<std::vector<std::pair<int, int>>> rounds;
+// A tree or recursive-doubling all-reduce of the whole vector, replayed message by message
+// as algo/collectives.cpp runs it: each position works through its sends and receives in
+// program order, a send blocks its sender for the message's time, a message that arrives
+// early waits for its receiver, and an exchange (recursive doubling) ends for both sides
+// when both messages have crossed. `cost(from, to)` is one message's time.
+struct LogReplay {
+  std::vector<double> done_s;  // when each position holds the sum
+  std::vector<int> messages;   // messages each position sends or receives
+  double slowest_s = 0;        // the slowest message, and its link
+  std::string slowest_link;
+};
+
+template <typename Cost>
+LogReplay replay_log_allreduce(PeerAlgorithm algorithm, int n, Cost cost) {
+  LogReplay r;
+  r.done_s.assign(static_cast<std::size_t>(n), 0.0);
+  r.messages.assign(static_cast<std::size_t>(n), 0);
+  auto& ready = r.done_s;
+  auto timed = [&](int from, int to) {
+    const double t = cost(from, to);
+    ++r.messages[static_cast<std::size_t>(from)];
+    ++r.messages[static_cast<std::size_t>(to)];
+    if (t > r.slowest_s) {
+      r.slowest_s = t;
+      r.slowest_link = str(from, "-", to);
+    }
+    return t;
+  };
+  auto send = [&](int from, int to) {  // a blocking send; the receiver takes it when it gets there
+    const double arrive = ready[static_cast<std::size_t>(from)] + timed(from, to);
+    ready[static_cast<std::size_t>(from)] = arrive;
+    ready[static_cast<std::size_t>(to)] = std::max(ready[static_cast<std::size_t>(to)], arrive);
+  };
   if (algorithm == PeerAlgorithm::kTreeAllReduce) {
-    for (int mask = 1; mask < n; mask <<= 1) {  // reduce: a position with this bit set sends down
-      auto& r = rounds.emplace_back();
-      for (int me = mask; me < n; me += 2 * mask) r.emplace_back(me, me - mask);
-    }
-    for (int k = static_cast<int>(rounds.size()) - 1; k >= 0; --k) {  // broadcast: the same tree backwards
-      auto& r = rounds.emplace_back();
-      for (const auto& [from, to] : rounds[static_cast<std::size_t>(k)]) r.emplace_back(to, from);
-    }
-    return rounds;
+    int top = 1;
+    for (; top < n; top <<= 1)  // reduce: a position with this bit set sends down and is done
+      for (int me = top; me < n; me += 2 * top) send(me, me - top);
+    for (int mask = top >> 1; mask > 0; mask >>= 1)  // broadcast: the same tree backwards
+      for (int me = 0; me + mask < n; me += 2 * mask) send(me, me + mask);
+    return r;
   }
   int p2 = 1;
   while (p2 * 2 <= n) p2 *= 2;
   const int extra = n - p2;
   auto real = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
-  if (extra > 0) {  // the first 2·extra positions pair up; the even one hands its vector over
-    auto& r = rounds.emplace_back();
-    for (int e = 0; e < extra; ++e) r.emplace_back(2 * e, 2 * e + 1);
-  }
-  for (int mask = 1; mask < p2; mask <<= 1) {
-    auto& r = rounds.emplace_back();
-    for (int v = 0; v < p2; ++v) r.emplace_back(real(v), real(v ^ mask));  // both ways at once
-  }
-  if (extra > 0) {
-    auto& r = rounds.emplace_back();
-    for (int e = 0; e < extra; ++e) r.emplace_back(2 * e + 1, 2 * e);
-  }
-  return rounds;
+  for (int e = 0; e < extra; ++e) send(2 * e, 2 * e + 1);  // the even one hands its vector over
+  for (int mask = 1; mask < p2; mask <<= 1)
+    for (int v = 0; v < p2; ++v) {
+      if ((v ^ mask) < v) continue;  // each pair once: both send at once, both wait for both
+      const int a = real(v), b = real(v ^ mask);
+      const double end =
+          std::max(ready[static_cast<std::size_t>(a)] + timed(a, b), ready[static_cast<std::size_t>(b)] + timed(b, a));
+      ready[static_cast<std::size_t>(a)] = ready[static_cast<std::size_t>(b)] = end;
+    }
+  for (int e = 0; e < extra; ++e) send(2 * e + 1, 2 * e);  // and gets the sum back
+  return r;
 }
 
 }  // namespace
@@ -68,6 +91,9 @@ std::vector<std::vector<std::pair<int, int>>> log_rounds(PeerAlgorithm algorithm
 PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::string& allreduce_algo) {
   if (allreduce_algo != "ring" && allreduce_algo != "tree" && allreduce_algo != "rd")
     throw Error(ErrorKind::kInvalidArgument, str("--allreduce-algo '", allreduce_algo, "': expected ring, tree or rd"));
+  if (allreduce_algo != "ring" && algorithm != "allreduce")
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--allreduce-algo ", allreduce_algo, " is for --algorithm allreduce, not '", algorithm, "'"));
   if (algorithm == "dpsgd") return PeerAlgorithm::kDpsgd;
   if (algorithm == "allreduce")
     return allreduce_algo == "tree" ? PeerAlgorithm::kTreeAllReduce
@@ -174,6 +200,12 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
   };
   // Per message of S bytes: the CPU at both ends, as the probe measured it.
   const double message_cpu = probe.message_cpu_s;
+  LogReplay log_replay;
+  if (algorithm == PeerAlgorithm::kTreeAllReduce || algorithm == PeerAlgorithm::kRdAllReduce)
+    log_replay = replay_log_allreduce(algorithm, n, [&](int from, int to) {
+      // One message a time per sender, so a card is never shared.
+      return std::max(link_time(topo.link(from, to), S, probe), card(S));
+    });
   for (int i = 0; i < n; ++i) {
     PeerStep& p = out.peers[static_cast<std::size_t>(i)];
     p.compute_s = compute_s;
@@ -218,31 +250,16 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
       messages = 4 * (n - 1);
       // Messages of S/n: each pays the fixed cost of a message and 1/n of S's per-byte
       // cost; each end pays half.
+      // Each received piece is added in (reduce-scatter) or copied (all-gather).
       const double piece_cpu = probe.small_message_cpu_s + (message_cpu - probe.small_message_cpu_s) / n;
-      p.cpu_s = compute_s + messages / 2.0 * piece_cpu;
+      p.cpu_s = compute_s + messages / 2.0 * piece_cpu + 2.0 * (n - 1) / n * S / probe.copy_bytes_per_s;
       p.comm_s = wait;
       p.step_s = std::max(p.cpu_s, compute_s + wait);
     } else if (algorithm == PeerAlgorithm::kTreeAllReduce || algorithm == PeerAlgorithm::kRdAllReduce) {
-      // Rounds in sequence, each as slow as its slowest message of S (its link, or the
-      // sender's card: one message a round per peer, so a card is never shared).
-      const auto rounds = log_rounds(algorithm, n);
-      double total = 0, worst = 0;
-      std::string which;
-      for (const auto& round : rounds) {
-        double slowest = 0;
-        for (const auto& [from, to] : round) {
-          const double t = std::max(link_time(topo.link(from, to), S, probe), card(S));
-          if (from == i || to == i) ++messages;
-          if (t > slowest) slowest = t;
-          if (t > worst) {
-            worst = t;
-            which = str("link ", from, "-", to);
-          }
-        }
-        total += slowest;
-      }
-      consider(total, str(rounds.size(), algorithm == PeerAlgorithm::kTreeAllReduce ? " tree" : " doubling",
-                          " rounds of the whole vector, the slowest ", which));
+      messages = log_replay.messages[static_cast<std::size_t>(i)];
+      consider(log_replay.done_s[static_cast<std::size_t>(i)],
+               str(algorithm == PeerAlgorithm::kTreeAllReduce ? "the binomial tree" : "recursive doubling",
+                   " of the whole vector, its slowest message on link ", log_replay.slowest_link));
       // Each message costs its ends CPU, and each one received is added (or copied) in.
       p.cpu_s = compute_s + messages / 2.0 * message_cpu + messages / 2.0 * S / probe.copy_bytes_per_s;
       p.comm_s = wait;
@@ -251,7 +268,8 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
       const int server = 0;
       if (i == server) {
         // The latencies add up (gradients in, then parameters out); the bytes overlap: the
-        // workers first served push their next gradient while the card sends the others'.
+        // workers first served push their next gradient while the card sends the others',
+        // all but the last served one's, which crosses its link after the broadcast.
         double latency = 0, in = 0, outgoing = 0;
         for (int w = 1; w < n; ++w) {
           latency = std::max(latency, (topo.link(w, server).latency_ms + topo.link(server, w).latency_ms) * 1e-3);
@@ -259,7 +277,7 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
           outgoing = std::max(outgoing, link_time({0, topo.link(server, w).bandwidth_mbps}, S, probe));
         }
         consider(
-            latency + std::max({in, outgoing, card(S * (n - 1))}),
+            latency + std::max(outgoing, card(S * (n - 1))) + in,
             str("the server's ", n - 1, " gradients in and parameters out",
                 topo.node_bandwidth_mbps > 0 ? str(" through its ", topo.node_bandwidth_mbps, " Mbit/s card") : ""));
         messages = 2 * (n - 1);

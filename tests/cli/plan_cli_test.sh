@@ -32,8 +32,11 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --run --topology "$work/pair.yaml" --
 # Across peers: the algorithms ranked for a topology's links, each with its bottleneck.
 printf 'links:\n  default: {latency_ms: 10, bandwidth_mbps: 100}\n' >>"$work/pair.yaml"
 out=$("$bin" plan --topology "$work/pair.yaml" --compare --model mlp --hidden 32 --batch 8 2>&1)
-[[ $? -eq 0 && $(grep -c "^dpsgd\|^allreduce\|^ps" <<<"$out") -ge 3 ]] && grep -q "link 0-1 (10 ms" <<<"$out" && ok ||
-  fail "plan --topology --compare: $out"
+[[ $? -eq 0 && $(grep -c "^dpsgd\|^allreduce\|^ps" <<<"$out") -ge 5 ]] && grep -q "link 0-1 (10 ms" <<<"$out" &&
+  grep -q "^allreduce-tree" <<<"$out" && grep -q "^allreduce-rd" <<<"$out" && ok ||
+  fail "plan --topology --compare (dpsgd, the ring, tree and rd all-reduces, ps): $out"
+out=$("$bin" plan --topology "$work/pair.yaml" --algorithm allreduce --allreduce-algo star --model mlp 2>&1)
+[[ $? -ne 0 ]] && grep -q "error: --allreduce-algo 'star'" <<<"$out" && ok || fail "plan --allreduce-algo star: $out"
 out=$("$bin" plan --topology "$work/pair.yaml" --algorithm gossip --model mlp 2>&1)
 [[ $? -ne 0 ]] && grep -q "error: --algorithm 'gossip'" <<<"$out" && ok || fail "plan --algorithm gossip: $out"
 expect_error() {  # expect_error PATTERN ARGS...

@@ -309,35 +309,66 @@ TEST(Network, AllReduceAndTheServerScaleAsTheyShould) {
   p = predict_network(ring_of_four(0, 0, 10), PeerAlgorithm::kPs, kS, kCompute, kFreeLoopback, 0);
   EXPECT_NEAR(p.step_s, kCompute + 3.0, 1e-6);  // the free loopback's nanoseconds
   EXPECT_EQ(p.slowest, 0);
+  // With 10 Mbit/s links as well, the last worker served sends its gradient after the
+  // broadcast: 3 s out and 1 s in.
+  p = predict_network(ring_of_four(0, 10, 10), PeerAlgorithm::kPs, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NEAR(p.step_s, kCompute + 4.0, 1e-6);
   // Its latencies add up: gradients in, parameters out.
   p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kPs, kS, kCompute, kFreeLoopback, 0);
   EXPECT_NEAR(p.step_s, kCompute + 20e-3, 1e-6);  // the free loopback's nanoseconds
 }
 
-TEST(Network, TreeAndRecursiveDoublingCountTheirRounds) {
-  // n = 4: the binomial tree 2 rounds up and 2 down, recursive doubling 2 exchanges, each
-  // round one message of the whole S: 10 ms of latency each, or 1 s at 10 Mbit/s.
-  auto p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0);
-  EXPECT_NEAR(p.step_s, kCompute + 4 * 10e-3, 1e-6);  // the free loopback's nanoseconds
-  EXPECT_NE(p.where.find("4 tree rounds"), std::string::npos) << p.where;
-  p = predict_network(ring_of_four(0, 10, 0), PeerAlgorithm::kRdAllReduce, kS, kCompute, kFreeLoopback, 0);
-  EXPECT_NEAR(p.step_s, kCompute + 2 * 1.0, 1e-6);
-  // A 10 Mbit/s card is never shared: one message a round per peer.
-  p = predict_network(ring_of_four(0, 0, 10), PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0);
-  EXPECT_NEAR(p.step_s, kCompute + 4 * 1.0, 1e-6);
-  // n = 6: the tree ⌈log₂ 6⌉ = 3 rounds each way; doubling 2 rounds among 4, and one before
-  // and one after for the 2 peers beyond the power of two.
-  auto six =
-      topology::make_topology("ring6", {}, topology::generate("ring", {.n = 6}), topology::WeightScheme::kMetropolis);
-  six.default_link = {10, 0};
-  EXPECT_NEAR(predict_network(six, PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0).step_s,
-              kCompute + 6 * 10e-3, 1e-6);
-  EXPECT_NEAR(predict_network(six, PeerAlgorithm::kRdAllReduce, kS, kCompute, kFreeLoopback, 0).step_s,
-              kCompute + 4 * 10e-3, 1e-6);
+topology::Topology ring_of(int n, double latency_ms) {
+  auto t =
+      topology::make_topology("ring", {}, topology::generate("ring", {.n = n}), topology::WeightScheme::kMetropolis);
+  t.default_link = {latency_ms, 0};
+  return t;
+}
+
+double log_allreduce_s(const topology::Topology& t, PeerAlgorithm a) {
+  return predict_network(t, a, kS, kCompute, kFreeLoopback, 0).step_s - kCompute;
+}
+
+TEST(Network, TreeAndRecursiveDoublingReplayTheirMessages) {
+  // n = 4: the binomial tree's longest chain is 4 messages of the whole S (1→0, 2→0 after
+  // 3→2; 0→2, then 0→1 and 2→3), recursive doubling 2 exchanges: 10 ms of latency each,
+  // or 1 s at 10 Mbit/s.
+  EXPECT_NEAR(log_allreduce_s(ring_of_four(10, 0, 0), PeerAlgorithm::kTreeAllReduce), 4 * 10e-3, 1e-6);
+  EXPECT_NEAR(log_allreduce_s(ring_of_four(0, 10, 0), PeerAlgorithm::kRdAllReduce), 2 * 1.0, 1e-6);
+  const auto p = predict_network(ring_of_four(10, 0, 0), PeerAlgorithm::kTreeAllReduce, kS, kCompute, kFreeLoopback, 0);
+  EXPECT_NE(p.where.find("binomial tree"), std::string::npos) << p.where;
+  // A 10 Mbit/s card is never shared: a sender sends one message at a time.
+  EXPECT_NEAR(log_allreduce_s(ring_of_four(0, 0, 10), PeerAlgorithm::kTreeAllReduce), 4 * 1.0, 1e-6);
+  // Other n, by hand (t = 10 ms a message). The tree: n = 2: 1→0, 0→1; n = 3: 1→0 and 2→0
+  // both at t, then 0→2, 0→1; n = 5 and 6: 0 has every sum at 2t, then sends to 4, 2, 1 in
+  // turn (and 2→3, 4→5 overlap those): 5t, not the 6 rounds a round-by-round count gives.
+  // Recursive doubling: n = 2 one exchange; n = 3: 0→1, the exchange 1↔2, 1→0; n = 5, 6:
+  // the extra peers hand over, 2 exchanges among 4, the sums handed back: 4t.
+  const std::pair<int, double> tree[] = {{1, 0}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 5}, {8, 6}};
+  for (const auto& [n, hops] : tree)
+    EXPECT_NEAR(log_allreduce_s(ring_of(n, 10), PeerAlgorithm::kTreeAllReduce), hops * 10e-3, 1e-6) << "n = " << n;
+  const std::pair<int, double> rd[] = {{1, 0}, {2, 1}, {3, 3}, {4, 2}, {5, 4}, {6, 4}, {8, 3}};
+  for (const auto& [n, hops] : rd)
+    EXPECT_NEAR(log_allreduce_s(ring_of(n, 10), PeerAlgorithm::kRdAllReduce), hops * 10e-3, 1e-6) << "n = " << n;
+  // The pairings matter: a slow link 1-3 is recursive doubling's second exchange, not a tree
+  // edge (the tree at n = 4 uses 1-0, 3-2, 2-0).
+  auto slow = ring_of_four(10, 0, 0);
+  slow.link_overrides.push_back({1, 3, {100, 0}});
+  EXPECT_NEAR(log_allreduce_s(slow, PeerAlgorithm::kRdAllReduce), 10e-3 + 100e-3, 1e-6);
+  EXPECT_NEAR(log_allreduce_s(slow, PeerAlgorithm::kTreeAllReduce), 4 * 10e-3, 1e-6);
+  // Their messages' CPU on shared cores (free links): the tree at n = 4 sends 6 messages
+  // (12 ends), recursive doubling 8 (16 ends); each end pays half of 1 ms, each peer 1 ms
+  // of compute: (4 + 6) ms and (4 + 8) ms over 2 cores.
+  const NetworkProbe costly{.message_s = 0, .message_cpu_s = 1e-3, .bytes_per_s = 1e15, .copy_bytes_per_s = 1e15};
+  EXPECT_NEAR(predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kTreeAllReduce, kS, kCompute, costly, 2).step_s,
+              10e-3 / 2, 1e-6);
+  EXPECT_NEAR(predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kRdAllReduce, kS, kCompute, costly, 2).step_s,
+              12e-3 / 2, 1e-6);
   EXPECT_EQ(parse_peer_algorithm("allreduce", "tree"), PeerAlgorithm::kTreeAllReduce);
   EXPECT_EQ(parse_peer_algorithm("allreduce", "rd"), PeerAlgorithm::kRdAllReduce);
   EXPECT_EQ(parse_peer_algorithm("allreduce"), PeerAlgorithm::kAllReduce);
   EXPECT_THROW(parse_peer_algorithm("allreduce", "star"), Error);
+  EXPECT_THROW(parse_peer_algorithm("dpsgd", "tree"), Error);  // as launch refuses it
 }
 
 TEST(Network, PeersSharingCoresAreBoundByTheirCpu) {

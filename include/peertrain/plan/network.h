@@ -8,9 +8,11 @@
 //              waits max(compute, the slowest neighbour's S over its link), the sends
 //              sharing the peer's card when node_bandwidth_mbps caps it;
 //   allreduce  ring: 2(n − 1) ring steps of S/n, each bound by the ring's slowest link;
-//              tree (binomial): ⌈log₂ n⌉ rounds of S up the tree, then as many down, each
-//              round bound by its slowest pair; rd (recursive doubling): log₂ n rounds of
-//              S swapped between pairs, and two more for the peers beyond a power of two;
+//              tree (binomial) and rd (recursive doubling): messages of the whole S,
+//              replayed one by one in each peer's program order as algo/collectives.cpp
+//              sends them (a send blocks its sender; an exchange ends when both messages
+//              have crossed), so independent chains overlap: the tree at n = 6 takes 5
+//              message times, not 2⌈log₂ n⌉ = 6;
 //   ps         peer 0 receives n − 1 gradients and sends n − 1 parameter vectors through
 //              its card; the others send one and receive one.
 // Each message also costs its two ends software time (the probe's loopback round trip),
@@ -28,8 +30,8 @@
 namespace peertrain::plan {
 
 enum class PeerAlgorithm { kDpsgd, kAllReduce, kTreeAllReduce, kRdAllReduce, kPs };
-// --algorithm dpsgd|allreduce|ps with --allreduce-algo ring|tree|rd, as launch takes them;
-// throws naming the flag.
+// --algorithm dpsgd|allreduce|ps with --allreduce-algo ring|tree|rd (tree and rd only with
+// allreduce); throws naming the flag.
 PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::string& allreduce_algo = "ring");
 std::string to_string(PeerAlgorithm algorithm);  // dpsgd, allreduce, allreduce-tree, allreduce-rd, ps
 
