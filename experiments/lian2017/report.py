@@ -204,13 +204,20 @@ def targets_and_times(runs):
         targets[n] = math.ceil(max(ok) * 100) / 100 if ok else NAN
     for r in runs:
         r["target_loss"] = targets[r["peers"]]
-        t = e = None
-        if not math.isnan(r["target_loss"]):
-            t, _ = ek.interpolate_crossing(r["curve"], "train_loss_smoothed", r["target_loss"], "wall_s_peer0")
-            e, _ = ek.interpolate_crossing(r["curve"], "train_loss_smoothed", r["target_loss"], "epoch")
-        r["time_to_target_s"] = t if t is not None else NAN
-        r["epoch_at_target"] = e if e is not None else NAN
+        r["time_to_target_s"], r["epoch_at_target"] = time_and_epoch_at(
+            ek.interpolate_crossing, r["curve"], "train_loss_smoothed", r["target_loss"])
     return targets, skipped
+
+
+def time_and_epoch_at(crossing, curve, key, target):
+    """(peer 0's seconds, epoch) when `key` first crosses `target` by `crossing`
+    (ek.interpolate_crossing for a falling loss, ek.interpolate_rise for a rising accuracy);
+    nan for either that never comes or a nan target."""
+    if math.isnan(target):
+        return NAN, NAN
+    t, _ = crossing(curve, key, target, "wall_s_peer0")
+    e, _ = crossing(curve, key, target, "epoch")
+    return (NAN if t is None else t), (NAN if e is None else e)
 
 
 def accuracy_targets_and_times(runs):
@@ -227,12 +234,8 @@ def accuracy_targets_and_times(runs):
         targets[n] = math.floor(min(bests) * 100 + 1e-9) / 100 if bests else NAN
     for r in runs:
         r["target_accuracy"] = targets[r["peers"]]
-        t = e = None
-        if not math.isnan(r["target_accuracy"]):
-            t, _ = ek.interpolate_rise(r["curve"], "avg_accuracy", r["target_accuracy"], "wall_s_peer0")
-            e, _ = ek.interpolate_rise(r["curve"], "avg_accuracy", r["target_accuracy"], "epoch")
-        r["time_to_accuracy_s"] = t if t is not None else NAN
-        r["epoch_at_accuracy"] = e if e is not None else NAN
+        r["time_to_accuracy_s"], r["epoch_at_accuracy"] = time_and_epoch_at(
+            ek.interpolate_rise, r["curve"], "avg_accuracy", r["target_accuracy"])
     return targets
 
 
