@@ -3,8 +3,13 @@
 // contiguous direction in Eigen's column-major storage.
 #include "peertrain/model/attention.h"
 
+#include "attention_blocks.h"
+
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -52,18 +57,9 @@ int count_visible(int tq, int tk, const int* q_positions, const int* k_positions
   return widest;
 }
 
-}  // namespace
-
-namespace attention_block {
-
-void start(int head_dim, int tq, float* max, float* sum, float* acc) {
-  std::fill(max, max + tq, kMinusInfinity);
-  std::fill(sum, sum + tq, 0.0f);
-  std::fill(acc, acc + static_cast<std::ptrdiff_t>(head_dim) * tq, 0.0f);
-}
-
-bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
-                const int* k_positions, bool causal, float* max, float* sum, float* acc) {
+// One key tile (tk ≤ kTile) of the portable forward.
+bool accumulate_tile(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                     const float* v, const int* k_positions, bool causal, float* max, float* sum, float* acc) {
   Scratch& s = scratch();
   const int widest = count_visible(tq, tk, q_positions, k_positions, causal, s.visible);
   if (widest == 0) return false;
@@ -92,28 +88,10 @@ bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_posit
   return true;
 }
 
-void finish(int head_dim, int tq, const float* max, const float* sum, const float* acc, float* out, float* lse) {
-  ConstMap A(acc, head_dim, tq);
-  Map O(out, head_dim, tq);
-  for (int j = 0; j < tq; ++j) {
-    if (sum[j] == 0.0f) {
-      O.col(j).setZero();
-      lse[j] = kMinusInfinity;
-      continue;
-    }
-    O.col(j) = A.col(j) / sum[j];
-    lse[j] = max[j] + std::log(sum[j]);
-  }
-}
-
-void backward_delta(int head_dim, int tq, const float* out, const float* dout, float* delta) {
-  ConstMap O(out, head_dim, tq), dO(dout, head_dim, tq);
-  Vector(delta, tq) = O.cwiseProduct(dO).colwise().sum().transpose();
-}
-
-void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
-                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
-                         const float* dout, float* dq, float* dk, float* dv) {
+// One key tile (tk ≤ kTile) of the portable backward.
+void accumulate_backward_tile(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                              const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
+                              const float* dout, float* dq, float* dk, float* dv) {
   Scratch& s = scratch();
   const int widest = count_visible(tq, tk, q_positions, k_positions, causal, s.visible);
   if (widest == 0) return;
@@ -144,6 +122,93 @@ void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int
   dK.noalias() += Q * dS.transpose();
 }
 
+}  // namespace
+
+namespace portable {
+
+bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
+                const int* k_positions, bool causal, float* max, float* sum, float* acc) {
+  bool computed = false;
+  for (int k0 = 0; k0 < tk; k0 += kTile) {
+    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(head_dim) * k0;
+    if (!accumulate_tile(head_dim, tq, std::min(kTile, tk - k0), q, q_positions, k + at, v + at, k_positions + k0,
+                         causal, max, sum, acc))
+      break;  // keys ascend: no query sees a later tile either
+    computed = true;
+  }
+  return computed;
+}
+
+void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
+                         const float* dout, float* dq, float* dk, float* dv) {
+  for (int k0 = 0; k0 < tk; k0 += kTile) {
+    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(head_dim) * k0;
+    accumulate_backward_tile(head_dim, tq, std::min(kTile, tk - k0), q, q_positions, k + at, v + at, k_positions + k0,
+                             causal, lse, delta, dout, dq, dk + at, dv + at);
+  }
+}
+
+}  // namespace portable
+
+namespace {
+std::atomic<bool>& fused_kernels_flag() {
+  static std::atomic<bool> enabled = [] {
+    const char* choice = std::getenv("PEERTRAIN_KERNELS");
+    return choice == nullptr || std::string_view(choice) != "portable";
+  }();
+  return enabled;
+}
+bool fused(int head_dim) { return fused_kernels_flag().load(std::memory_order_relaxed) && avx512::supports(head_dim); }
+}  // namespace
+
+bool fused_kernels_enabled() { return fused_kernels_flag().load(); }
+void set_fused_kernels_enabled(bool enabled) { fused_kernels_flag().store(enabled); }
+
+namespace attention_block {
+
+void start(int head_dim, int tq, float* max, float* sum, float* acc) {
+  std::fill(max, max + tq, kMinusInfinity);
+  std::fill(sum, sum + tq, 0.0f);
+  std::fill(acc, acc + static_cast<std::ptrdiff_t>(head_dim) * tq, 0.0f);
+}
+
+bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
+                const int* k_positions, bool causal, float* max, float* sum, float* acc) {
+  if (fused(head_dim))
+    return avx512::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc);
+  return portable::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc);
+}
+
+void finish(int head_dim, int tq, const float* max, const float* sum, const float* acc, float* out, float* lse) {
+  ConstMap A(acc, head_dim, tq);
+  Map O(out, head_dim, tq);
+  for (int j = 0; j < tq; ++j) {
+    if (sum[j] == 0.0f) {
+      O.col(j).setZero();
+      lse[j] = kMinusInfinity;
+      continue;
+    }
+    O.col(j) = A.col(j) / sum[j];
+    lse[j] = max[j] + std::log(sum[j]);
+  }
+}
+
+void backward_delta(int head_dim, int tq, const float* out, const float* dout, float* delta) {
+  ConstMap O(out, head_dim, tq), dO(dout, head_dim, tq);
+  Vector(delta, tq) = O.cwiseProduct(dO).colwise().sum().transpose();
+}
+
+void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
+                         const float* dout, float* dq, float* dk, float* dv) {
+  if (fused(head_dim))
+    return avx512::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout,
+                                       dq, dk, dv);
+  portable::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout, dq, dk,
+                                dv);
+}
+
 }  // namespace attention_block
 
 namespace {
@@ -171,11 +236,9 @@ void LocalAttention::forward(const AttentionShape& shape, std::span<const int> p
     for (int q0 = 0; q0 < T; q0 += kTile) {
       const int tq = std::min(kTile, T - q0);
       attention_block::start(d, tq, max.data(), sum.data(), acc.data());
-      for (int k0 = 0; k0 < T; k0 += kTile) {
-        if (shape.causal && pos[k0] > pos[q0 + tq - 1]) break;  // every later key is hidden too
-        attention_block::accumulate(d, tq, std::min(kTile, T - k0), Q + q0 * d, pos + q0, K + k0 * d, V + k0 * d,
-                                    pos + k0, shape.causal, max.data(), sum.data(), acc.data());
-      }
+      // Every key at once: the kernels tile them, and stop where the causal mask hides the rest.
+      attention_block::accumulate(d, tq, T, Q + q0 * d, pos + q0, K, V, pos, shape.causal, max.data(), sum.data(),
+                                  acc.data());
       attention_block::finish(d, tq, max.data(), sum.data(), acc.data(), out + bh * block + q0 * d,
                               lse + static_cast<std::ptrdiff_t>(bh) * T + q0);
     }
@@ -198,14 +261,9 @@ void LocalAttention::backward(const AttentionShape& shape, std::span<const int> 
     for (int q0 = 0; q0 < T; q0 += kTile) {
       const int tq = std::min(kTile, T - q0);
       attention_block::backward_delta(d, tq, out + at + q0 * d, dout + at + q0 * d, delta.data());
-      for (int k0 = 0; k0 < T; k0 += kTile) {
-        if (shape.causal && pos[k0] > pos[q0 + tq - 1]) break;
-        attention_block::accumulate_backward(d, tq, std::min(kTile, T - k0), q + at + q0 * d, pos + q0,
-                                             k + at + k0 * d, v + at + k0 * d, pos + k0, shape.causal,
-                                             lse + static_cast<std::ptrdiff_t>(bh) * T + q0, delta.data(),
-                                             dout + at + q0 * d, dq + at + q0 * d, dk + at + k0 * d,
-                                             dv + at + k0 * d);
-      }
+      attention_block::accumulate_backward(d, tq, T, q + at + q0 * d, pos + q0, k + at, v + at, pos, shape.causal,
+                                           lse + static_cast<std::ptrdiff_t>(bh) * T + q0, delta.data(),
+                                           dout + at + q0 * d, dq + at + q0 * d, dk + at, dv + at);
     }
   }
 }

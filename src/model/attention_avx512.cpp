@@ -1,0 +1,398 @@
+// Fused attention kernels for AVX-512 (FlashAttention's tiling, Dao et al. 2022, on a CPU
+// core): a 64-query tile is packed once, transposed so that 16 queries fill a vector, and
+// meets the keys 64 at a time. The scores of a tile (64 × 64 floats, 16 KiB) stay in L1
+// between the two products, the softmax runs down the vectors (a query's max and sum are
+// lane-wise, no horizontal reduction), and the exponential is a base-2 polynomial whose
+// scale by log2(e)/√d is folded into the packed queries.
+//
+// Two register-blocked products do all the arithmetic:
+//   scores:     S[q, i] = Σ_c Qp[c, q] · K[c, i]        queries in lanes, 4 × 6 accumulators
+//   accumulate: Out[:, j] += Σ_i A[:, i] · B(i, j)     head_dim in lanes, (d/16) × NC
+// Forward: S = scores(Q, K); P = exp2(S − m); O += accumulate(V, P).
+// Backward (P recomputed from the log-sum-exp): dP = scores(dO, V), dS = P ∘ (dP − delta),
+//   dV += accumulate(dO, Pᵀ), dK += accumulate(Q, dSᵀ), dQ += accumulate(K, dS).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+#include "attention_blocks.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "peertrain/core/aligned.h"
+#endif
+
+namespace peertrain::model::avx512 {
+
+#if !defined(__AVX512F__)
+
+bool supports(int) { return false; }
+bool accumulate(int, int, int, const float*, const int*, const float*, const float*, const int*, bool, float*, float*,
+                float*) {
+  return false;
+}
+void accumulate_backward(int, int, int, const float*, const int*, const float*, const float*, const int*, bool,
+                         const float*, const float*, const float*, float*, float*, float*) {}
+
+#else
+
+namespace {
+
+using std::ptrdiff_t;
+
+constexpr int kLanes = 16;
+constexpr int kQueryTile = 64;  // queries packed together: 4 vectors
+constexpr int kQueryVectors = kQueryTile / kLanes;
+constexpr int kKeyTile = 64;        // keys per score tile
+constexpr int kScoreKeys = 6;       // keys per register block of the scores product (4 × 6 accumulators)
+constexpr int kMaxHeadVectors = 8;  // head_dim ≤ 128
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+
+// 2^x for x ≤ 0: x = n + f with n an integer and |f| ≤ ½, 2^f by a degree-6 polynomial
+// (relative error below 1e-7, fitted on Chebyshev nodes), and vscalefps for 2^n. Inputs
+// below −126 give 2^−126 (not 0, and never a denormal): callers mask what must be 0.
+inline __m512 exp2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5337577497e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399859890e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6185198054e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503290147e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022646248e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718246e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// s[q + 64·i] = Σ_c qp[64·c + q] · k[c + d·i], for the 64 packed queries and NK keys.
+template <int NK>
+void scores_block(int d, const float* qp, const float* k, float* s) {
+  __m512 acc[kQueryVectors][NK];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    __m512 a[kQueryVectors];
+    for (int r = 0; r < kQueryVectors; ++r) a[r] = _mm512_loadu_ps(qp + kQueryTile * c + kLanes * r);
+    for (int i = 0; i < NK; ++i) {
+      const __m512 b = _mm512_set1_ps(k[c + static_cast<ptrdiff_t>(d) * i]);
+      for (int r = 0; r < kQueryVectors; ++r) acc[r][i] = _mm512_fmadd_ps(a[r], b, acc[r][i]);
+    }
+  }
+  for (int i = 0; i < NK; ++i)
+    for (int r = 0; r < kQueryVectors; ++r) _mm512_storeu_ps(s + kQueryTile * i + kLanes * r, acc[r][i]);
+}
+
+// The score tile of the packed queries against nk keys (natural layout, d per key).
+void scores(int d, const float* qp, const float* k, int nk, float* s) {
+  int i = 0;
+  for (; i + kScoreKeys <= nk; i += kScoreKeys)
+    scores_block<kScoreKeys>(d, qp, k + static_cast<ptrdiff_t>(d) * i, s + kQueryTile * i);
+  const float* kr = k + static_cast<ptrdiff_t>(d) * i;
+  float* sr = s + kQueryTile * i;
+  switch (nk - i) {
+    case 1:
+      scores_block<1>(d, qp, kr, sr);
+      break;
+    case 2:
+      scores_block<2>(d, qp, kr, sr);
+      break;
+    case 3:
+      scores_block<3>(d, qp, kr, sr);
+      break;
+    case 4:
+      scores_block<4>(d, qp, kr, sr);
+      break;
+    case 5:
+      scores_block<5>(d, qp, kr, sr);
+      break;
+    default:
+      break;
+  }
+}
+
+// Columns of one accumulate register block for head_dim = 16·DV: as many as the 32 vector
+// registers hold beside DV loaded head vectors and one broadcast.
+constexpr int block_columns(int dv) { return std::min(24, (31 - dv) / dv); }
+
+// out[:, j] += Σ_i a[:, i] · b[si·i + sj·j] for NC columns; a and out hold 16·DV floats per
+// column, one column after the other.
+template <int DV, int NC>
+void accumulate_block(int inner, const float* a, const float* b, ptrdiff_t si, ptrdiff_t sj, float* out) {
+  constexpr int d = kLanes * DV;
+  __m512 acc[DV][NC];
+  for (int j = 0; j < NC; ++j)
+    for (int r = 0; r < DV; ++r) acc[r][j] = _mm512_loadu_ps(out + d * j + kLanes * r);
+  for (int i = 0; i < inner; ++i) {
+    __m512 x[DV];
+    for (int r = 0; r < DV; ++r) x[r] = _mm512_loadu_ps(a + static_cast<ptrdiff_t>(d) * i + kLanes * r);
+    const float* bi = b + si * i;
+    for (int j = 0; j < NC; ++j) {
+      const __m512 y = _mm512_set1_ps(bi[sj * j]);
+      for (int r = 0; r < DV; ++r) acc[r][j] = _mm512_fmadd_ps(x[r], y, acc[r][j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j)
+    for (int r = 0; r < DV; ++r) _mm512_storeu_ps(out + d * j + kLanes * r, acc[r][j]);
+}
+
+template <int DV, int... N>
+void accumulate_rest(int columns, int inner, const float* a, const float* b, ptrdiff_t si, ptrdiff_t sj, float* out,
+                     std::integer_sequence<int, N...>) {
+  ((columns == N + 1 ? accumulate_block<DV, N + 1>(inner, a, b, si, sj, out) : void()), ...);
+}
+
+template <int DV>
+void accumulate_columns(int columns, int inner, const float* a, const float* b, ptrdiff_t si, ptrdiff_t sj,
+                        float* out) {
+  constexpr int kColumns = block_columns(DV);
+  constexpr ptrdiff_t d = kLanes * DV;
+  int j = 0;
+  for (; j + kColumns <= columns; j += kColumns)
+    accumulate_block<DV, kColumns>(inner, a, b + sj * j, si, sj, out + d * j);
+  if (j < columns)
+    accumulate_rest<DV>(columns - j, inner, a, b + sj * j, si, sj, out + d * j,
+                        std::make_integer_sequence<int, kColumns - 1>{});
+}
+
+// out (d × columns) += a (d × inner) · B, B(i, j) = b[si·i + sj·j].
+void accumulate_product(int d, int columns, int inner, const float* a, const float* b, ptrdiff_t si, ptrdiff_t sj,
+                        float* out) {
+  if (columns <= 0 || inner <= 0) return;
+  switch (d / kLanes) {
+    case 1:
+      accumulate_columns<1>(columns, inner, a, b, si, sj, out);
+      break;
+    case 2:
+      accumulate_columns<2>(columns, inner, a, b, si, sj, out);
+      break;
+    case 3:
+      accumulate_columns<3>(columns, inner, a, b, si, sj, out);
+      break;
+    case 4:
+      accumulate_columns<4>(columns, inner, a, b, si, sj, out);
+      break;
+    case 5:
+      accumulate_columns<5>(columns, inner, a, b, si, sj, out);
+      break;
+    case 6:
+      accumulate_columns<6>(columns, inner, a, b, si, sj, out);
+      break;
+    case 7:
+      accumulate_columns<7>(columns, inner, a, b, si, sj, out);
+      break;
+    case 8:
+      accumulate_columns<8>(columns, inner, a, b, si, sj, out);
+      break;
+    default:
+      break;
+  }
+}
+
+// Per-thread scratch, 64-byte aligned for the packed loads.
+struct Scratch {
+  AlignedVector<float> packed_q, packed_dout, probs, dprobs;
+  Scratch()
+      : packed_q(kQueryTile * kLanes * kMaxHeadVectors),
+        packed_dout(kQueryTile * kLanes * kMaxHeadVectors),
+        probs(kQueryTile * kKeyTile),
+        dprobs(kQueryTile * kKeyTile) {}
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// packed[64·c + j] = scale · x[c + d·j] for the tile's nq queries, zero for the rest.
+void pack(int d, int nq, const float* x, float scale, float* packed) {
+  for (int j = 0; j < nq; ++j)
+    for (int c = 0; c < d; ++c) packed[kQueryTile * c + j] = scale * x[c + static_cast<ptrdiff_t>(d) * j];
+  if (nq < kQueryTile)
+    for (int c = 0; c < d; ++c) std::fill(packed + kQueryTile * c + nq, packed + kQueryTile * (c + 1), 0.0f);
+}
+
+// The queries of one tile: their positions as vectors (padding lanes see every key), and
+// how many leading keys any of them sees.
+struct QueryTile {
+  __m512i positions[kQueryVectors];
+  int lowest = INT_MAX;
+  int highest = INT_MIN;
+  QueryTile(const int* q_positions, int nq) {
+    alignas(64) int pos[kQueryTile];
+    for (int j = 0; j < kQueryTile; ++j) pos[j] = j < nq ? q_positions[j] : INT_MAX;
+    for (int j = 0; j < nq; ++j) {
+      lowest = std::min(lowest, q_positions[j]);
+      highest = std::max(highest, q_positions[j]);
+    }
+    for (int r = 0; r < kQueryVectors; ++r) positions[r] = _mm512_load_si512(pos + kLanes * r);
+  }
+  int visible_keys(const int* k_positions, int tk, bool causal) const {
+    if (!causal) return tk;
+    return static_cast<int>(std::upper_bound(k_positions, k_positions + tk, highest) - k_positions);
+  }
+  // Whether some key of [first, last] lies after some query: the tile needs its mask.
+  bool masked(const int* k_positions, int nk, bool causal) const { return causal && k_positions[nk - 1] > lowest; }
+  __mmask16 sees(int r, int key_position) const {
+    return _mm512_cmp_epi32_mask(positions[r], _mm512_set1_epi32(key_position), _MM_CMPINT_NLT);
+  }
+};
+
+// Converts a tile's running max between natural units (the interface) and base 2 (the
+// kernels), with padding lanes at −inf.
+__m512 load_lanes(const float* x, int nq, int r, float scale, float pad) {
+  const int first = kLanes * r;
+  const int n = std::clamp(nq - first, 0, kLanes);
+  const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+  const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(pad), mask, x + first);
+  return _mm512_mul_ps(v, _mm512_set1_ps(scale));
+}
+void store_lanes(float* x, int nq, int r, __m512 v) {
+  const int first = kLanes * r;
+  const int n = std::clamp(nq - first, 0, kLanes);
+  _mm512_mask_storeu_ps(x + first, static_cast<__mmask16>((1u << n) - 1u), v);
+}
+
+// One query tile of the forward pass against keys [0, keys).
+void forward_tile(int d, int nq, const float* q, const QueryTile& tile, const float* k, const float* v,
+                  const int* k_positions, int keys, bool causal, float* max, float* sum, float* acc) {
+  Scratch& s = scratch();
+  pack(d, nq, q, kLog2e / std::sqrt(static_cast<float>(d)), s.packed_q.data());
+  __m512 m[kQueryVectors], l[kQueryVectors];
+  for (int r = 0; r < kQueryVectors; ++r) {
+    m[r] = load_lanes(max, nq, r, kLog2e, kMinusInfinity);  // −inf · log2 e stays −inf
+    l[r] = load_lanes(sum, nq, r, 1.0f, 0.0f);
+  }
+  float* p = s.probs.data();
+  alignas(64) float correction[kQueryTile];
+  const __m512 minus_infinity = _mm512_set1_ps(kMinusInfinity);
+  for (int k0 = 0; k0 < keys; k0 += kKeyTile) {
+    const int nk = std::min(kKeyTile, keys - k0);
+    const float* kt = k + static_cast<ptrdiff_t>(d) * k0;
+    const int* kpos = k_positions + k0;
+    scores(d, s.packed_q.data(), kt, nk, p);
+    const bool masked = tile.masked(kpos, nk, causal);
+    bool rescale = false;
+    for (int r = 0; r < kQueryVectors; ++r) {
+      float* column = p + kLanes * r;
+      __m512 top = minus_infinity;
+      for (int i = 0; i < nk; ++i) {
+        const __m512 x = _mm512_loadu_ps(column + kQueryTile * i);
+        top = masked ? _mm512_mask_max_ps(top, tile.sees(r, kpos[i]), top, x) : _mm512_max_ps(top, x);
+      }
+      const __m512 new_max = _mm512_max_ps(m[r], top);
+      // A query that has seen no key yet keeps max −inf; subtract 0 instead, so that no
+      // −inf − (−inf) appears (its exponentials are masked to 0 anyway).
+      const __m512 shift =
+          _mm512_mask_blend_ps(_mm512_cmp_ps_mask(new_max, minus_infinity, _CMP_EQ_OQ), new_max, _mm512_setzero_ps());
+      const __m512 factor = exp2(_mm512_sub_ps(m[r], shift));
+      __m512 row_sum = _mm512_setzero_ps();
+      for (int i = 0; i < nk; ++i) {
+        __m512 e = exp2(_mm512_sub_ps(_mm512_loadu_ps(column + kQueryTile * i), shift));
+        if (masked) e = _mm512_maskz_mov_ps(tile.sees(r, kpos[i]), e);
+        row_sum = _mm512_add_ps(row_sum, e);
+        _mm512_storeu_ps(column + kQueryTile * i, e);
+      }
+      l[r] = _mm512_fmadd_ps(l[r], factor, row_sum);
+      m[r] = new_max;
+      _mm512_storeu_ps(correction + kLanes * r, factor);
+      rescale |= _mm512_cmp_ps_mask(factor, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+    }
+    if (rescale)
+      for (int j = 0; j < nq; ++j) {
+        const __m512 f = _mm512_set1_ps(correction[j]);
+        float* column = acc + static_cast<ptrdiff_t>(d) * j;
+        for (int c = 0; c < d; c += kLanes) _mm512_storeu_ps(column + c, _mm512_mul_ps(_mm512_loadu_ps(column + c), f));
+      }
+    accumulate_product(d, nq, nk, v + static_cast<ptrdiff_t>(d) * k0, p, kQueryTile, 1, acc);
+  }
+  for (int r = 0; r < kQueryVectors; ++r) {
+    store_lanes(max, nq, r, _mm512_mul_ps(m[r], _mm512_set1_ps(kLn2)));
+    store_lanes(sum, nq, r, l[r]);
+  }
+}
+
+// One query tile of the backward pass against keys [0, keys).
+void backward_tile(int d, int nq, const float* q, const QueryTile& tile, const float* k, const float* v,
+                   const int* k_positions, int keys, bool causal, const float* lse, const float* delta,
+                   const float* dout, float* dq, float* dk, float* dv) {
+  Scratch& s = scratch();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  pack(d, nq, q, kLog2e * scale, s.packed_q.data());
+  pack(d, nq, dout, 1.0f, s.packed_dout.data());
+  __m512 base[kQueryVectors], deltas[kQueryVectors];
+  __mmask16 live[kQueryVectors];  // queries that saw a key in forward (lse finite)
+  for (int r = 0; r < kQueryVectors; ++r) {
+    const __m512 lse2 = load_lanes(lse, nq, r, kLog2e, kMinusInfinity);
+    live[r] = _mm512_cmp_ps_mask(lse2, _mm512_set1_ps(kMinusInfinity), _CMP_NEQ_OQ);
+    base[r] = _mm512_maskz_mov_ps(live[r], lse2);
+    deltas[r] = load_lanes(delta, nq, r, 1.0f, 0.0f);
+  }
+  float* p = s.probs.data();
+  float* ds = s.dprobs.data();
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int k0 = 0; k0 < keys; k0 += kKeyTile) {
+    const int nk = std::min(kKeyTile, keys - k0);
+    const ptrdiff_t at = static_cast<ptrdiff_t>(d) * k0;
+    const int* kpos = k_positions + k0;
+    scores(d, s.packed_q.data(), k + at, nk, p);
+    scores(d, s.packed_dout.data(), v + at, nk, ds);
+    const bool masked = tile.masked(kpos, nk, causal);
+    for (int r = 0; r < kQueryVectors; ++r)
+      for (int i = 0; i < nk; ++i) {
+        const ptrdiff_t e = kQueryTile * i + kLanes * r;
+        const __mmask16 keep = masked ? static_cast<__mmask16>(live[r] & tile.sees(r, kpos[i])) : live[r];
+        const __m512 prob = _mm512_maskz_mov_ps(keep, exp2(_mm512_sub_ps(_mm512_loadu_ps(p + e), base[r])));
+        _mm512_storeu_ps(p + e, prob);
+        const __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(ds + e), deltas[r]);
+        _mm512_storeu_ps(ds + e, _mm512_mul_ps(_mm512_mul_ps(prob, dp), scale_v));
+      }
+    accumulate_product(d, nk, nq, dout, p, 1, kQueryTile, dv + at);  // dV += dO Pᵀ
+    accumulate_product(d, nk, nq, q, ds, 1, kQueryTile, dk + at);    // dK += Q dSᵀ
+    accumulate_product(d, nq, nk, k + at, ds, kQueryTile, 1, dq);    // dQ += K dS
+  }
+}
+
+}  // namespace
+
+bool supports(int head_dim) { return head_dim > 0 && head_dim % kLanes == 0 && head_dim <= kLanes * kMaxHeadVectors; }
+
+bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
+                const int* k_positions, bool causal, float* max, float* sum, float* acc) {
+  const int d = head_dim;
+  bool computed = false;
+  for (int q0 = 0; q0 < tq; q0 += kQueryTile) {
+    const int nq = std::min(kQueryTile, tq - q0);
+    const QueryTile tile(q_positions + q0, nq);
+    const int keys = tile.visible_keys(k_positions, tk, causal);
+    if (keys == 0) continue;
+    computed = true;
+    const ptrdiff_t at = static_cast<ptrdiff_t>(d) * q0;
+    forward_tile(d, nq, q + at, tile, k, v, k_positions, keys, causal, max + q0, sum + q0, acc + at);
+  }
+  return computed;
+}
+
+void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
+                         const float* dout, float* dq, float* dk, float* dv) {
+  const int d = head_dim;
+  for (int q0 = 0; q0 < tq; q0 += kQueryTile) {
+    const int nq = std::min(kQueryTile, tq - q0);
+    const QueryTile tile(q_positions + q0, nq);
+    const int keys = tile.visible_keys(k_positions, tk, causal);
+    if (keys == 0) continue;
+    const ptrdiff_t at = static_cast<ptrdiff_t>(d) * q0;
+    backward_tile(d, nq, q + at, tile, k, v, k_positions, keys, causal, lse + q0, delta + q0, dout + at, dq + at, dk,
+                  dv);
+  }
+}
+
+#endif  // __AVX512F__
+
+}  // namespace peertrain::model::avx512
