@@ -43,6 +43,7 @@ struct DeviceBlockOps {
   DeviceRingAttention* ring;  // null: whole sequences
   kernels::AttentionDims dims;
   const int* positions;  // device
+  int batch;             // sequences
 
   float* scratch(int slot, std::size_t floats) {
     slots[static_cast<std::size_t>(slot)].resize(floats, "block scratch");
@@ -58,14 +59,6 @@ struct DeviceBlockOps {
   template <class... A>
   void layernorm_backward(A... a) {
     kernels::layernorm_backward(stream, a...);
-  }
-  template <class... A>
-  void split_heads(A... a) {
-    kernels::split_heads(stream, a...);
-  }
-  template <class... A>
-  void merge_heads(A... a) {
-    kernels::merge_heads(stream, a...);
   }
   template <class... A>
   void gelu_forward(A... a) {
@@ -93,23 +86,47 @@ struct DeviceBlockOps {
   }
   // The device model splits no block over tensor-parallel ranks (block_shape's tp is 1).
   void all_reduce(float*, std::size_t) { PEERTRAIN_CHECK(false, "device model: no tensor parallelism"); }
-  void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse) {
-    if (ring != nullptr)
-      ring->forward(dims, positions, q, k, v, out, lse);
-    else
-      kernels::attention_forward(stream, dims, q, positions, k, v, positions, out, lse);
+  // The composition hands attention the token-major qkv and wants the token-major output;
+  // the device kernels compute on the [batch][head][token][head_dim] layout, so the heads
+  // are split out into slots 3 and 4 (which the composition leaves free) and merged back.
+  int heads() const { return dims.rows / batch; }
+  std::size_t head_floats() const { return static_cast<std::size_t>(dims.rows) * dims.tq * dims.head_dim; }
+  void split(const float* x, int rows, int offset, float* heads_out) {
+    kernels::split_heads(stream, batch, dims.tq, heads(), dims.head_dim, rows, offset, x, heads_out);
   }
-  void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                          const float* dout, float* dq, float* dk, float* dv) {
+  void merge(const float* heads_in, int rows, int offset, float* x) {
+    kernels::merge_heads(stream, batch, dims.tq, heads(), dims.head_dim, rows, offset, heads_in, x);
+  }
+  void attention_forward(const float* qkv, float* out, float* lse) {
+    const std::size_t an = head_floats();
+    const int a = heads() * dims.head_dim;
+    float* h = scratch(3, 4 * an);  // q, k, v, out
+    for (int part = 0; part < 3; ++part) split(qkv, 3 * a, part * a, h + part * an);
+    if (ring != nullptr)
+      ring->forward(dims, positions, h, h + an, h + 2 * an, h + 3 * an, lse);
+    else
+      kernels::attention_forward(stream, dims, h, positions, h + an, h + 2 * an, positions, h + 3 * an, lse);
+    merge(h + 3 * an, a, 0, out);
+  }
+  void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv) {
+    const std::size_t an = head_floats();
+    const int a = heads() * dims.head_dim;
+    float* h = scratch(3, 5 * an);   // q, k, v, out, dout
+    float* dh = scratch(4, 3 * an);  // dq, dk, dv
+    for (int part = 0; part < 3; ++part) split(qkv, 3 * a, part * a, h + part * an);
+    split(out, a, 0, h + 3 * an);
+    split(dout, a, 0, h + 4 * an);
+    const float *q = h, *k = h + an, *v = h + 2 * an, *o = h + 3 * an, *dO = h + 4 * an;
+    float *dq = dh, *dk = dh + an, *dv = dh + 2 * an;
     if (ring != nullptr) {
-      ring->backward(dims, positions, q, k, v, out, lse, dout, dq, dk, dv);
-      return;
+      ring->backward(dims, positions, q, k, v, o, lse, dO, dq, dk, dv);
+    } else {
+      delta.resize(static_cast<std::size_t>(dims.rows) * dims.tq, "attention delta");
+      kernels::attention_backward_delta(stream, dims.rows, dims.tq, dims.head_dim, o, dO, delta.data());
+      for (float* d : {dq, dk, dv}) kernels::zero(d, sizeof(float) * an, stream);
+      kernels::attention_backward(stream, dims, q, positions, k, v, positions, lse, delta.data(), dO, dq, dk, dv);
     }
-    delta.resize(static_cast<std::size_t>(dims.rows) * dims.tq, "attention delta");
-    kernels::attention_backward_delta(stream, dims.rows, dims.tq, dims.head_dim, out, dout, delta.data());
-    const std::size_t floats = static_cast<std::size_t>(dims.rows) * dims.tq * dims.head_dim;
-    for (float* d : {dq, dk, dv}) kernels::zero(d, sizeof(float) * floats, stream);
-    kernels::attention_backward(stream, dims, q, positions, k, v, positions, lse, delta.data(), dout, dq, dk, dv);
+    for (int part = 0; part < 3; ++part) merge(dh + part * an, 3 * a, part * a, dqkv);
   }
 };
 
@@ -306,7 +323,7 @@ class DeviceTransformer final : public model::DeviceModel {
   }
 
   DeviceBlockOps block_ops(const model::TokenBatch& batch) {
-    return {stream_, *blas_, scratch_, delta_, ring_.get(), attention_dims(batch), positions_.data()};
+    return {stream_, *blas_, scratch_, delta_, ring_.get(), attention_dims(batch), positions_.data(), batch.batch};
   }
 
   model::LossSums forward(const model::TokenBatch& batch, bool keep_gradient) {

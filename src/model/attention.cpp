@@ -1,157 +1,27 @@
-// Online-softmax attention: the block kernels and the single-rank core built from them.
-// Scores are a tk × tq tile (one column per query), so the softmax runs down columns, the
-// contiguous direction in Eigen's column-major storage.
+// Online-softmax attention: the block kernels' dispatch (fused AVX-512 or portable), the
+// single-rank core, and the head-splitting bridge from the layers' token-major tensors.
 #include "peertrain/model/attention.h"
 
-#include "attention_blocks.h"
-
-#include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string_view>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
-#include <vector>
+#include <string_view>
 
+#include "attention_blocks.h"
+#include "layers.h"
 #include "peertrain/core/aligned.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::model {
 namespace {
 
-using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
-using ConstMap = Eigen::Map<const Matrix>;
-using Map = Eigen::Map<Matrix>;
-using ConstVector = Eigen::Map<const Eigen::VectorXf>;
-using Vector = Eigen::Map<Eigen::VectorXf>;
-
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
-// Query and key tiles of LocalAttention. Small enough that the causal mask skips whole
-// tiles (at T = 256 one 256-token tile computes every score, 64-token tiles 10 of 16), and
-// that a score tile (16 KiB) stays in L1; large enough that the tile GEMMs still run near
-// Eigen's rate. Measured on the GPT step (d 128, T 256): attention 37 ms with 256, 29 with 64.
-constexpr int kTile = 64;
+// Queries per call of the block kernels from LocalAttention: the state (max, sum, acc) of
+// one tile lives on the stack of the call, whatever the sequence length.
+constexpr int kQueryTile = 64;
 
-// Scratch tiles reused between calls of one thread (each worker thread has its own).
-struct Scratch {
-  Matrix scores, probs, dprobs;
-  std::vector<int> visible;  // keys visible to each query of the tile
-};
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
-
-// visible[j]: how many leading keys query j may see. Positions ascend, so the visible keys
-// of a query are a prefix of the block. Returns the largest count.
-int count_visible(int tq, int tk, const int* q_positions, const int* k_positions, bool causal,
-                  std::vector<int>& visible) {
-  visible.resize(static_cast<std::size_t>(tq));
-  int widest = 0;
-  for (int j = 0; j < tq; ++j) {
-    visible[j] = causal ? static_cast<int>(std::upper_bound(k_positions, k_positions + tk, q_positions[j]) - k_positions)
-                        : tk;
-    widest = std::max(widest, visible[j]);
-  }
-  return widest;
-}
-
-// One key tile (tk ≤ kTile) of the portable forward.
-bool accumulate_tile(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
-                     const float* v, const int* k_positions, bool causal, float* max, float* sum, float* acc) {
-  Scratch& s = scratch();
-  const int widest = count_visible(tq, tk, q_positions, k_positions, causal, s.visible);
-  if (widest == 0) return false;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  ConstMap Q(q, head_dim, tq), K(k, head_dim, widest), V(v, head_dim, widest);
-  s.scores.resize(widest, tq);
-  s.scores.noalias() = K.transpose() * Q;
-  Map A(acc, head_dim, tq);
-  for (int j = 0; j < tq; ++j) {
-    const int visible = s.visible[j];
-    auto column = s.scores.col(j);
-    if (visible == 0) {
-      column.setZero();
-      continue;
-    }
-    const float top = column.head(visible).maxCoeff() * scale;
-    const float new_max = std::max(max[j], top);
-    const float correction = std::exp(max[j] - new_max);  // 0 when max[j] was −inf
-    column.head(visible) = (column.head(visible).array() * scale - new_max).exp().matrix();
-    column.tail(widest - visible).setZero();
-    sum[j] = sum[j] * correction + column.head(visible).sum();
-    max[j] = new_max;
-    if (correction != 1.0f) A.col(j) *= correction;
-  }
-  A.noalias() += V * s.scores;
-  return true;
-}
-
-// One key tile (tk ≤ kTile) of the portable backward.
-void accumulate_backward_tile(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
-                              const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
-                              const float* dout, float* dq, float* dk, float* dv) {
-  Scratch& s = scratch();
-  const int widest = count_visible(tq, tk, q_positions, k_positions, causal, s.visible);
-  if (widest == 0) return;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  ConstMap Q(q, head_dim, tq), K(k, head_dim, widest), V(v, head_dim, widest), dO(dout, head_dim, tq);
-  // P: the attention probabilities, recomputed from the saved log-sum-exp.
-  Matrix& P = s.probs;
-  P.resize(widest, tq);
-  P.noalias() = K.transpose() * Q;
-  for (int j = 0; j < tq; ++j) {
-    const int visible = s.visible[j];
-    auto column = P.col(j);
-    if (visible == 0 || lse[j] == kMinusInfinity) {
-      column.setZero();
-      continue;
-    }
-    column.head(visible) = (column.head(visible).array() * scale - lse[j]).exp().matrix();
-    column.tail(widest - visible).setZero();
-  }
-  Map dV(dv, head_dim, widest), dK(dk, head_dim, widest), dQ(dq, head_dim, tq);
-  dV.noalias() += dO * P.transpose();
-  // dS = P ∘ (dP − delta), dP = Vᵀ dO; the scale of the scores folds into dS.
-  Matrix& dS = s.dprobs;
-  dS.resize(widest, tq);
-  dS.noalias() = V.transpose() * dO;
-  dS = (P.array() * (dS.array().rowwise() - ConstVector(delta, tq).transpose().array()) * scale).matrix();
-  dQ.noalias() += K * dS;
-  dK.noalias() += Q * dS.transpose();
-}
-
-}  // namespace
-
-namespace portable {
-
-bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
-                const int* k_positions, bool causal, float* max, float* sum, float* acc) {
-  bool computed = false;
-  for (int k0 = 0; k0 < tk; k0 += kTile) {
-    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(head_dim) * k0;
-    if (!accumulate_tile(head_dim, tq, std::min(kTile, tk - k0), q, q_positions, k + at, v + at, k_positions + k0,
-                         causal, max, sum, acc))
-      break;  // keys ascend: no query sees a later tile either
-    computed = true;
-  }
-  return computed;
-}
-
-void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
-                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
-                         const float* dout, float* dq, float* dk, float* dv) {
-  for (int k0 = 0; k0 < tk; k0 += kTile) {
-    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(head_dim) * k0;
-    accumulate_backward_tile(head_dim, tq, std::min(kTile, tk - k0), q, q_positions, k + at, v + at, k_positions + k0,
-                             causal, lse, delta, dout, dq, dk + at, dv + at);
-  }
-}
-
-}  // namespace portable
-
-namespace {
 std::atomic<bool>& fused_kernels_flag() {
   static std::atomic<bool> enabled = [] {
     const char* choice = std::getenv("PEERTRAIN_KERNELS");
@@ -165,6 +35,53 @@ bool fused(int head_dim) { return fused_kernels_flag().load(std::memory_order_re
 bool fused_kernels_enabled() { return fused_kernels_flag().load(); }
 void set_fused_kernels_enabled(bool enabled) { fused_kernels_flag().store(enabled); }
 
+namespace {
+
+bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
+                const int* k_positions, bool causal, float* max, float* sum, float* acc, const Strides& ld) {
+  if (fused(head_dim))
+    return avx512::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc, ld);
+  return portable::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc, ld);
+}
+
+void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
+                         const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
+                         const float* dout, float* dq, float* dk, float* dv, const Strides& ld) {
+  if (fused(head_dim))
+    return avx512::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout,
+                                       dq, dk, dv, ld);
+  portable::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout, dq, dk,
+                                dv, ld);
+}
+
+// finish and backward_delta with out's columns ld floats apart.
+void finish_strided(int head_dim, int tq, const float* max, const float* sum, const float* acc, float* out,
+                    std::ptrdiff_t ld, float* lse) {
+  for (int j = 0; j < tq; ++j) {
+    float* o = out + ld * j;
+    const float* a = acc + static_cast<std::ptrdiff_t>(head_dim) * j;
+    if (sum[j] == 0.0f) {
+      std::fill(o, o + head_dim, 0.0f);
+      lse[j] = kMinusInfinity;
+      continue;
+    }
+    const float inverse = 1.0f / sum[j];
+    for (int c = 0; c < head_dim; ++c) o[c] = a[c] * inverse;
+    lse[j] = max[j] + std::log(sum[j]);
+  }
+}
+
+void delta_strided(int head_dim, int tq, const float* out, const float* dout, std::ptrdiff_t ld, float* delta) {
+  for (int j = 0; j < tq; ++j) {
+    const float *o = out + ld * j, *g = dout + ld * j;
+    float dot = 0.0f;
+    for (int c = 0; c < head_dim; ++c) dot += o[c] * g[c];
+    delta[j] = dot;
+  }
+}
+
+}  // namespace
+
 namespace attention_block {
 
 void start(int head_dim, int tq, float* max, float* sum, float* acc) {
@@ -175,38 +92,23 @@ void start(int head_dim, int tq, float* max, float* sum, float* acc) {
 
 bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
                 const int* k_positions, bool causal, float* max, float* sum, float* acc) {
-  if (fused(head_dim))
-    return avx512::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc);
-  return portable::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc);
+  return model::accumulate(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, max, sum, acc,
+                           Strides::contiguous(head_dim));
 }
 
 void finish(int head_dim, int tq, const float* max, const float* sum, const float* acc, float* out, float* lse) {
-  ConstMap A(acc, head_dim, tq);
-  Map O(out, head_dim, tq);
-  for (int j = 0; j < tq; ++j) {
-    if (sum[j] == 0.0f) {
-      O.col(j).setZero();
-      lse[j] = kMinusInfinity;
-      continue;
-    }
-    O.col(j) = A.col(j) / sum[j];
-    lse[j] = max[j] + std::log(sum[j]);
-  }
+  finish_strided(head_dim, tq, max, sum, acc, out, head_dim, lse);
 }
 
 void backward_delta(int head_dim, int tq, const float* out, const float* dout, float* delta) {
-  ConstMap O(out, head_dim, tq), dO(dout, head_dim, tq);
-  Vector(delta, tq) = O.cwiseProduct(dO).colwise().sum().transpose();
+  delta_strided(head_dim, tq, out, dout, head_dim, delta);
 }
 
 void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
                          const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
                          const float* dout, float* dq, float* dk, float* dv) {
-  if (fused(head_dim))
-    return avx512::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout,
-                                       dq, dk, dv);
-  portable::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout, dq, dk,
-                                dv);
+  model::accumulate_backward(head_dim, tq, tk, q, q_positions, k, v, k_positions, causal, lse, delta, dout, dq, dk, dv,
+                             Strides::contiguous(head_dim));
 }
 
 }  // namespace attention_block
@@ -222,50 +124,198 @@ void check_shape(const AttentionShape& shape, std::span<const int> positions) {
                 str("attention: ", positions.size(), " positions for ", shape.tokens, " tokens"));
 }
 
+// Where the (sequence, head) blocks of the tensors lie: block (b, h) of q starts at
+// q + b·batch + h·head, its tokens ld.q floats apart; likewise k, v and their gradients
+// (ld.kv), out and dout (out_batch, out_head, ld.out).
+struct Layout {
+  std::ptrdiff_t batch, head, out_batch, out_head;
+  Strides ld;
+};
+
+// attention.h's [batch][head][token][head_dim] tensors.
+Layout heads_layout(const AttentionShape& s) {
+  const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(s.tokens) * s.head_dim;
+  return {block * s.heads, block, block * s.heads, block, Strides::contiguous(s.head_dim)};
+}
+
+// The layers' token-major columns: qkv rows [q heads | k heads | v heads], out rows [heads].
+Layout token_major_layout(const AttentionShape& s) {
+  const std::ptrdiff_t width = static_cast<std::ptrdiff_t>(s.heads) * s.head_dim;
+  return {3 * width * s.tokens, s.head_dim, width * s.tokens, s.head_dim, {3 * width, 3 * width, width}};
+}
+
+struct Inputs {
+  const float *q, *k, *v;
+};
+
+// One (sequence, head) block gathered into contiguous tokens. The kernels could read the
+// token-major columns in place, but a key tile then spans 64 rows 3·width floats apart,
+// which alias in L1: the GPT step (d 128, T 256) measured 150 ms reading in place against
+// 125 gathering. A block (T × head_dim) stays in L2, so the gather costs one read of q, k,
+// v, and the global head-layout tensors are never written.
+struct BlockBuffers {
+  AlignedVector<float> q, k, v, dout, dq, dk, dv;
+};
+BlockBuffers& block_buffers() {
+  thread_local BlockBuffers b;
+  return b;
+}
+const float* gather(int tokens, int d, const float* x, std::ptrdiff_t ld, AlignedVector<float>& to) {
+  to.resize(static_cast<std::size_t>(tokens) * d);
+  for (int t = 0; t < tokens; ++t) std::copy_n(x + ld * t, d, to.data() + static_cast<std::ptrdiff_t>(d) * t);
+  return to.data();
+}
+void scatter(int tokens, int d, const AlignedVector<float>& from, float* x, std::ptrdiff_t ld) {
+  for (int t = 0; t < tokens; ++t) std::copy_n(from.data() + static_cast<std::ptrdiff_t>(d) * t, d, x + ld * t);
+}
+float* zeroed(std::size_t floats, AlignedVector<float>& buffer) {
+  buffer.assign(floats, 0.0f);
+  return buffer.data();
+}
+
+void forward_in(const AttentionShape& shape, std::span<const int> positions, const Layout& at, Inputs in, float* out,
+                float* lse) {
+  const int T = shape.tokens, d = shape.head_dim;
+  const bool spread = at.ld.q != d || at.ld.kv != d;
+  const Strides ld{d, d, at.ld.out};  // the kernels read contiguous blocks
+  AlignedVector<float> max(kQueryTile), sum(kQueryTile), acc(static_cast<std::size_t>(kQueryTile) * d);
+  BlockBuffers& buffers = block_buffers();
+  const int* pos = positions.data();
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const std::ptrdiff_t x = b * at.batch + h * at.head;
+      const float *Q = in.q + x, *K = in.k + x, *V = in.v + x;
+      if (spread) {
+        Q = gather(T, d, Q, at.ld.q, buffers.q);
+        K = gather(T, d, K, at.ld.kv, buffers.k);
+        V = gather(T, d, V, at.ld.kv, buffers.v);
+      }
+      float* O = out + b * at.out_batch + h * at.out_head;
+      float* L = lse + (static_cast<std::ptrdiff_t>(b) * shape.heads + h) * T;
+      for (int q0 = 0; q0 < T; q0 += kQueryTile) {
+        const int tq = std::min(kQueryTile, T - q0);
+        attention_block::start(d, tq, max.data(), sum.data(), acc.data());
+        // Every key at once: the kernels tile them, and stop where the causal mask hides the rest.
+        accumulate(d, tq, T, Q + static_cast<std::ptrdiff_t>(d) * q0, pos + q0, K, V, pos, shape.causal, max.data(),
+                   sum.data(), acc.data(), ld);
+        finish_strided(d, tq, max.data(), sum.data(), acc.data(), O + at.ld.out * q0, at.ld.out, L + q0);
+      }
+    }
+}
+
+// Writes dq, dk and dv where the blocks lie (every element of a block).
+void backward_in(const AttentionShape& shape, std::span<const int> positions, const Layout& at, Inputs in,
+                 const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  const int T = shape.tokens, d = shape.head_dim;
+  const std::size_t block = static_cast<std::size_t>(T) * d;
+  const bool spread = at.ld.q != d || at.ld.kv != d || at.ld.out != d;
+  const Strides ld = Strides::contiguous(d);
+  AlignedVector<float> delta(kQueryTile);
+  BlockBuffers& buffers = block_buffers();
+  const int* pos = positions.data();
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const std::ptrdiff_t x = b * at.batch + h * at.head, o = b * at.out_batch + h * at.out_head;
+      const float *Q = in.q + x, *K = in.k + x, *V = in.v + x, *dO = dout + o;
+      float *dQ = dq + x, *dK = dk + x, *dV = dv + x;
+      if (spread) {
+        Q = gather(T, d, Q, at.ld.q, buffers.q);
+        K = gather(T, d, K, at.ld.kv, buffers.k);
+        V = gather(T, d, V, at.ld.kv, buffers.v);
+        dO = gather(T, d, dO, at.ld.out, buffers.dout);
+        dQ = zeroed(block, buffers.dq);
+        dK = zeroed(block, buffers.dk);
+        dV = zeroed(block, buffers.dv);
+      } else {
+        for (float* g : {dQ, dK, dV}) std::fill(g, g + block, 0.0f);
+      }
+      const float* L = lse + (static_cast<std::ptrdiff_t>(b) * shape.heads + h) * T;
+      for (int q0 = 0; q0 < T; q0 += kQueryTile) {
+        const int tq = std::min(kQueryTile, T - q0);
+        const std::ptrdiff_t at_q = static_cast<std::ptrdiff_t>(d) * q0;
+        delta_strided(d, tq, out + o + at.ld.out * q0, dout + o + at.ld.out * q0, at.ld.out, delta.data());
+        accumulate_backward(d, tq, T, Q + at_q, pos + q0, K, V, pos, shape.causal, L + q0, delta.data(), dO + at_q,
+                            dQ + at_q, dK, dV, ld);
+      }
+      if (spread) {
+        scatter(T, d, buffers.dq, dq + x, at.ld.q);
+        scatter(T, d, buffers.dk, dk + x, at.ld.kv);
+        scatter(T, d, buffers.dv, dv + x, at.ld.kv);
+      }
+    }
+}
+
+// Head-layout copies of token-major tensors, for a core that computes on the heads layout.
+struct HeadBuffers {
+  AlignedVector<float> q, k, v, out, dout, dq, dk, dv;
+};
+HeadBuffers& head_buffers() {
+  thread_local HeadBuffers b;
+  return b;
+}
+
 }  // namespace
+
+void AttentionCore::forward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv,
+                                float* out, float* lse) {
+  const std::size_t size = static_cast<std::size_t>(shape.elements());
+  const int width = shape.heads * shape.head_dim;
+  HeadBuffers& b = head_buffers();
+  for (auto* x : {&b.q, &b.k, &b.v, &b.out}) x->resize(size);
+  for (int part = 0; part < 3; ++part)
+    layers::split_heads(shape.batch, shape.tokens, shape.heads, shape.head_dim, 3 * width, part * width, qkv,
+                        (part == 0   ? b.q
+                         : part == 1 ? b.k
+                                     : b.v)
+                            .data());
+  forward(shape, positions, b.q.data(), b.k.data(), b.v.data(), b.out.data(), lse);
+  layers::merge_heads(shape.batch, shape.tokens, shape.heads, shape.head_dim, width, 0, b.out.data(), out);
+}
+
+void AttentionCore::backward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv,
+                                 const float* out, const float* lse, const float* dout, float* dqkv) {
+  const std::size_t size = static_cast<std::size_t>(shape.elements());
+  const int B = shape.batch, T = shape.tokens, H = shape.heads, d = shape.head_dim, width = H * d;
+  HeadBuffers& b = head_buffers();
+  for (auto* x : {&b.q, &b.k, &b.v, &b.out, &b.dout, &b.dq, &b.dk, &b.dv}) x->resize(size);
+  layers::split_heads(B, T, H, d, 3 * width, 0, qkv, b.q.data());
+  layers::split_heads(B, T, H, d, 3 * width, width, qkv, b.k.data());
+  layers::split_heads(B, T, H, d, 3 * width, 2 * width, qkv, b.v.data());
+  layers::split_heads(B, T, H, d, width, 0, out, b.out.data());
+  layers::split_heads(B, T, H, d, width, 0, dout, b.dout.data());
+  backward(shape, positions, b.q.data(), b.k.data(), b.v.data(), b.out.data(), lse, b.dout.data(), b.dq.data(),
+           b.dk.data(), b.dv.data());
+  layers::merge_heads(B, T, H, d, 3 * width, 0, b.dq.data(), dqkv);
+  layers::merge_heads(B, T, H, d, 3 * width, width, b.dk.data(), dqkv);
+  layers::merge_heads(B, T, H, d, 3 * width, 2 * width, b.dv.data(), dqkv);
+}
 
 void LocalAttention::forward(const AttentionShape& shape, std::span<const int> positions, const float* q,
                              const float* k, const float* v, float* out, float* lse) {
   check_shape(shape, positions);
-  const int T = shape.tokens, d = shape.head_dim;
-  const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(T) * d;
-  AlignedVector<float> max(kTile), sum(kTile), acc(static_cast<std::size_t>(kTile) * d);
-  const int* pos = positions.data();
-  for (int bh = 0; bh < shape.batch * shape.heads; ++bh) {
-    const float *Q = q + bh * block, *K = k + bh * block, *V = v + bh * block;
-    for (int q0 = 0; q0 < T; q0 += kTile) {
-      const int tq = std::min(kTile, T - q0);
-      attention_block::start(d, tq, max.data(), sum.data(), acc.data());
-      // Every key at once: the kernels tile them, and stop where the causal mask hides the rest.
-      attention_block::accumulate(d, tq, T, Q + q0 * d, pos + q0, K, V, pos, shape.causal, max.data(), sum.data(),
-                                  acc.data());
-      attention_block::finish(d, tq, max.data(), sum.data(), acc.data(), out + bh * block + q0 * d,
-                              lse + static_cast<std::ptrdiff_t>(bh) * T + q0);
-    }
-  }
+  forward_in(shape, positions, heads_layout(shape), {q, k, v}, out, lse);
 }
 
 void LocalAttention::backward(const AttentionShape& shape, std::span<const int> positions, const float* q,
                               const float* k, const float* v, const float* out, const float* lse, const float* dout,
                               float* dq, float* dk, float* dv) {
   check_shape(shape, positions);
-  const int T = shape.tokens, d = shape.head_dim;
-  const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(T) * d;
-  std::fill(dq, dq + shape.elements(), 0.0f);
-  std::fill(dk, dk + shape.elements(), 0.0f);
-  std::fill(dv, dv + shape.elements(), 0.0f);
-  AlignedVector<float> delta(kTile);
-  const int* pos = positions.data();
-  for (int bh = 0; bh < shape.batch * shape.heads; ++bh) {
-    const std::ptrdiff_t at = bh * block;
-    for (int q0 = 0; q0 < T; q0 += kTile) {
-      const int tq = std::min(kTile, T - q0);
-      attention_block::backward_delta(d, tq, out + at + q0 * d, dout + at + q0 * d, delta.data());
-      attention_block::accumulate_backward(d, tq, T, q + at + q0 * d, pos + q0, k + at, v + at, pos, shape.causal,
-                                           lse + static_cast<std::ptrdiff_t>(bh) * T + q0, delta.data(),
-                                           dout + at + q0 * d, dq + at + q0 * d, dk + at, dv + at);
-    }
-  }
+  backward_in(shape, positions, heads_layout(shape), {q, k, v}, out, lse, dout, dq, dk, dv);
+}
+
+void LocalAttention::forward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv,
+                                 float* out, float* lse) {
+  check_shape(shape, positions);
+  const std::ptrdiff_t width = static_cast<std::ptrdiff_t>(shape.heads) * shape.head_dim;
+  forward_in(shape, positions, token_major_layout(shape), {qkv, qkv + width, qkv + 2 * width}, out, lse);
+}
+
+void LocalAttention::backward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv,
+                                  const float* out, const float* lse, const float* dout, float* dqkv) {
+  check_shape(shape, positions);
+  const std::ptrdiff_t width = static_cast<std::ptrdiff_t>(shape.heads) * shape.head_dim;
+  backward_in(shape, positions, token_major_layout(shape), {qkv, qkv + width, qkv + 2 * width}, out, lse, dout, dqkv,
+              dqkv + width, dqkv + 2 * width);
 }
 
 }  // namespace peertrain::model

@@ -7,10 +7,22 @@
 //   softmax in base 2 between them, no T×T buffer), built where the compiler targets
 //   AVX-512 and run for head_dim a multiple of 16 up to 128.
 //
-// Both follow the contract of attention.h: any tq and tk, keys in ascending position.
+// Both follow the contract of attention.h (any tq and tk, keys in ascending position) with
+// one generalisation: a token's head vector need not follow the previous token's. Strides
+// give the distance in floats: head_dim for the [batch][head][token][head_dim] tensors of
+// attention.h, 3·heads·head_dim for q, k, v read straight from the qkv projection.
 #pragma once
 
+#include <cstddef>
+
 namespace peertrain::model {
+
+struct Strides {
+  std::ptrdiff_t q;    // q and dq
+  std::ptrdiff_t kv;   // k, v, dk and dv
+  std::ptrdiff_t out;  // out and dout
+  static Strides contiguous(int head_dim) { return {head_dim, head_dim, head_dim}; }
+};
 
 // Whether attention_block runs the fused kernels where they apply: yes, unless the
 // environment says PEERTRAIN_KERNELS=portable (to compare, or to rule them out) or a test
@@ -20,20 +32,20 @@ void set_fused_kernels_enabled(bool enabled);
 
 namespace portable {
 bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
-                const int* k_positions, bool causal, float* max, float* sum, float* acc);
+                const int* k_positions, bool causal, float* max, float* sum, float* acc, const Strides& ld);
 void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
                          const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
-                         const float* dout, float* dq, float* dk, float* dv);
+                         const float* dout, float* dq, float* dk, float* dv, const Strides& ld);
 }  // namespace portable
 
 namespace avx512 {
 // True when this build has the fused kernels and they handle head_dim.
 bool supports(int head_dim);
 bool accumulate(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k, const float* v,
-                const int* k_positions, bool causal, float* max, float* sum, float* acc);
+                const int* k_positions, bool causal, float* max, float* sum, float* acc, const Strides& ld);
 void accumulate_backward(int head_dim, int tq, int tk, const float* q, const int* q_positions, const float* k,
                          const float* v, const int* k_positions, bool causal, const float* lse, const float* delta,
-                         const float* dout, float* dq, float* dk, float* dv);
+                         const float* dout, float* dq, float* dk, float* dv, const Strides& ld);
 }  // namespace avx512
 
 }  // namespace peertrain::model

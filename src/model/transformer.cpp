@@ -127,14 +127,6 @@ struct CpuBlockOps {
     layers::linear_backward(w.gemm, a...);
   }
   template <class... A>
-  void split_heads(A... a) {
-    layers::split_heads(a...);
-  }
-  template <class... A>
-  void merge_heads(A... a) {
-    layers::merge_heads(a...);
-  }
-  template <class... A>
   void gelu_forward(A... a) {
     layers::gelu_forward(a...);
   }
@@ -143,12 +135,11 @@ struct CpuBlockOps {
     layers::gelu_backward(a...);
   }
   void all_reduce(float* x, std::size_t floats) { tensor_group->all_reduce({x, floats}, timeout_s); }
-  void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse) {
-    attention.forward(shape, positions, q, k, v, out, lse);
+  void attention_forward(const float* qkv, float* out, float* lse) {
+    attention.forward_qkv(shape, positions, qkv, out, lse);
   }
-  void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                          const float* dout, float* dq, float* dk, float* dv) {
-    attention.backward(shape, positions, q, k, v, out, lse, dout, dq, dk, dv);
+  void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv) {
+    attention.backward_qkv(shape, positions, qkv, out, lse, dout, dqkv);
   }
 };
 

@@ -70,10 +70,8 @@ BlockSaved block_saved(int d_model, int attention, int hidden, int heads, std::s
   s.ln1 = take(d * n);
   s.mean1 = take(n);
   s.rstd1 = take(n);
-  s.q = take(a * n);
-  s.k = take(a * n);
-  s.v = take(a * n);
-  s.att = take(a * n);
+  s.qkv = take(3 * a * n);  // the qkv projection's output, token-major
+  s.att = take(a * n);      // the attention's output, token-major (proj's input)
   s.lse = take(static_cast<std::size_t>(heads) * n);
   s.x_mid = take(d * n);
   s.ln2 = take(d * n);

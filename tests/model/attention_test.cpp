@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../../src/model/attention_blocks.h"
+#include "peertrain/core/error.h"
 #include "peertrain/model/attention.h"
 #include "peertrain/model/transformer.h"
 #include "transformer_test_util.h"
@@ -155,13 +156,13 @@ void check_kernels(const Kernels& kernels, AttentionShape s, const std::vector<i
     attention_block::start(d, T, max.data(), sum.data(), acc.data());
     for (int k0 = 0; k0 < T; k0 += unit)
       kernels.accumulate(d, T, std::min(unit, T - k0), &q[at], pos.data(), &k[at + k0 * d], &v[at + k0 * d], &pos[k0],
-                         s.causal, max.data(), sum.data(), acc.data());
+                         s.causal, max.data(), sum.data(), acc.data(), Strides::contiguous(d));
     attention_block::finish(d, T, max.data(), sum.data(), acc.data(), &out[at], &lse[row]);
     attention_block::backward_delta(d, T, &out[at], &dout[at], delta.data());
     for (int k0 = 0; k0 < T; k0 += unit)
       kernels.accumulate_backward(d, T, std::min(unit, T - k0), &q[at], pos.data(), &k[at + k0 * d], &v[at + k0 * d],
                                   &pos[k0], s.causal, &lse[row], delta.data(), &dout[at], &dq[at], &dk[at + k0 * d],
-                                  &dv[at + k0 * d]);
+                                  &dv[at + k0 * d], Strides::contiguous(d));
   }
   const Reference r = direct_attention(s, pos, q, k, v, dout);
   const std::string where = "d " + std::to_string(d) + " T " + std::to_string(T) + " unit " + std::to_string(unit) +
@@ -221,7 +222,7 @@ TEST(AttentionKernels, Avx512SharpScoresAndUnseenQueries) {
   std::vector<float> max(tq), sum(tq), acc(static_cast<std::size_t>(tq) * d), out(acc.size()), lse(tq);
   attention_block::start(d, tq, max.data(), sum.data(), acc.data());
   EXPECT_TRUE(kernels.accumulate(d, tq, tk, q.data(), q_pos.data(), k.data(), v.data(), k_pos.data(), true, max.data(),
-                                 sum.data(), acc.data()));
+                                 sum.data(), acc.data(), Strides::contiguous(d)));
   attention_block::finish(d, tq, max.data(), sum.data(), acc.data(), out.data(), lse.data());
   for (int j = 0; j < 3; ++j) {
     EXPECT_TRUE(std::isinf(lse[j]) && lse[j] < 0) << j;
@@ -231,7 +232,7 @@ TEST(AttentionKernels, Avx512SharpScoresAndUnseenQueries) {
   std::vector<float> delta(tq), dq(acc.size(), 0.0f), dk(static_cast<std::size_t>(tk) * d, 0.0f), dv(dk.size(), 0.0f);
   attention_block::backward_delta(d, tq, out.data(), dout.data(), delta.data());
   kernels.accumulate_backward(d, tq, tk, q.data(), q_pos.data(), k.data(), v.data(), k_pos.data(), true, lse.data(),
-                              delta.data(), dout.data(), dq.data(), dk.data(), dv.data());
+                              delta.data(), dout.data(), dq.data(), dk.data(), dv.data(), Strides::contiguous(d));
   for (float x : dq) ASSERT_TRUE(std::isfinite(x));
   for (float x : dk) ASSERT_TRUE(std::isfinite(x));
   for (int j = 0; j < 3 * d; ++j) EXPECT_EQ(dq[j], 0.0f);
@@ -239,7 +240,7 @@ TEST(AttentionKernels, Avx512SharpScoresAndUnseenQueries) {
   std::vector<float> max2(tq), sum2(tq), acc2(acc.size()), out2(acc.size()), lse2(tq);
   attention_block::start(d, tq, max2.data(), sum2.data(), acc2.data());
   portable::accumulate(d, tq, tk, q.data(), q_pos.data(), k.data(), v.data(), k_pos.data(), true, max2.data(),
-                       sum2.data(), acc2.data());
+                       sum2.data(), acc2.data(), Strides::contiguous(d));
   attention_block::finish(d, tq, max2.data(), sum2.data(), acc2.data(), out2.data(), lse2.data());
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -247,6 +248,52 @@ TEST(AttentionKernels, Avx512SharpScoresAndUnseenQueries) {
     norm += out2[i] * out2[i];
   }
   EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+}
+
+// A core that keeps AttentionCore's token-major bridge (heads copied out and back): the
+// serial twin of LocalAttention's in-place token-major path.
+class SplittingCore final : public AttentionCore {
+ public:
+  void forward(const AttentionShape& s, std::span<const int> p, const float* q, const float* k, const float* v,
+               float* out, float* lse) override {
+    local_.forward(s, p, q, k, v, out, lse);
+  }
+  void backward(const AttentionShape& s, std::span<const int> p, const float* q, const float* k, const float* v,
+                const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv) override {
+    local_.backward(s, p, q, k, v, out, lse, dout, dq, dk, dv);
+  }
+
+ private:
+  LocalAttention local_;
+};
+
+// LocalAttention on the layers' token-major columns (q, k, v read in place from the qkv
+// projection's output) against the bridge that copies the heads out: both kernels, head
+// sizes on and off the fused path, sequences across the 64-token tiles.
+TEST(LocalAttention, TokenMajorMatchesTheHeadLayout) {
+  const bool was = fused_kernels_enabled();
+  for (bool fused : {true, false})
+    for (int d : {8, 32, 64})
+      for (bool causal : {true, false}) {
+        set_fused_kernels_enabled(fused);
+        const AttentionShape s{2, 3, d, 70, causal};
+        const auto n = static_cast<std::size_t>(s.elements());
+        const auto pos = iota_positions(s.tokens);
+        const auto qkv = test::normal_vector(3 * n, 41), dout = test::normal_vector(n, 42);
+        std::vector<float> out(n), lse(static_cast<std::size_t>(s.rows())), dqkv(3 * n, 7.0f);
+        std::vector<float> out2(n), lse2(lse.size()), dqkv2(3 * n, 7.0f);
+        LocalAttention local;
+        SplittingCore splitting;
+        local.forward_qkv(s, pos, qkv.data(), out.data(), lse.data());
+        local.backward_qkv(s, pos, qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data());
+        splitting.forward_qkv(s, pos, qkv.data(), out2.data(), lse2.data());
+        splitting.backward_qkv(s, pos, qkv.data(), out2.data(), lse2.data(), dout.data(), dqkv2.data());
+        const std::string where = str("d ", d, causal ? " causal" : " full", fused ? " fused" : " portable");
+        EXPECT_LT(test::normalized_error(out, out2), 1e-6) << where;
+        EXPECT_LT(test::normalized_error(lse, lse2), 1e-6) << where;
+        EXPECT_LT(test::normalized_error(dqkv, dqkv2), 1e-6) << where;
+      }
+  set_fused_kernels_enabled(was);
 }
 
 // Training does not move when the fused kernels replace the portable ones: 50 SGD steps of

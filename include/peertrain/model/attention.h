@@ -39,6 +39,16 @@ class AttentionCore {
   virtual void backward(const AttentionShape& shape, std::span<const int> positions, const float* q,
                         const float* k, const float* v, const float* out, const float* lse, const float* dout,
                         float* dq, float* dk, float* dv) = 0;
+
+  // The same on the layers' token-major tensors, one column per token, sequence after
+  // sequence: qkv is the qkv projection's output (3·heads·head_dim rows: every head's q,
+  // then every head's k, then v), out and dout have heads·head_dim rows, dqkv is written
+  // like qkv. The default copies the heads out into the layout above and back;
+  // LocalAttention reads and writes the columns in place.
+  virtual void forward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv, float* out,
+                           float* lse);
+  virtual void backward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv,
+                            const float* out, const float* lse, const float* dout, float* dqkv);
 };
 
 class LocalAttention final : public AttentionCore {
@@ -48,6 +58,10 @@ class LocalAttention final : public AttentionCore {
   void backward(const AttentionShape& shape, std::span<const int> positions, const float* q, const float* k,
                 const float* v, const float* out, const float* lse, const float* dout, float* dq, float* dk,
                 float* dv) override;
+  void forward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv, float* out,
+                   float* lse) override;
+  void backward_qkv(const AttentionShape& shape, std::span<const int> positions, const float* qkv, const float* out,
+                    const float* lse, const float* dout, float* dqkv) override;
 };
 
 // The block kernels both cores are built from, for one (sequence, head): a query block of

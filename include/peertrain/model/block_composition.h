@@ -1,23 +1,22 @@
 // One pre-norm transformer block, x + Attn(LN1(x)) then x + MLP(LN2(x)), forward and
 // backward, written once over a backend of operations. The CPU model (Eigen, layers.h) and
 // the device model (CUDA kernels, or their CPU emulator) each supply a backend, so the
-// order of the thirteen operations, what is saved and the scratch they share exist in one
+// order of the operations, what is saved and the scratch they share exist in one
 // place and the two models are serial twins by construction.
 //
 // A backend `Ops` provides, every matrix column-major with one column per held token
 // (n = batch·tokens):
-//   float* scratch(int slot, std::size_t floats)   slots 0..4, reused between calls
+//   float* scratch(int slot, std::size_t floats)   slots 0..2, reused between calls
 //   void copy(float* dst, const float* src, std::size_t floats)
 //   void layernorm_forward(d, n, x, gamma, beta, y, mean, rstd)
 //   void layernorm_backward(d, n, x, mean, rstd, gamma, dy, dresidual_or_null, dx, dgamma, dbeta)
 //   void linear_forward(in, out, n, w, b, x, y)                  y = W·x + b
 //   void linear_residual_forward(in, out, n, w, b, x, r, y)      y = r + W·x + b
 //   void linear_backward(in, out, n, w, x, dy, dw, db, dx)       dW += dy·xᵀ, db += Σ dy, dx = Wᵀ·dy
-//   void split_heads(batch, tokens, heads, head_dim, rows, row_offset, x, heads_out)
-//   void merge_heads(batch, tokens, heads, head_dim, rows, row_offset, heads_in, x)
 //   void gelu_forward(count, h, g), gelu_backward(count, h, dg, dh)
-//   void attention_forward(q, k, v, out, lse)                    for the batch it was made for
-//   void attention_backward(q, k, v, out, lse, dout, dq, dk, dv)  overwrites dq, dk, dv
+//   void attention_forward(qkv, out, lse)                for the batch it was made for: qkv
+//                                                        (3a × n: q, k, v rows), out a × n
+//   void attention_backward(qkv, out, lse, dout, dqkv)   overwrites dqkv (3a × n)
 //   void all_reduce(float* x, std::size_t floats)                sum over the tensor-parallel
 //                                                                ranks (called only when tp > 1)
 // The split backward (block_backward_input, block_backward_weight) also passes null for
@@ -88,21 +87,17 @@ template <class Ops>
 void block_forward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* in,
                    float* saved, float* out) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
+  const int a = shape.attention_width();
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
   const BlockSaved at = shape.saved();
   float* s = saved;
   if (in != s + at.x_in) ops.copy(s + at.x_in, in, dn);
   ops.layernorm_forward(d, n, s + at.x_in, p + o.ln1_w, p + o.ln1_b, s + at.ln1, s + at.mean1, s + at.rstd1);
-  float* qkv = ops.scratch(0, 3 * an);
-  ops.linear_forward(d, 3 * a, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, qkv);
-  ops.split_heads(B, T, H, hd, 3 * a, 0, qkv, s + at.q);
-  ops.split_heads(B, T, H, hd, 3 * a, a, qkv, s + at.k);
-  ops.split_heads(B, T, H, hd, 3 * a, 2 * a, qkv, s + at.v);
-  ops.attention_forward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse);
-  float* merged = ops.scratch(1, an);
-  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
-  row_parallel_residual_forward(ops, shape, a, d, n, p + o.proj_w, p + o.proj_b, merged, s + at.x_in, s + at.x_mid);
+  // The attention reads q, k and v where the projection wrote them and writes its output
+  // where proj reads it: no copy of a head on either side.
+  ops.linear_forward(d, 3 * a, n, p + o.qkv_w, p + o.qkv_b, s + at.ln1, s + at.qkv);
+  ops.attention_forward(s + at.qkv, s + at.att, s + at.lse);
+  row_parallel_residual_forward(ops, shape, a, d, n, p + o.proj_w, p + o.proj_b, s + at.att, s + at.x_in, s + at.x_mid);
   ops.layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
   ops.linear_forward(d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
   ops.gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
@@ -135,8 +130,8 @@ template <class Ops>
 void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                     const float* dout, float* din, float* g) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
+  const int a = shape.attention_width();
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
   const BlockSaved at = shape.saved();
   const float* s = saved;
   // MLP branch.
@@ -150,16 +145,9 @@ void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, co
   ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, d_ln, dout, d_mid,
                          replicated(shape, g + o.ln2_w), replicated(shape, g + o.ln2_b));
   // Attention branch.
-  float* merged = ops.scratch(3, an);
-  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
-  ops.linear_backward(a, d, n, p + o.proj_w, merged, d_mid, g + o.proj_w, replicated(shape, g + o.proj_b), d_ln);
-  float* d_att = merged;  // merged is no longer needed
-  ops.split_heads(B, T, H, hd, a, 0, d_ln, d_att);
-  float* d_heads = ops.scratch(4, 3 * an);
-  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + an,
-                         d_heads + 2 * an);
+  ops.linear_backward(a, d, n, p + o.proj_w, s + at.att, d_mid, g + o.proj_w, replicated(shape, g + o.proj_b), d_ln);
   float* d_qkv = d_hidden;
-  for (int part = 0; part < 3; ++part) ops.merge_heads(B, T, H, hd, 3 * a, part * a, d_heads + part * an, d_qkv);
+  ops.attention_backward(s + at.qkv, s + at.att, s + at.lse, d_ln, d_qkv);
   ops.linear_backward(d, 3 * a, n, p + o.qkv_w, s + at.ln1, d_qkv, g + o.qkv_w, g + o.qkv_b, d_ln);
   if (shape.tp_size > 1) ops.all_reduce(d_ln, dn);
   ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, d_ln, d_mid, din,
@@ -174,8 +162,8 @@ template <class Ops>
 void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                           const float* dout, float* din, float* stash) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t dn = static_cast<std::size_t>(d) * n, an = static_cast<std::size_t>(a) * n;
+  const int a = shape.attention_width();
+  const std::size_t dn = static_cast<std::size_t>(d) * n;
   const BlockSaved at = shape.saved();
   const BlockStash k = block_stash(shape);
   const float* s = saved;
@@ -190,13 +178,7 @@ void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets&
   // Attention branch.
   float* d_ln = ops.scratch(1, dn);
   ops.linear_backward(a, d, n, p + o.proj_w, nullptr, stash + k.d_mid, nullptr, nullptr, d_ln);
-  float* d_att = ops.scratch(3, an);
-  ops.split_heads(B, T, H, hd, a, 0, d_ln, d_att);
-  float* d_heads = ops.scratch(4, 3 * an);
-  ops.attention_backward(s + at.q, s + at.k, s + at.v, s + at.att, s + at.lse, d_att, d_heads, d_heads + an,
-                         d_heads + 2 * an);
-  for (int part = 0; part < 3; ++part)
-    ops.merge_heads(B, T, H, hd, 3 * a, part * a, d_heads + part * an, stash + k.d_qkv);
+  ops.attention_backward(s + at.qkv, s + at.att, s + at.lse, d_ln, stash + k.d_qkv);
   ops.linear_backward(d, 3 * a, n, p + o.qkv_w, nullptr, stash + k.d_qkv, nullptr, nullptr, stash + k.d_ln1);
   if (shape.tp_size > 1) ops.all_reduce(stash + k.d_ln1, dn);
   ops.layernorm_backward(d, n, s + at.x_in, s + at.mean1, s + at.rstd1, p + o.ln1_w, stash + k.d_ln1, stash + k.d_mid,
@@ -209,8 +191,7 @@ template <class Ops>
 void block_backward_weight(Ops& ops, const BlockShape& shape, const BlockOffsets& o, const float* p, const float* saved,
                            const float* stash, float* g) {
   const int d = shape.d_model, f = shape.hidden, n = static_cast<int>(shape.columns());
-  const int hd = shape.head_dim, a = shape.attention_width(), B = shape.batch, T = shape.tokens, H = shape.heads;
-  const std::size_t an = static_cast<std::size_t>(a) * n;
+  const int a = shape.attention_width();
   const BlockSaved at = shape.saved();
   const BlockStash k = block_stash(shape);
   const float* s = saved;
@@ -220,9 +201,7 @@ void block_backward_weight(Ops& ops, const BlockShape& shape, const BlockOffsets
   if (owner)
     ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, nullptr,
                            nullptr, g + o.ln2_w, g + o.ln2_b);
-  float* merged = ops.scratch(3, an);
-  ops.merge_heads(B, T, H, hd, a, 0, s + at.att, merged);
-  ops.linear_backward(a, d, n, nullptr, merged, stash + k.d_mid, g + o.proj_w, replicated(shape, g + o.proj_b),
+  ops.linear_backward(a, d, n, nullptr, s + at.att, stash + k.d_mid, g + o.proj_w, replicated(shape, g + o.proj_b),
                       nullptr);
   ops.linear_backward(d, 3 * a, n, nullptr, s + at.ln1, stash + k.d_qkv, g + o.qkv_w, g + o.qkv_b, nullptr);
   if (owner)

@@ -57,13 +57,14 @@ struct TransformerLayout {
 TransformerLayout transformer_layout(const TransformerConfig& config);
 
 // What a block keeps from forward for its backward, as offsets (in floats) into one buffer
-// for N = batch·tokens columns: x_in, ln1(x), its mean and 1/σ, q, k, v and the attention
-// output (head layout), the log-sum-exp of each row, x_mid = x + attention, ln2(x_mid),
-// its mean and 1/σ, the fc pre-activation h and the GELU output g. Under tensor
-// parallelism a rank keeps q, k, v and the attention output of its heads only (attention
-// = d_model / tp rows), and its share of h and g (hidden = the MLP's width / tp).
+// for N = batch·tokens columns: x_in, ln1(x), its mean and 1/σ, the qkv projection's
+// output and the attention output (token-major, one column per token), the log-sum-exp of
+// each row, x_mid = x + attention, ln2(x_mid), its mean and 1/σ, the fc pre-activation h
+// and the GELU output g. Under tensor parallelism a rank keeps q, k, v and the attention
+// output of its heads only (attention = d_model / tp rows), and its share of h and g
+// (hidden = the MLP's width / tp).
 struct BlockSaved {
-  std::size_t x_in, ln1, mean1, rstd1, q, k, v, att, lse, x_mid, ln2, mean2, rstd2, h, g, total;
+  std::size_t x_in, ln1, mean1, rstd1, qkv, att, lse, x_mid, ln2, mean2, rstd2, h, g, total;
 };
 BlockSaved block_saved(int d_model, int attention, int hidden, int heads, std::size_t columns);
 
