@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -69,10 +70,25 @@ double eigen_gemm_gflops() {
   return 2.0 * kGemmSize * kGemmSize * kGemmSize / median(times) / 1e9;
 }
 
+// The memory bandwidth one thread sees: a 64 MiB memcpy, bytes read plus bytes written, the
+// best of 3 (the floor other_bytes is measured against).
+double memory_gbytes_per_s() {
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  std::vector<char> from(kBytes, 1), to(kBytes, 0);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), kBytes);
+    best = std::min(best, seconds_since(start));
+  }
+  return 2.0 * kBytes / best / 1e9;
+}
+
 // One model's training step on fixed random data, and what the report says about it.
 struct Bench {
   std::function<void()> step;
   double flops = 0;
+  double other_bytes = 0;  // transformers: Transformer::other_bytes_per_step
   std::size_t parameters = 0;
   int items = 0;       // examples per step
   long long tokens = 0;  // tokens per step (transformers)
@@ -223,6 +239,7 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     if (optimizer_seconds) optimizer_seconds->push_back(seconds_since(update));
   };
   b.flops = state->model.flops_per_step(batch, tokens);
+  b.other_bytes = state->model.other_bytes_per_step(batch, tokens);
   b.parameters = size;
   b.items = batch;
   b.tokens = static_cast<long long>(batch) * tokens;
@@ -303,6 +320,7 @@ int step(int argc, char** argv) {
   const double gflops = bench.flops / seconds / 1e9;
   Eigen::setNbThreads(threads);  // the ceiling at --threads (a batch-parallel step set Eigen to one)
   const double gemm_gflops = eigen_gemm_gflops();
+  const double memory_gbps = bench.other_bytes > 0 ? memory_gbytes_per_s() : 0.0;
 
   if (format == "json") {
     json::Object out;
@@ -324,6 +342,8 @@ int step(int argc, char** argv) {
         .add("gflops", gflops)
         .add("eigen_gemm_gflops", gemm_gflops)
         .add("eigen_gemm_size", kGemmSize);
+    if (bench.other_bytes > 0)
+      out.add("other_bytes_per_step", bench.other_bytes).add("memory_gbytes_per_s", memory_gbps);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
@@ -341,6 +361,15 @@ int step(int argc, char** argv) {
   if (bench.tokens > 0) std::printf(", %.0f tokens/s", static_cast<double>(bench.tokens) / seconds);
   std::printf("\ncompute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,
               bench.flops / 1e9, 100 * gflops / gemm_gflops, gemm_gflops, kGemmSize);
+  if (bench.other_bytes > 0) {
+    const double floor_s = bench.flops / (gemm_gflops * 1e9) + bench.other_bytes / (memory_gbps * 1e9);
+    std::printf("memory       %.0f MB a step outside the GEMMs and attention, %.1f ms at %.1f GB/s (memcpy)\n",
+                bench.other_bytes / 1e6, bench.other_bytes / memory_gbps / 1e6, memory_gbps);
+    std::printf(
+        "limit        %.1f ms = FLOPs at the GEMM rate + those bytes at the memcpy rate; the step is %.0f%% of "
+        "it\n",
+        floor_s * 1e3, 100 * floor_s / seconds);
+  }
   return 0;
 }
 

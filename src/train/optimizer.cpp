@@ -79,27 +79,46 @@ void Adam::restore_state(std::span<const float> state) {
   state_.assign(state.begin(), state.end());
 }
 
+namespace {
+
+// One Adam pass over every coordinate; apply(i, u) receives coordinate i's update. Both
+// entry points run this loop; step()'s x − u may fuse into one FMA, so it agrees with
+// compute_update() then a subtraction to a float's last bit or two (as Sgd's).
+template <class Apply>
+void adam_pass(const AdamConfig& config, float steps, float* m, float* v, const float* params, const float* grads,
+               std::size_t size, Apply apply) {
+  const float b1 = config.beta1, b2 = config.beta2, lr = config.lr, wd = config.weight_decay, eps = config.eps;
+  const float c1 = 1.0f / (1.0f - std::pow(b1, steps)), c2 = 1.0f / (1.0f - std::pow(b2, steps));
+  for (std::size_t i = 0; i < size; ++i) {
+    const float g = grads[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * g;
+    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+    apply(i, lr * (wd * params[i] + (m[i] * c1) / (std::sqrt(v[i] * c2) + eps)));
+  }
+}
+
+}  // namespace
+
 void Adam::compute_update(std::span<const float> params, std::span<const float> grads, std::span<float> update) {
   PEERTRAIN_CHECK(params.size() == size_ && grads.size() == size_ && update.size() == size_, "Adam over ", size_,
                   " floats got params of ", params.size(), ", grads of ", grads.size(), ", update of ", update.size());
   float& steps = state_[2 * size_];
   steps += 1.0f;
-  const float b1 = config_.beta1, b2 = config_.beta2, lr = config_.lr, wd = config_.weight_decay;
-  const float c1 = 1.0f / (1.0f - std::pow(b1, steps)), c2 = 1.0f / (1.0f - std::pow(b2, steps));
-  float* m = state_.data();
-  float* v = state_.data() + size_;
-  for (std::size_t i = 0; i < size_; ++i) {
-    const float g = grads[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-    update[i] = lr * (wd * params[i] + (m[i] * c1) / (std::sqrt(v[i] * c2) + config_.eps));
-  }
+  float* u = update.data();
+  adam_pass(config_, steps, state_.data(), state_.data() + size_, params.data(), grads.data(), size_,
+            [u](std::size_t i, float x) { u[i] = x; });
 }
 
+// In place, in the same pass: no update buffer (a fresh 4·size bytes each step, whose
+// page faults and zeroing cost more than the arithmetic) and no second pass.
 void Adam::step(std::span<float> params, std::span<const float> grads) {
-  std::vector<float> update(size_);
-  compute_update(params, grads, update);
-  for (std::size_t i = 0; i < size_; ++i) params[i] -= update[i];
+  PEERTRAIN_CHECK(params.size() == size_ && grads.size() == size_, "Adam over ", size_, " floats got params of ",
+                  params.size(), ", grads of ", grads.size());
+  float& steps = state_[2 * size_];
+  steps += 1.0f;
+  float* p = params.data();
+  adam_pass(config_, steps, state_.data(), state_.data() + size_, p, grads.data(), size_,
+            [p](std::size_t i, float x) { p[i] -= x; });
 }
 
 LrSchedule parse_lr_schedule(std::string_view name) {

@@ -401,6 +401,20 @@ TEST(Transformer, FlopsPerStepCountsGemmsAndHalfTheCausalAttention) {
   EXPECT_DOUBLE_EQ(model.flops_per_step(8, 256), linear + head + attention);
 }
 
+// The bytes outside the GEMMs: 72 activations of d × n floats a block (27 forward, 45
+// backward, with the MLP 4·d wide), 8 for ln_f and the embedding, 5 logits matrices.
+// Linear in the tokens, and a wider MLP moves more.
+TEST(Transformer, OtherBytesPerStepCountsTheActivationPasses) {
+  const TransformerConfig config{.kind = TransformerKind::kGpt, .d_model = 128, .layers = 4, .heads = 4, .seq = 256};
+  const Transformer model(config);
+  const double n = 8 * 256, dn = 128 * n;
+  EXPECT_DOUBLE_EQ(model.other_bytes_per_step(8, 256), 4 * (4 * 72 * dn + 8 * dn + 5 * n * 256));
+  EXPECT_DOUBLE_EQ(model.other_bytes_per_step(16, 256), 2 * model.other_bytes_per_step(8, 256));
+  TransformerConfig wider = config;
+  wider.mlp_ratio = 8;
+  EXPECT_GT(Transformer(wider).other_bytes_per_step(8, 256), model.other_bytes_per_step(8, 256));
+}
+
 // ---------------------------------------------------------------------------------------
 // Sequence parallelism: ranks of a ThreadGroup each hold a contiguous chunk of every
 // sequence. The attention core below is the serial twin of ring attention: it all-gathers

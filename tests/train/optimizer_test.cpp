@@ -34,10 +34,11 @@ TEST(Sgd, FollowsAHandComputedMomentumAndWeightDecayTrajectory) {
   }
 }
 
-TEST(Sgd, ComputeUpdateThenSubtractEqualsStep) {
-  const SgdConfig config{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
-  const std::size_t n = 37;
-  Sgd central(n, config), split(n, config);
+// Four steps of `central` against `split`'s compute_update then a subtraction (what D-PSGD
+// applies to the mixed parameters), over n coordinates: compute_update leaves the
+// parameters alone, and the two agree to a float's last bit or two (step() may fuse
+// x − u into one FMA, which rounds once where the split rounds twice). Then their states.
+void expect_compute_update_then_subtract_equals_step(Optimizer& central, Optimizer& split, std::size_t n) {
   std::vector<float> x(n), y(n), g(n), update(n);
   for (std::size_t i = 0; i < n; ++i) x[i] = y[i] = 0.1f * static_cast<float>(i) - 1.5f;
   for (int step = 0; step < 4; ++step) {
@@ -47,13 +48,18 @@ TEST(Sgd, ComputeUpdateThenSubtractEqualsStep) {
     split.compute_update(y, g, update);
     EXPECT_EQ(y, before) << "compute_update changed the parameters";
     for (std::size_t i = 0; i < n; ++i) y[i] -= update[i];
-    // step() may fuse x − lr·v into one FMA, which rounds once where the split rounds
-    // twice, so the two agree to a float's last bit or two, not exactly.
     for (std::size_t i = 0; i < n; ++i)
       ASSERT_NEAR(x[i], y[i], 2e-7 * (1 + std::abs(x[i]))) << "step " << step << " element " << i;
   }
-  for (std::size_t i = 0; i < n; ++i)
-    ASSERT_NEAR(central.momentum()[i], split.momentum()[i], 2e-7 * (1 + std::abs(central.momentum()[i])));
+  const auto a = central.state(), b = split.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 2e-7 * (1 + std::abs(a[i]))) << "state " << i;
+}
+
+TEST(Sgd, ComputeUpdateThenSubtractEqualsStep) {
+  const SgdConfig config{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  Sgd central(37, config), split(37, config);
+  expect_compute_update_then_subtract_equals_step(central, split, 37);
 }
 
 TEST(Sgd, BadSettingsAreReported) {
@@ -114,6 +120,14 @@ TEST(Sgd, RestoringMomentumOfTheWrongSizeIsReported) {
 
 namespace peertrain::train {
 namespace {
+
+// step() updates in place in one pass, compute_update() apart: the same arithmetic. Enough
+// coordinates for the vector loop and its remainder.
+TEST(Adam, ComputeUpdateThenSubtractEqualsStep) {
+  const AdamConfig config{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
+  Adam central(67, config), split(67, config);
+  expect_compute_update_then_subtract_equals_step(central, split, 67);
+}
 
 // Three AdamW steps against the formula evaluated in double.
 TEST(Adam, FollowsTheAdamWFormula) {

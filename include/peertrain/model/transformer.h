@@ -172,6 +172,15 @@ class Transformer {
   // causal mask halves the attention's).
   double flops_per_step(int batch, int tokens) const;
 
+  // Bytes one forward+backward moves through memory outside the GEMMs and the attention's
+  // arithmetic: every other operator reading its inputs and writing its outputs once
+  // (LayerNorms, GELU, the bias and residual fills the GEMMs accumulate onto, the zero
+  // fills of the GEMMs that overwrite, bias gradients, the attention's gathers and
+  // scatters, the loss), the optimizer not included. Activations of these sizes do not
+  // stay in cache between operators, so bytes / memory bandwidth is a floor on the time the
+  // step spends outside its FLOPs (docs/performance.md).
+  double other_bytes_per_step(int batch, int tokens) const;
+
  private:
   struct Impl;
   TransformerConfig config_;
