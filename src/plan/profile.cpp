@@ -482,11 +482,27 @@ std::string Profiler::default_cache_path() {
   return "";
 }
 
+// The running executable's size and modification time: another build of the code (a
+// faster kernel, say) is another build, whose units must be measured again, even at the
+// same version and flags. Empty where /proc is not there.
+namespace {
+std::string executable_identity() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "";
+  const auto size = std::filesystem::file_size(exe, error);
+  if (error) return "";
+  const auto written = std::filesystem::last_write_time(exe, error);
+  if (error) return "";
+  return str(" | binary ", size, " bytes, written ", written.time_since_epoch().count());
+}
+}  // namespace
+
 std::string Profiler::machine_key() {
   char host[256] = "unknown";
   gethostname(host, sizeof host - 1);
   return str(host, " | ", cpu_model(), " | ", std::thread::hardware_concurrency(), " cores | ", PEERTRAIN_VERSION, " ",
-             __VERSION__, " | ", PEERTRAIN_BUILD_FLAGS);
+             __VERSION__, " | ", PEERTRAIN_BUILD_FLAGS, executable_identity());
 }
 
 void Profiler::load() {

@@ -115,7 +115,8 @@ class Profiler {
 
   // $XDG_CACHE_HOME/peertrain/profile.tsv, or ~/.cache/…; "" when neither is set.
   static std::string default_cache_path();
-  // What the cached figures belong to: host, CPU model, cores, compiler and build flags.
+  // What the cached figures belong to: host, CPU model, cores, compiler, build flags and
+  // the binary itself (its size and write time: a rebuilt binary measures again).
   static std::string machine_key();
 
  private:
