@@ -258,19 +258,18 @@ struct QueryTile {
   }
 };
 
+// The lanes of query vector r that hold one of the tile's nq queries.
+__mmask16 query_lanes(int nq, int r) {
+  const int n = std::clamp(nq - kLanes * r, 0, kLanes);
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
 // A tile's per-query values as vectors (times scale), padding lanes at pad.
 __m512 load_lanes(const float* x, int nq, int r, float scale, float pad) {
-  const int first = kLanes * r;
-  const int n = std::clamp(nq - first, 0, kLanes);
-  const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
-  const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(pad), mask, x + first);
+  const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(pad), query_lanes(nq, r), x + kLanes * r);
   return _mm512_mul_ps(v, _mm512_set1_ps(scale));
 }
-void store_lanes(float* x, int nq, int r, __m512 v) {
-  const int first = kLanes * r;
-  const int n = std::clamp(nq - first, 0, kLanes);
-  _mm512_mask_storeu_ps(x + first, static_cast<__mmask16>((1u << n) - 1u), v);
-}
+void store_lanes(float* x, int nq, int r, __m512 v) { _mm512_mask_storeu_ps(x + kLanes * r, query_lanes(nq, r), v); }
 
 // One query tile of the forward pass against keys [0, keys). acc: d × nq, contiguous.
 void forward_tile(int d, int nq, const float* q, const QueryTile& tile, const float* k, const float* v,
