@@ -99,11 +99,12 @@ void TcpCore::start_read(Link& l) {
     const bool data =
         type == MessageType::kParameters || type == MessageType::kGradients || type == MessageType::kReduceChunk;
     if (data && options.node_ingress_mbps > 0) return read_payload_shaped(l, generation, 0);
-    asio::async_read(l.socket, asio::buffer(l.payload_in), [this, &l, generation](boost::system::error_code ec2, std::size_t) {
-      if (generation != l.generation) return;
-      if (ec2) return read_failed(l, ec2);
-      payload_read(l);
-    });
+    asio::async_read(l.socket, asio::buffer(l.payload_in), TransferAll{},
+                     [this, &l, generation](boost::system::error_code ec2, std::size_t) {
+                       if (generation != l.generation) return;
+                       if (ec2) return read_failed(l, ec2);
+                       payload_read(l);
+                     });
   });
 }
 
@@ -130,7 +131,7 @@ void TcpCore::read_payload_shaped(Link& l, std::uint64_t generation, std::size_t
 }
 
 void TcpCore::read_piece(Link& l, std::uint64_t generation, std::size_t done, std::size_t piece) {
-  asio::async_read(l.socket, asio::buffer(l.payload_in.data() + done, piece),
+  asio::async_read(l.socket, asio::buffer(l.payload_in.data() + done, piece), TransferAll{},
                    [this, &l, generation, done, piece](boost::system::error_code ec, std::size_t) {
                      if (generation != l.generation) return;
                      if (ec) return read_failed(l, ec);
@@ -221,9 +222,10 @@ void TcpCore::write_next(Link& l) {
   const std::uint64_t generation = l.generation;
   if (!shaped) {
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(payload.data(), payload.size())};
-    asio::async_write(l.socket, buffers, [this, &l, generation](boost::system::error_code ec, std::size_t) {
-      if (generation == l.generation) wrote(l, ec, true);
-    });
+    asio::async_write(l.socket, buffers, TransferAll{},
+                      [this, &l, generation](boost::system::error_code ec, std::size_t) {
+                        if (generation == l.generation) wrote(l, ec, true);
+                      });
     return;
   }
   const auto now = Clock::now();
@@ -241,8 +243,8 @@ void TcpCore::write_next(Link& l) {
   // and goes when its last byte would be through the slower.
   if (!l.piece_due && (link_mbps > 0 || node_mbps > 0)) {
     Clock::time_point due = now;
-    if (link_mbps > 0) due = std::max(due, l.wire.reserve(now, link_mbps, piece));
-    if (node_mbps > 0) due = std::max(due, node_wire.reserve(now, node_mbps, piece));
+    if (link_mbps > 0) due = std::max(due, l.wire.reserve_from(out.ready_at, now, link_mbps, piece));
+    if (node_mbps > 0) due = std::max(due, node_wire.reserve_from(out.ready_at, now, node_mbps, piece));
     l.piece_due = due;
   }
   if (l.piece_due && now < *l.piece_due) {
@@ -262,14 +264,15 @@ void TcpCore::write_next(Link& l) {
     left -= n;
   }
   if (left > 0) buffers.push_back(asio::buffer(payload.data() + (from - kHeaderBytes), left));
-  asio::async_write(l.socket, buffers, [this, &l, piece, generation](boost::system::error_code ec, std::size_t) {
-    if (generation != l.generation) return;
-    if (ec) return wrote(l, ec, true);
-    if (l.queue.empty()) return wrote(l, ec, false);  // fail_link ended the frame meanwhile
-    Outgoing& o = l.queue.front();
-    o.written += piece;
-    wrote(l, ec, o.written == kHeaderBytes + o.payload.bytes().size());
-  });
+  asio::async_write(l.socket, buffers, TransferAll{},
+                    [this, &l, piece, generation](boost::system::error_code ec, std::size_t) {
+                      if (generation != l.generation) return;
+                      if (ec) return wrote(l, ec, true);
+                      if (l.queue.empty()) return wrote(l, ec, false);  // fail_link ended the frame meanwhile
+                      Outgoing& o = l.queue.front();
+                      o.written += piece;
+                      wrote(l, ec, o.written == kHeaderBytes + o.payload.bytes().size());
+                    });
 }
 
 void TcpCore::wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {

@@ -34,11 +34,28 @@ struct WireClock {
   // has been idle; returns when the piece's last byte is through. A wire freed less than
   // a piece's time (at least 1 ms) ago counts as busy until now: that gap is the timer
   // waking late, not idleness, and losing it on every piece would slow a stream down.
+  // The receiving card uses it: it cannot tell when its bytes arrived.
   Clock::time_point reserve(Clock::time_point now, double mbps, std::size_t piece) {
     const auto held = busy(mbps, piece);
     const auto late = std::max<Clock::duration>(held, std::chrono::milliseconds(1));
     if (free_at < now - late) free_at = now;  // idle: nothing saved up
     free_at += held;
+    return free_at;
+  }
+
+  // How far back a sender's wire may catch up: a bound on the burst after a stall.
+  static constexpr std::chrono::milliseconds kCatchUp{10};
+
+  // Reserves the wire for `piece` bytes that were ready to go at `ready`: they follow the
+  // bytes before them without a gap, or start at `ready` if the wire was idle then. The
+  // clock runs from when the bytes were ready, not from when the I/O thread got to them: a
+  // network card sends what is queued while the CPU does something else, but our I/O
+  // thread shares the cores with the gradient, and wakes up late when both are busy (the
+  // 2 Gbit/s D-PSGD step lost 1.9 ms a step to it, bench/dpsgd_overlap.sh). At most
+  // kCatchUp of wire time is recovered, so a sender stalled for longer (a receiver that
+  // does not read) finds an idle wire, not a burst.
+  Clock::time_point reserve_from(Clock::time_point ready, Clock::time_point now, double mbps, std::size_t piece) {
+    free_at = std::max({free_at, ready, now - kCatchUp}) + busy(mbps, piece);
     return free_at;
   }
 };

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "../../src/net/wire_clock.h"
 #include "../topology/test_util.h"
 #include "peertrain/core/rng.h"
 
@@ -74,6 +75,30 @@ TEST(Frame, ChecksumSeesEverySingleByteChange) {
   a[0] = std::byte{1};
   b[8] = std::byte{1};
   EXPECT_NE(checksum_payload(a), checksum_payload(b));
+}
+
+// The sender's wire clock runs from when the bytes were ready, not from when the I/O
+// thread got to them: a writer woken late by a busy core does not lose wire time (up to
+// kCatchUp), a wire idle before the bytes were ready saves nothing up, and a stall longer
+// than kCatchUp is idle time.
+TEST(WireClock, ALateWriterLosesNoWireTimeButAnIdleWireSavesNothing) {
+  using namespace std::chrono;
+  const WireClock::Clock::time_point t0{seconds(100)};
+  const double mbps = 8.0;         // 1 MB/s
+  const std::size_t piece = 1000;  // 1 ms
+  WireClock wire;
+  // Ready at t0, first reserved 3 ms late: the pieces follow each other from t0.
+  EXPECT_EQ(wire.reserve_from(t0, t0 + milliseconds(3), mbps, piece), t0 + milliseconds(1));
+  EXPECT_EQ(wire.reserve_from(t0, t0 + milliseconds(3), mbps, piece), t0 + milliseconds(2));
+  EXPECT_EQ(wire.reserve_from(t0, t0 + milliseconds(3), mbps, piece), t0 + milliseconds(3));
+  EXPECT_EQ(wire.reserve_from(t0, t0 + milliseconds(3), mbps, piece), t0 + milliseconds(4));
+  // Idle from t0 + 4 ms; a frame ready at t0 + 60 ms starts then, whenever it is reserved.
+  const auto t1 = t0 + milliseconds(60);
+  EXPECT_EQ(wire.reserve_from(t1, t1, mbps, piece), t1 + milliseconds(1));
+  EXPECT_EQ(wire.reserve_from(t1, t1 + milliseconds(1), mbps, piece), t1 + milliseconds(2));
+  // Stalled 50 ms (a receiver that does not read): only kCatchUp is recovered.
+  const auto t2 = t1 + milliseconds(52);
+  EXPECT_EQ(wire.reserve_from(t1, t2, mbps, piece), t2 - WireClock::kCatchUp + milliseconds(1));
 }
 
 }  // namespace
