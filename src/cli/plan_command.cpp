@@ -61,12 +61,21 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// One peer's gradient and optimizer step on this machine, and the parameters' bytes.
-std::pair<double, double> peer_compute(const std::string& model_name, const std::vector<int>& hidden,
-                                       const model::TransformerConfig& config, int batch, double copy_bytes_per_s) {
+// Fashion-MNIST, which launch trains the mlp on: its training and test images.
+constexpr long long kMlpTrainImages = 60000;
+constexpr int kMlpTestImages = 10000;
+
+struct PeerCompute {
+  double step_s = 0;  // one peer's gradient and optimizer step on this machine
+  double bytes = 0;   // the parameters'
+  double test_s = 0;  // mlp: one evaluation round's test pass (the test set in launch's chunks of 1,000)
+};
+
+PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& hidden,
+                         const model::TransformerConfig& config, int batch, double copy_bytes_per_s) {
   Rng rng(3);
   std::vector<double> times;
-  double floats = 0;
+  double floats = 0, test_s = 0;
   if (model_name == "mlp") {
     model::Mlp mlp(model::MlpConfig{.inputs = 784, .hidden = hidden, .classes = 10});
     std::vector<float> params(mlp.num_parameters()), grads(params.size()), x(784 * static_cast<std::size_t>(batch));
@@ -79,6 +88,18 @@ std::pair<double, double> peer_compute(const std::string& model_name, const std:
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     floats = static_cast<double>(mlp.num_parameters());
+    constexpr int kChunk = 1000;
+    std::vector<float> test(784 * static_cast<std::size_t>(kChunk));
+    for (auto& v : test) v = static_cast<float>(rng.normal());
+    std::vector<std::int32_t> test_labels(kChunk, 3);
+    std::vector<double> passes;
+    for (int r = 0; r < 3; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int done = 0; done < kMlpTestImages; done += kChunk)
+        mlp.evaluate(params, test.data(), test_labels.data(), kChunk);
+      passes.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    test_s = median_of(passes);
   } else {
     model::Transformer t(config);
     std::vector<float> params(t.num_parameters()), grads(params.size());
@@ -105,7 +126,7 @@ std::pair<double, double> peer_compute(const std::string& model_name, const std:
   }
   // The optimizer's pass: x, its gradient and its state read, x and the state written.
   const double update_s = 5 * 4 * floats / copy_bytes_per_s;
-  return {median_of(times) + update_s, 4 * floats};
+  return {median_of(times) + update_s, 4 * floats, test_s};
 }
 
 // Across peers: each algorithm's time per step on the topology's links (and, with
@@ -134,9 +155,20 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   // --cores C: every peer on one machine of C cores (as the experiments run them); else a
   // machine each.
   const int shared = args.count("cores") ? number_flag<int>(args, "cores") : 0;
-  auto [compute_s, bytes] = peer_compute(model_name, hidden, config, batch, 2e10);
+  if (args.count("cores") && shared < 1) throw UsageError("--cores must be at least 1 (or left out: a machine each)");
+  // --eval-every as launch takes it (0: once per epoch); the test pass is modelled for the
+  // mlp, whose data plan knows.
+  long long eval_every = number_flag<long long>(args, "eval-every");
+  if (eval_every < 0) throw UsageError("--eval-every must be 0 (once per epoch) or more");
+  if (model_name != "mlp" && args.count("eval-every"))
+    throw UsageError("--eval-every: the evaluation rounds are modelled for --model mlp only (for " + model_name +
+                     " they are not counted)");
+  if (model_name == "mlp" && eval_every == 0)
+    eval_every = std::max<long long>(1, kMlpTrainImages / (static_cast<long long>(topo.num_peers()) * batch));
+  auto [compute_s, bytes, test_s] = peer_compute(model_name, hidden, config, batch, 2e10);
   const auto probe = plan::probe_network(bytes);
-  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s).first;
+  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s).step_s;
+  const plan::Evaluation evaluation{.one_s = test_s, .every = model_name == "mlp" ? eval_every : 0};
   struct Row {
     std::string name;
     plan::NetworkPrediction p;
@@ -150,16 +182,17 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   else
     algorithms = {chosen};
   for (auto a : algorithms)
-    rows.push_back(
-        {str(plan::to_string(a), " on ", topo.name), plan::predict_network(topo, a, bytes, compute_s, probe, shared)});
+    rows.push_back({str(plan::to_string(a), " on ", topo.name),
+                    plan::predict_network(topo, a, bytes, compute_s, probe, shared, evaluation)});
   if (args.count("compare"))
     for (const std::string g : {"ring", "exponential", "complete"}) {
       if (topo.source.kind == topology::GraphSource::Kind::kGenerator && topo.source.generator == g) continue;
       if (g == "complete" && topo.num_peers() > 512) continue;  // n² links: not a graph anyone would gossip on
       topology::Topology other = topo;
       other.graph = topology::generate(g, {.n = topo.num_peers()});
-      rows.push_back({str("dpsgd on ", g == "exponential" ? "an " : "a ", g, " graph"),
-                      plan::predict_network(other, plan::PeerAlgorithm::kDpsgd, bytes, compute_s, probe, shared)});
+      rows.push_back(
+          {str("dpsgd on ", g == "exponential" ? "an " : "a ", g, " graph"),
+           plan::predict_network(other, plan::PeerAlgorithm::kDpsgd, bytes, compute_s, probe, shared, evaluation)});
     }
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.p.step_s < b.p.step_s; });
@@ -172,6 +205,8 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
           .add("slowest_peer", rows[i].p.slowest)
           .add("where", rows[i].p.where)
           .add("compute_s", compute_s)
+          .add("test_s", test_s)
+          .add("eval_every", static_cast<double>(evaluation.every))
           .add("parameter_bytes", bytes);
       out += (i ? ", " : "") + o.dump(0);
     }
@@ -179,11 +214,15 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
     return 0;
   }
   std::printf(
-      "%s: %d peers%s; %s, %.0f parameter bytes, %.3f ms of compute a step; loopback probe %.1f us a message, "
+      "%s: %d peers%s; %s, %.0f parameter bytes, %.3f ms of compute a step%s; loopback probe %.1f us a message, "
       "%.1f us of CPU (%.1f us for 64 bytes)\n\n",
       topo.name.c_str(), topo.num_peers(),
       shared > 0 ? str(", sharing ", shared, " cores").c_str() : ", a machine each", model_name.c_str(), bytes,
-      compute_s * 1e3, probe.message_s * 1e6, probe.message_cpu_s * 1e6, probe.small_message_cpu_s * 1e6);
+      compute_s * 1e3,
+      evaluation.every > 0
+          ? str(", a test pass of ", std::lround(test_s * 1e6) / 1e3, " ms every ", evaluation.every, " steps").c_str()
+          : "",
+      probe.message_s * 1e6, probe.message_cpu_s * 1e6, probe.small_message_cpu_s * 1e6);
   std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
   for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
   std::printf("\npredicted in %.3f s\n", plan_s);
@@ -226,7 +265,11 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("ring"))(
       "compare",
       "rank the algorithms (the three all-reduces among them), and D-PSGD on other graphs, for the "
-      "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"));
+      "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
+      "eval-every",
+      "mlp: steps between evaluation rounds, as launch takes it (0: once per epoch); on shared --cores "
+      "half the other peers' test passes land in the step time",
+      cxxopts::value<std::string>()->default_value("0"));
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
       "pp", "pipeline stages", cxxopts::value<std::string>()->default_value("1"))(

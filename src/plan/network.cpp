@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
@@ -18,6 +19,13 @@ namespace peertrain::plan {
 namespace {
 
 using boost::asio::ip::tcp;
+
+// Milliseconds to three significant figures, for the explanations.
+std::string ms(double seconds) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g", seconds * 1e3);
+  return buffer;
+}
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -191,7 +199,7 @@ NetworkProbe probe_network(double message_bytes) {
 }
 
 NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm algorithm, double S, double compute_s,
-                                  const NetworkProbe& probe, int shared_cores) {
+                                  const NetworkProbe& probe, int shared_cores, const Evaluation& evaluation) {
   const int n = topo.num_peers();
   NetworkPrediction out;
   out.peers.resize(static_cast<std::size_t>(n));
@@ -303,9 +311,16 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
   if (shared_cores > 0) {
     double cpu = 0;
     for (const auto& p : out.peers) cpu += p.cpu_s;
+    const double tests =
+        evaluation.every > 0 ? (n - 1) / 2.0 * evaluation.one_s / static_cast<double>(evaluation.every) : 0.0;
+    cpu += tests;
     if (cpu / shared_cores > out.step_s) {
       out.step_s = cpu / shared_cores;
-      out.where = str("the ", n, " peers sharing ", shared_cores, " cores (", cpu * 1e3, " ms of CPU a step)");
+      out.where =
+          str("the ", n, " peers sharing ", shared_cores, " cores (", ms(cpu), " ms of CPU a step",
+              tests > 0 ? str(", ", ms(tests), " of it the other peers' tests every ", evaluation.every, " steps")
+                        : std::string(),
+              ")");
     }
   }
   return out;

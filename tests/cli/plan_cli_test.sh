@@ -50,6 +50,13 @@ expect_error "plan: --workers W" "${tiny[@]}"
 expect_error "plan --run needs --topology" "${tiny[@]}" --workers 2 --run
 expect_error "--format 'yaml'" "${tiny[@]}" --workers 2 --format yaml
 expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --strategy --pp 2 --vocab-parallel vocab-3
+# Evaluation rounds: counted on shared cores (the others' test passes), refused where not modelled.
+out=$("$bin" plan --topology "$work/pair.yaml" --model mlp --hidden 32 --batch 8 --cores 1 --eval-every 1 2>&1)
+[[ $? -eq 0 ]] && grep -q "a test pass of .* ms every 1 steps" <<<"$out" && ok || fail "plan --eval-every 1: $out"
+expect_error "--eval-every must be 0" --topology "$work/pair.yaml" --model mlp --eval-every -1
+expect_error "--eval-every: the evaluation rounds are modelled for --model mlp only" --topology "$work/pair.yaml" \
+  --model gpt --eval-every 5
+expect_error "--cores must be at least 1" --topology "$work/pair.yaml" --model mlp --cores 0
 
 echo "plan cli tests: $pass passed, $failures failed"
 exit $((failures > 0))

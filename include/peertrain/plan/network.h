@@ -62,9 +62,22 @@ struct NetworkPrediction {
   std::string where;  // what holds the run back
 };
 
+// The evaluation rounds of launch --eval-every: every `every` steps each peer tests its
+// model (one_s of CPU). They are outside the step timings, but on shared cores the peers
+// are not in lockstep: those that reach the round before a peer ends its last step test
+// while it still trains, and their tests land in its step time (the lian2017 run at 16
+// peers, --eval-every 5: 6.5 ms a step against 2.6 without the rounds). Any peer is as
+// likely to be early as late, so half of the other n − 1 peers' tests count; measured on
+// the lian2017 runs, 0.5–1.0 of them did (docs/plan.md).
+struct Evaluation {
+  double one_s = 0;     // one peer's test pass
+  long long every = 0;  // steps between rounds (0: none counted)
+};
+
 // compute_s: one peer's gradient and optimizer step; parameter_bytes: S. shared_cores: the
 // cores all peers share (0: every peer has a machine of its own).
 NetworkPrediction predict_network(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
-                                  double compute_s, const NetworkProbe& probe, int shared_cores);
+                                  double compute_s, const NetworkProbe& probe, int shared_cores,
+                                  const Evaluation& evaluation = {});
 
 }  // namespace peertrain::plan
