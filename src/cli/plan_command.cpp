@@ -250,9 +250,9 @@ int run_plan(int argc, char** argv) {
       "cores to simulate (default: this machine's; the workers share them); across peers: every peer on "
       "one machine of that many cores (default: a machine each)",
       cxxopts::value<std::string>())(
-      "contention",
-      "with more workers than cores, scale the passes by a contention factor measured on a calibration model "
-      "(off by default: it over-corrects; see docs/plan.md)")(
+      "no-contention",
+      "with more workers than cores, do not scale the passes by the contention factor measured on a calibration "
+      "model (scaled by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
@@ -301,7 +301,9 @@ int run_plan(int argc, char** argv) {
     if (across) return plan_network(args, model_name, config, batch, format);
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
-    sim.contention = args.count("contention") > 0;
+    if (args.count("contention") && args.count("no-contention"))
+      throw UsageError("--contention and --no-contention: choose one");
+    sim.contention = args.count("no-contention") == 0;
     if (args.count("memory-per-worker"))
       sim.memory_cap_bytes = parse_bytes(args["memory-per-worker"].as<std::string>(), "--memory-per-worker");
     std::string cache =

@@ -57,6 +57,7 @@ expect_error "--eval-every must be 0" --topology "$work/pair.yaml" --model mlp -
 expect_error "--eval-every: the evaluation rounds are modelled for --model mlp only" --topology "$work/pair.yaml" \
   --model gpt --eval-every 5
 expect_error "--cores must be at least 1" --topology "$work/pair.yaml" --model mlp --cores 0
+expect_error "--contention and --no-contention: choose one" "${tiny[@]}" --workers 2 --contention --no-contention
 
 echo "plan cli tests: $pass passed, $failures failed"
 exit $((failures > 0))
