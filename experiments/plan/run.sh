@@ -169,10 +169,14 @@ for r in csv.DictReader(open(sys.argv[1])):
         [[ ${command[i - 1]} == --topology ]] && command[i]="$lian/$run_dir/topology.yaml"
         [[ ${command[i - 1]} == --out ]] && command[i]="$remeasured/$run_dir"
       done
-      "$PEERTRAIN" "${command[@]:1}" > "$remeasured/launch.log" 2>&1 ||
+      "$PEERTRAIN" "${command[@]:1}" < /dev/null > "$remeasured/launch.log" 2>&1 ||
         { echo "error: retraining $label failed; see its log:" >&2; tail -5 "$remeasured/launch.log" >&2; exit 1; }
-      s_per_step=$(awk -F, -v steps="$steps" 'NR > 1 && $3 == 0 { w = $10 } END { printf "%.9g", w / steps }' \
-        "$remeasured/$run_dir/metrics.csv")
+      # Peer 0's last wall_s, as lian2017's report takes it; the columns by their names.
+      s_per_step=$(awk -F, -v steps="$steps" '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        $col["peer"] == 0 { w = $col["wall_s"] }
+        END { if (w > 0) printf "%.9g", w / steps }' "$remeasured/$run_dir/metrics.csv")
+      [[ -n $s_per_step ]] || { echo "error: no wall_s of peer 0 in $remeasured/$run_dir/metrics.csv ($label)" >&2; exit 1; }
       source="retrained"
     fi
     predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \

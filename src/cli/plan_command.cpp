@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "commands.h"
 #include "mesh_options.h"
 #include "model_flags.h"
@@ -71,8 +73,17 @@ struct PeerCompute {
   double test_s = 0;  // mlp: one evaluation round's test pass (the test set in launch's chunks of 1,000)
 };
 
+// On one thread, as launch runs a peer by default (--threads 1): Eigen would otherwise
+// spread the GEMMs over every core, and a peer's CPU would come out too small.
+// with_test: also time the mlp's test pass.
 PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& hidden,
-                         const model::TransformerConfig& config, int batch, double copy_bytes_per_s) {
+                         const model::TransformerConfig& config, int batch, double copy_bytes_per_s, bool with_test) {
+  const int eigen_threads = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
+  struct Restore {
+    int threads;
+    ~Restore() { Eigen::setNbThreads(threads); }
+  } restore{eigen_threads};
   Rng rng(3);
   std::vector<double> times;
   double floats = 0, test_s = 0;
@@ -89,6 +100,7 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
     }
     floats = static_cast<double>(mlp.num_parameters());
     constexpr int kChunk = 1000;
+    if (!with_test) return {median_of(times) + 5 * 4 * floats / copy_bytes_per_s, 4 * floats, 0.0};
     std::vector<float> test(784 * static_cast<std::size_t>(kChunk));
     for (auto& v : test) v = static_cast<float>(rng.normal());
     std::vector<std::int32_t> test_labels(kChunk, 3);
@@ -165,10 +177,12 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
                      " they are not counted)");
   if (model_name == "mlp" && eval_every == 0)
     eval_every = std::max<long long>(1, kMlpTrainImages / (static_cast<long long>(topo.num_peers()) * batch));
-  auto [compute_s, bytes, test_s] = peer_compute(model_name, hidden, config, batch, 2e10);
+  // The test pass counts only where the peers share cores (network.h's Evaluation).
+  const bool tests_count = model_name == "mlp" && shared > 0;
+  auto [compute_s, bytes, test_s] = peer_compute(model_name, hidden, config, batch, 2e10, tests_count);
   const auto probe = plan::probe_network(bytes);
-  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s).step_s;
-  const plan::Evaluation evaluation{.one_s = test_s, .every = model_name == "mlp" ? eval_every : 0};
+  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s, false).step_s;
+  const plan::Evaluation evaluation{.one_s = test_s, .every = tests_count ? eval_every : 0};
   struct Row {
     std::string name;
     plan::NetworkPrediction p;
@@ -213,9 +227,8 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
     std::printf("%s]\n", out.c_str());
     return 0;
   }
-  // The test pass counts only where the peers share cores (network.h's Evaluation).
   std::string tests_note;
-  if (evaluation.every > 0 && shared > 0) {
+  if (evaluation.every > 0) {
     char buffer[96];
     std::snprintf(buffer, sizeof buffer, ", a test pass of %.3g ms every %lld steps", test_s * 1e3, evaluation.every);
     tests_note = buffer;
@@ -302,11 +315,13 @@ int run_plan(int argc, char** argv) {
     if (batch < 1 || top < 1) throw UsageError("--batch and --top must be at least 1");
     const std::string format = args["format"].as<std::string>();
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
+    if (args.count("contention") && args.count("no-contention"))
+      throw UsageError("--contention and --no-contention: choose one");
+    if (args.count("eval-every") && !across)
+      throw UsageError("--eval-every is for plan --topology FILE without --run (across peers)");
     if (across) return plan_network(args, model_name, config, batch, format);
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
-    if (args.count("contention") && args.count("no-contention"))
-      throw UsageError("--contention and --no-contention: choose one");
     sim.contention = args.count("no-contention") == 0;
     if (args.count("memory-per-worker"))
       sim.memory_cap_bytes = parse_bytes(args["memory-per-worker"].as<std::string>(), "--memory-per-worker");

@@ -30,7 +30,8 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-// The completion condition of every payload read and write. Asio's transfer_all() hands
+// The completion condition of every frame's reads and writes on an established link (the
+// handshake's frames are small and keep Asio's default). Asio's transfer_all() hands
 // the kernel at most 64 KiB a call (default_max_transfer_size): a 2.7 MB parameter frame
 // took 43 sendmsg and 43 recvfrom, each behind its own reactor wake-up, and those context
 // switches took cores from the gradient that the exchange overlaps. With this the

@@ -224,7 +224,11 @@ void TcpCore::write_next(Link& l) {
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(payload.data(), payload.size())};
     asio::async_write(l.socket, buffers, TransferAll{},
                       [this, &l, generation](boost::system::error_code ec, std::size_t) {
-                        if (generation == l.generation) wrote(l, ec, true);
+                        if (generation != l.generation) return;
+                        // The socket was busy with these bytes: a shaped frame queued behind
+                        // them was not held by its wire, which owes it no catch-up for that.
+                        l.wire.free_at = std::max(l.wire.free_at, Clock::now());
+                        wrote(l, ec, true);
                       });
     return;
   }

@@ -20,10 +20,10 @@ namespace {
 
 using boost::asio::ip::tcp;
 
-// Milliseconds to three significant figures, for the explanations.
+// Milliseconds to three significant figures (whole ones from a second up), for the explanations.
 std::string ms(double seconds) {
   char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.3g", seconds * 1e3);
+  std::snprintf(buffer, sizeof buffer, seconds < 1.0 ? "%.3g" : "%.0f", seconds * 1e3);
   return buffer;
 }
 

@@ -58,6 +58,8 @@ expect_error "--eval-every: the evaluation rounds are modelled for --model mlp o
   --model gpt --eval-every 5
 expect_error "--cores must be at least 1" --topology "$work/pair.yaml" --model mlp --cores 0
 expect_error "--contention and --no-contention: choose one" "${tiny[@]}" --workers 2 --contention --no-contention
+expect_error "--contention and --no-contention: choose one" --topology "$work/pair.yaml" --model mlp --contention --no-contention
+expect_error "--eval-every is for plan --topology" "${tiny[@]}" --workers 2 --eval-every 5
 
 echo "plan cli tests: $pass passed, $failures failed"
 exit $((failures > 0))
