@@ -4,7 +4,9 @@
 #   compute alone:  --algorithm local, batch 128
 #   exchange alone: --algorithm dpsgd, batch 1 (the gradient costs almost nothing)
 #   D-PSGD:         --algorithm dpsgd, batch 128
-# Target (issue 3): D-PSGD step time <= 1.1 x max(compute, exchange).
+# Targets: D-PSGD step time <= 1.1 x max(compute, exchange) up to 2 Gbit/s (issue 3), <= 1.3 x
+# at 8 Gbit/s and above (issue 23; there both cores are busy with the gradients and loopback
+# TCP's copies, docs/algo.md).
 # Usage: bench/dpsgd_overlap.sh [build-dir] [bandwidth_mbps]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,6 +35,6 @@ awk -v c="$compute" -v e="$exchange" -v d="$dpsgd" -v m="$mbps" 'BEGIN {
   printf "link %d Mbit/s, 2 peers, 784-512-512-10 MLP, batch 128 per peer\n", m
   printf "compute alone     %7.2f ms/step\n", c
   printf "exchange alone    %7.2f ms/step\n", e
-  printf "D-PSGD            %7.2f ms/step  = %.2f x max(compute, exchange)  (target <= 1.10; no overlap would be %.2f)\n",
-         d, d / bound, (c + e) / bound
+  printf "D-PSGD            %7.2f ms/step  = %.2f x max(compute, exchange)  (target <= %.2f; no overlap would be %.2f)\n",
+         d, d / bound, (m >= 8000 ? 1.3 : 1.1), (c + e) / bound
 }'
