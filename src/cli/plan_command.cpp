@@ -28,6 +28,7 @@
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/model/mlp.h"
 #include "peertrain/plan/network.h"
+#include "peertrain/plan/profile.h"
 #include "peertrain/plan/search.h"
 #include "peertrain/topology/generators.h"
 
@@ -58,26 +59,23 @@ double parse_bytes(const std::string& text, const std::string& flag) {
 
 std::string mib(double bytes) { return str(static_cast<long long>(std::llround(bytes / (1 << 20))), " MiB"); }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Fashion-MNIST, which launch trains the mlp on: its training and test images.
 constexpr long long kMlpTrainImages = 60000;
 constexpr int kMlpTestImages = 10000;
 
 struct PeerCompute {
-  double step_s = 0;  // one peer's gradient and optimizer step on this machine
-  double bytes = 0;   // the parameters'
-  double test_s = 0;  // mlp: one evaluation round's test pass (the test set in launch's chunks of 1,000)
+  double gradient_s = 0;  // one peer's gradient on this machine (its optimizer pass: optimizer_s)
+  double bytes = 0;       // the parameters'
+  double test_s = 0;      // mlp: one evaluation round's test pass (the test set in launch's chunks of 1,000)
+  // The optimizer's pass at a copy rate: x, its gradient and its state read, x and the state written.
+  double optimizer_s(double copy_bytes_per_s) const { return 5 * bytes / copy_bytes_per_s; }
 };
 
 // On one thread, as launch runs a peer by default (--threads 1): Eigen would otherwise
 // spread the GEMMs over every core, and a peer's CPU would come out too small.
 // with_test: also time the mlp's test pass.
 PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& hidden,
-                         const model::TransformerConfig& config, int batch, double copy_bytes_per_s, bool with_test) {
+                         const model::TransformerConfig& config, int batch, bool with_test) {
   const int eigen_threads = Eigen::nbThreads();
   Eigen::setNbThreads(1);
   struct Restore {
@@ -99,19 +97,20 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     floats = static_cast<double>(mlp.num_parameters());
-    constexpr int kChunk = 1000;
-    if (!with_test) return {median_of(times) + 5 * 4 * floats / copy_bytes_per_s, 4 * floats, 0.0};
-    std::vector<float> test(784 * static_cast<std::size_t>(kChunk));
-    for (auto& v : test) v = static_cast<float>(rng.normal());
-    std::vector<std::int32_t> test_labels(kChunk, 3);
-    std::vector<double> passes;
-    for (int r = 0; r < 3; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int done = 0; done < kMlpTestImages; done += kChunk)
-        mlp.evaluate(params, test.data(), test_labels.data(), kChunk);
-      passes.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (with_test) {
+      constexpr int kChunk = 1000;
+      std::vector<float> test(784 * static_cast<std::size_t>(kChunk));
+      for (auto& v : test) v = static_cast<float>(rng.normal());
+      std::vector<std::int32_t> test_labels(kChunk, 3);
+      std::vector<double> passes;
+      for (int r = 0; r < 3; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int done = 0; done < kMlpTestImages; done += kChunk)
+          mlp.evaluate(params, test.data(), test_labels.data(), kChunk);
+        passes.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      test_s = plan::median(passes);
     }
-    test_s = median_of(passes);
   } else {
     model::Transformer t(config);
     std::vector<float> params(t.num_parameters()), grads(params.size());
@@ -136,9 +135,7 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
     }
     floats = static_cast<double>(t.num_parameters());
   }
-  // The optimizer's pass: x, its gradient and its state read, x and the state written.
-  const double update_s = 5 * 4 * floats / copy_bytes_per_s;
-  return {median_of(times) + update_s, 4 * floats, test_s};
+  return {plan::median(times), 4 * floats, test_s};
 }
 
 // Across peers: each algorithm's time per step on the topology's links (and, with
@@ -179,9 +176,10 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
     eval_every = std::max<long long>(1, kMlpTrainImages / (static_cast<long long>(topo.num_peers()) * batch));
   // The test pass counts only where the peers share cores (network.h's Evaluation).
   const bool tests_count = model_name == "mlp" && shared > 0;
-  auto [compute_s, bytes, test_s] = peer_compute(model_name, hidden, config, batch, 2e10, tests_count);
+  const PeerCompute peer = peer_compute(model_name, hidden, config, batch, tests_count);
+  const double bytes = peer.bytes, test_s = peer.test_s;
   const auto probe = plan::probe_network(bytes);
-  compute_s = peer_compute(model_name, hidden, config, batch, probe.copy_bytes_per_s, false).step_s;
+  const double compute_s = peer.gradient_s + peer.optimizer_s(probe.copy_bytes_per_s);
   const plan::Evaluation evaluation{.one_s = test_s, .every = tests_count ? eval_every : 0};
   struct Row {
     std::string name;

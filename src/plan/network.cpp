@@ -14,6 +14,7 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/net/tcp.h"
+#include "peertrain/plan/profile.h"
 
 namespace peertrain::plan {
 namespace {
@@ -188,9 +189,7 @@ NetworkProbe probe_network(double message_bytes) {
       walls.push_back(w);
       cpus.push_back(c);
     }
-    std::nth_element(walls.begin(), walls.begin() + 2, walls.end());
-    std::nth_element(cpus.begin(), cpus.begin() + 2, cpus.end());
-    return std::pair{walls[2], cpus[2]};
+    return std::pair{median(walls), median(cpus)};
   };
   const auto [wall, cpu] =
       median_round(message_bytes, std::clamp(static_cast<int>(2e8 / std::max(message_bytes, 1.0)), 10, 400));

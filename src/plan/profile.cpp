@@ -33,6 +33,12 @@
 #include "peertrain/parallel/vocab_parallel.h"
 
 namespace peertrain::plan {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
 namespace {
 
 double thread_cpu_s() {
@@ -42,11 +48,6 @@ double thread_cpu_s() {
 }
 
 double wall_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

@@ -26,6 +26,10 @@
 
 namespace peertrain::plan {
 
+// The median of repeated timings (the upper one of an even count; 0 for none): what every
+// measurement of the planner reports.
+double median(std::vector<double> values);
+
 // kVocabOutput: vocabulary parallelism's output layer on one stage (vocab_parallel.h): its
 // shard's S pass (logits, statistics; vocab-1 also the input gradient) as forward_s and its
 // T pass (the shard's weight gradient; vocab-2 also the input gradient) as backward_s, the
