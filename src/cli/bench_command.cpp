@@ -239,7 +239,7 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     if (optimizer_seconds) optimizer_seconds->push_back(seconds_since(update));
   };
   b.flops = state->model.flops_per_step(batch, tokens);
-  b.other_bytes = state->model.other_bytes_per_step(batch, tokens);
+  b.other_bytes = state->model.other_bytes_per_step(batch, tokens, threads == 1 && model::gemm_fuses_epilogues());
   b.parameters = size;
   b.items = batch;
   b.tokens = static_cast<long long>(batch) * tokens;

@@ -59,7 +59,37 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
 }
 
 void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
-               bool accumulate) {
+               bool accumulate, const GemmEpilogue& epilogue) {
+  if (m == 0 || n == 0) return;
+  if (k > 0 && Eigen::nbThreads() == 1 && avx512_gemm::available()) {
+    avx512_gemm::Epilogue e;
+    e.accumulate = accumulate;
+    e.row_bias = epilogue.row_bias;
+    e.addend = epilogue.addend;
+    e.ld_addend = m;
+    e.relu = epilogue.relu;
+    avx512_gemm::run(trans_a, trans_b, m, n, k, a, trans_a ? k : m, b, trans_b ? n : k, c, m, e, own_);
+    return;
+  }
+  Matrix c_map(c, m, n);
+  if (epilogue.row_bias != nullptr || epilogue.addend != nullptr) {  // the terms first; the driver adds the product
+    if (!accumulate) {
+      if (epilogue.addend != nullptr)
+        c_map = ConstMatrix(epilogue.addend, m, n);
+      else
+        c_map.setZero();
+    } else if (epilogue.addend != nullptr) {
+      c_map += ConstMatrix(epilogue.addend, m, n);
+    }
+    if (epilogue.row_bias != nullptr) c_map.colwise() += Eigen::Map<const Eigen::VectorXf>(epilogue.row_bias, m);
+    accumulate = true;
+  }
+  eigen_run(trans_a, trans_b, m, n, k, a, b, c, accumulate);
+  if (epilogue.relu) c_map = c_map.cwiseMax(0.0f);
+}
+
+void Gemm::eigen_run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
+                     bool accumulate) {
   if (trans_a && trans_b)
     run_typed<true, true>(m, n, k, a, b, c, accumulate);
   else if (trans_a)

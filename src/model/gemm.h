@@ -2,7 +2,11 @@
 //
 // C (m×n) ← op(A)·op(B), or C += op(A)·op(B) when accumulate; A, B, C column-major, op a
 // transpose where the flag says so (only a storage order given to the kernel, never a copy).
-// Eigen's own product allocates its packing buffers on every call, and for these sizes each
+// An epilogue adds a bias per row and a matrix (a residual) and applies a ReLU.
+//
+// On one thread of an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies
+// the epilogue in its stores. Otherwise it runs Eigen's, and the epilogue costs passes over
+// C of its own, before the product (bias and addend) and after it (ReLU). Eigen's own product allocates its packing buffers on every call, and for these sizes each
 // allocation comes back from the kernel as fresh pages: ~190 page faults and 10% of a
 // 784-512-512-10 MLP step. With one thread this calls Eigen's GEMM driver directly with
 // packing buffers that live here and only grow. With more threads it uses the public
@@ -11,21 +15,34 @@
 
 #include <Eigen/Core>
 
+#include "gemm_avx512.h"
+
 namespace peertrain::model {
+
+// C ← op(A)·op(B) + [C if accumulate] + row_bias (m floats) + addend (m×n, leading
+// dimension m; may be C itself when accumulate is false), then max(·, 0) if relu.
+struct GemmEpilogue {
+  const float* row_bias = nullptr;
+  const float* addend = nullptr;
+  bool relu = false;
+};
 
 // Holds the packing buffers, so keep one per thread and reuse it; not thread-safe.
 class Gemm : public Eigen::internal::level3_blocking<float, float> {
  public:
-  void run(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a,
-           const float* b, float* c, bool accumulate);
+  void run(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a, const float* b,
+           float* c, bool accumulate, const GemmEpilogue& epilogue = {});
 
  private:
+  void eigen_run(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a,
+                 const float* b, float* c, bool accumulate);
   template <bool kTransA, bool kTransB>
   void run_typed(Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a, const float* b, float* c,
                  bool accumulate);
 
   Eigen::VectorXf packed_a_;  // Eigen aligns these for its packet loads
   Eigen::VectorXf packed_b_;
+  avx512_gemm::Buffers own_;  // our kernel's packing buffers
 };
 
 }  // namespace peertrain::model

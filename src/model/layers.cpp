@@ -23,21 +23,15 @@ void add_row_sums(int rows, int n, const float* x, float* sums) {
   for (int j = 0; j < n; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + static_cast<std::ptrdiff_t>(j) * rows, rows);
 }
 
-// The GEMM driver accumulates into y, so starting y from the bias (and the residual) costs
-// one pass over y instead of a clearing pass and an adding pass.
+// The bias and the residual ride in the GEMM's epilogue (gemm.h): with our kernel, in the
+// stores of y; with Eigen's, in one pass that starts y from them.
 void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* y) {
-  if (b == nullptr) {
-    gemm.run(false, false, out, n, in, w, x, y, false);
-    return;
-  }
-  Matrix(y, out, n).colwise() = Eigen::Map<const Eigen::VectorXf>(b, out);
-  gemm.run(false, false, out, n, in, w, x, y, true);
+  gemm.run(false, false, out, n, in, w, x, y, false, {.row_bias = b});
 }
 
 void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x,
                              const float* residual, float* y) {
-  Matrix(y, out, n) = ConstMatrix(residual, out, n).colwise() + Eigen::Map<const Eigen::VectorXf>(b, out);
-  gemm.run(false, false, out, n, in, w, x, y, true);
+  gemm.run(false, false, out, n, in, w, x, y, false, {.row_bias = b, .addend = residual});
 }
 
 void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,

@@ -2,7 +2,7 @@
 // the flat parameter buffer and writes straight into the gradient buffer or the workspace,
 // so a step makes no allocation and no copy of a weight; the transposes in the backward pass
 // are only a storage order given to the GEMM. The elementwise work around the GEMMs is
-// fused into one pass each: bias + ReLU after a hidden layer's GEMM; softmax, the loss,
+// fused into one pass each: bias + ReLU in a hidden layer's GEMM (its epilogue); softmax, the loss,
 // its gradient and the last bias gradient in one pass over the logits; the ReLU mask and the
 // bias gradient in one pass over each backpropagated gradient.
 #include "peertrain/model/mlp.h"
@@ -17,17 +17,6 @@
 
 namespace peertrain::model {
 namespace {
-
-// z ← max(z + b, 0) column by column; the inner loop over rows vectorizes.
-void add_bias_relu(float* z, const float* bias, int rows, int cols) {
-  for (int j = 0; j < cols; ++j, z += rows)
-    for (int i = 0; i < rows; ++i) z[i] = std::max(z[i] + bias[i], 0.0f);
-}
-
-void add_bias(float* z, const float* bias, int rows, int cols) {
-  for (int j = 0; j < cols; ++j, z += rows)
-    for (int i = 0; i < rows; ++i) z[i] += bias[i];
-}
 
 // delta ← delta ⊙ [activation > 0] (ReLU's derivative, read from its output), and
 // bias_grad ← the row sums of the result.
@@ -115,11 +104,9 @@ void Mlp::forward(std::span<const float> params, const float* inputs, int batch)
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     float* z = activations_[l].data();
-    gemm_->run(false, false, layer.out, batch, layer.in, params.data() + layer.weight_offset, x, z, false);
-    if (l + 1 < layers_.size())
-      add_bias_relu(z, params.data() + layer.bias_offset, layer.out, batch);
-    else
-      add_bias(z, params.data() + layer.bias_offset, layer.out, batch);
+    const bool hidden = l + 1 < layers_.size();
+    gemm_->run(false, false, layer.out, batch, layer.in, params.data() + layer.weight_offset, x, z, false,
+               {.row_bias = params.data() + layer.bias_offset, .relu = hidden});
     x = z;
   }
 }

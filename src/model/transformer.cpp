@@ -27,6 +27,7 @@
 #include <cstring>
 #include <map>
 
+#include "gemm_avx512.h"
 #include "layers.h"
 #include "peertrain/model/block_composition.h"
 #include "peertrain/model/tensor_shard.h"
@@ -730,24 +731,29 @@ double Transformer::flops_per_step(int batch, int tokens) const {
   return flops;
 }
 
-double Transformer::other_bytes_per_step(int batch, int tokens) const {
-  // In units of one d × n activation (dn floats), from block_composition.h's order (tp 1):
-  //   forward  LN1 2, qkv bias fill 3, attention gathers q k v 3 and writes out 1, proj's
-  //            residual + bias fill 2, LN2 2, fc bias fill 4, GELU 8, fc2's fill 2   = 27
-  //   backward fc2 bias grad 1 + zero fill 4, GELU' 12, fc bias grad 4 + zero fill 1,
-  //            LN2' 4, proj bias grad 1 + zero fill 1, attention gathers q k v dout 4,
-  //            reads out and dout for delta 2, scatters dq dk dv 3, qkv bias grad 3 +
-  //            zero fill 1, LN1' 4                                                  = 45
+double Transformer::other_bytes_per_step(int batch, int tokens, bool fused_epilogues) const {
+  // In units of one d × n activation (dn floats), from block_composition.h's order (tp 1),
+  // with [the fills] that fused epilogues remove:
+  //   forward  LN1 2, [qkv bias fill 3], attention gathers q k v 3 and writes out 1, proj's
+  //            residual read 1 [+ its fill's write 1 + bias], LN2 2, [fc bias fill 4],
+  //            GELU 8, fc2's residual read 1 [+ write 1]                  = 18 [+ 9 = 27]
+  //   backward fc2 bias grad 1 [+ zero fill 4], GELU' 12, fc bias grad 4 [+ zero fill 1],
+  //            LN2' 4, proj bias grad 1 [+ zero fill 1], attention gathers q k v dout 4,
+  //            reads out and dout for delta 2, scatters dq dk dv 3, qkv bias grad 3
+  //            [+ zero fill 1], LN1' 4                                     = 38 [+ 7 = 45]
   const double n = static_cast<double>(batch) * tokens, d = config_.d_model, f = config_.mlp_ratio * d;
   const double dn = d * n, r = f / d;  // the MLP's width in units of d
-  const double forward = 2 + 3 + 4 + 2 + 2 + r + 2 * r + 2;
-  const double backward = (1 + r) + 3 * r + (r + 1) + 4 + 2 + 9 + 4 + 4;
+  const double fills = fused_epilogues ? 0 : 1;
+  const double forward = 2 + 3 + 1 + 1 + 2 + 2 * r + 1 + fills * (3 + 1 + r + 1);
+  const double backward = 1 + 3 * r + r + 4 + 1 + 9 + 3 + 4 + fills * (r + 1 + 1 + 1);
   double floats = config_.layers * (forward + backward) * dn;
   // ln_f forward 2 and backward 4; the embedding's write 1 and its gradient's read 1.
   floats += 8 * dn;
-  if (config_.kind == TransformerKind::kGpt)
-    floats += 5 * n * config_.vocab;  // the logits: zero fill, then the loss reads and writes them
+  if (config_.kind == TransformerKind::kGpt)  // the loss reads and writes the logits [after their zero fill]
+    floats += (4 + fills) * n * config_.vocab;
   return 4.0 * floats;
 }
+
+bool gemm_fuses_epilogues() { return avx512_gemm::available(); }
 
 }  // namespace peertrain::model

@@ -1,0 +1,142 @@
+// The model's GEMM (src/model/gemm.h) against a double-precision triple loop: every
+// transpose, shapes on each side of the AVX-512 kernel's register tile (32 × 12) and its
+// cache blocks (an inner dimension over 384, rows over 480, a B block of 128 Ki floats), and
+// each epilogue term. It runs once on one thread (our kernel where the build has AVX-512)
+// and once on two (Eigen's parallel product, whose epilogue is separate passes), so the two
+// paths the models take are held to the same oracle.
+#include <gtest/gtest.h>
+
+#include <Eigen/Core>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../../src/model/gemm.h"
+#include "transformer_test_util.h"
+
+namespace peertrain::model {
+namespace {
+
+using test::normal_vector;
+
+struct Shape {
+  int m, n, k;
+};
+
+struct Case {
+  bool trans_a, trans_b, accumulate, bias, addend, relu;
+};
+
+// C as the epilogue defines it, in double: op(A)·op(B) + [C] + bias + addend, then ReLU.
+std::vector<double> oracle(const Shape& s, const Case& c, const std::vector<float>& a, const std::vector<float>& b,
+                           const std::vector<float>& c0, const std::vector<float>& bias,
+                           const std::vector<float>& addend) {
+  std::vector<double> out(static_cast<std::size_t>(s.m) * s.n);
+  for (int j = 0; j < s.n; ++j)
+    for (int i = 0; i < s.m; ++i) {
+      double sum = 0;
+      for (int p = 0; p < s.k; ++p) {
+        const double x =
+            c.trans_a ? a[p + static_cast<std::size_t>(i) * s.k] : a[i + static_cast<std::size_t>(p) * s.m];
+        const double y =
+            c.trans_b ? b[j + static_cast<std::size_t>(p) * s.n] : b[p + static_cast<std::size_t>(j) * s.k];
+        sum += x * y;
+      }
+      const std::size_t at = i + static_cast<std::size_t>(j) * s.m;
+      if (c.accumulate) sum += c0[at];
+      if (c.bias) sum += bias[i];
+      if (c.addend) sum += addend[at];
+      out[at] = c.relu ? std::max(sum, 0.0) : sum;
+    }
+  return out;
+}
+
+double normalized_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(den > 0 ? num / den : num);  // a ReLU can zero a small C: then the absolute error
+}
+
+std::string name(const Shape& s, const Case& c) {
+  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + (c.trans_a ? " Aᵀ" : "") +
+         (c.trans_b ? " Bᵀ" : "") + (c.accumulate ? " +C" : "") + (c.bias ? " +bias" : "") +
+         (c.addend ? " +addend" : "") + (c.relu ? " relu" : "");
+}
+
+// Every transpose × every epilogue term alone and all together, on each shape.
+void check_all(const std::vector<Shape>& shapes) {
+  const Case terms[] = {{false, false, false, false, false, false}, {false, false, true, false, false, false},
+                        {false, false, false, true, false, false},  {false, false, false, false, true, false},
+                        {false, false, false, false, false, true},  {false, false, true, true, true, true}};
+  Gemm gemm;
+  std::uint64_t seed = 1;
+  for (const Shape& s : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (Case c : terms) {
+        c.trans_a = t & 1;
+        c.trans_b = t & 2;
+        const auto a = normal_vector(static_cast<std::size_t>(s.m) * s.k, seed++);
+        const auto b = normal_vector(static_cast<std::size_t>(s.k) * s.n, seed++);
+        const auto c0 = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        const auto bias = normal_vector(s.m, seed++);
+        const auto addend = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        std::vector<float> got = c0;
+        gemm.run(
+            c.trans_a, c.trans_b, s.m, s.n, s.k, a.data(), b.data(), got.data(), c.accumulate,
+            {.row_bias = c.bias ? bias.data() : nullptr, .addend = c.addend ? addend.data() : nullptr, .relu = c.relu});
+        // float32 sums over k terms of unit size: ~1e-7·√k relative; a wrong term is O(1).
+        EXPECT_LT(normalized_error(got, oracle(s, c, a, b, c0, bias, addend)), 1e-5) << name(s, c);
+      }
+}
+
+const std::vector<Shape> kEdges = {{1, 1, 1},    {15, 11, 7},  {16, 12, 16}, {17, 13, 17},
+                                   {31, 23, 33}, {32, 24, 64}, {33, 25, 65}, {64, 36, 100}};
+// Past the kernel's blocks: k over 384 (two inner blocks; the ReLU waits for the last), m
+// over 480 (two row blocks), n × k over a B block (two column blocks).
+const std::vector<Shape> kBlocks = {{40, 30, 800}, {500, 13, 20}, {33, 700, 390}};
+
+TEST(Gemm, OneThreadMatchesTheOracleAtTheTileEdges) {
+  Eigen::setNbThreads(1);
+  check_all(kEdges);
+}
+
+TEST(Gemm, OneThreadMatchesTheOracleAcrossCacheBlocks) {
+  Eigen::setNbThreads(1);
+  check_all(kBlocks);
+}
+
+TEST(Gemm, TwoThreadsMatchTheOracle) {
+  Eigen::setNbThreads(2);
+  check_all(kEdges);
+  check_all(kBlocks);
+  Eigen::setNbThreads(1);
+}
+
+// The residual may be C itself: y ← W·x + b + y, as linear_residual_forward allows.
+TEST(Gemm, TheAddendMayBeTheOutput) {
+  Eigen::setNbThreads(1);
+  const Shape s{70, 29, 401};
+  const Case c{false, false, false, true, true, false};
+  const auto a = normal_vector(static_cast<std::size_t>(s.m) * s.k, 91), b = normal_vector(s.k * s.n, 92);
+  const auto bias = normal_vector(s.m, 93), y0 = normal_vector(static_cast<std::size_t>(s.m) * s.n, 94);
+  std::vector<float> y = y0;
+  Gemm gemm;
+  gemm.run(false, false, s.m, s.n, s.k, a.data(), b.data(), y.data(), false,
+           {.row_bias = bias.data(), .addend = y.data()});
+  EXPECT_LT(normalized_error(y, oracle(s, c, a, b, y0, bias, y0)), 1e-5);
+}
+
+// The models take our kernel on one thread wherever the build can run it.
+TEST(Gemm, TheOwnKernelIsInTheBuildWhereverAvx512Is) {
+#if defined(__AVX512F__)
+  EXPECT_TRUE(avx512_gemm::available());
+#else
+  EXPECT_FALSE(avx512_gemm::available());
+#endif
+}
+
+}  // namespace
+}  // namespace peertrain::model
