@@ -60,14 +60,6 @@ struct DeviceBlockOps {
   void layernorm_backward(A... a) {
     kernels::layernorm_backward(stream, a...);
   }
-  template <class... A>
-  void gelu_forward(A... a) {
-    kernels::gelu_forward(stream, a...);
-  }
-  template <class... A>
-  void gelu_backward(A... a) {
-    kernels::gelu_backward(stream, a...);
-  }
   void linear_forward(int in, int out, int n, const float* w, const float* b, const float* x, float* y) {
     blas.gemm(false, false, out, n, in, w, x, y, false);
     if (b != nullptr) kernels::add_bias(stream, out, n, b, y);
@@ -83,6 +75,16 @@ struct DeviceBlockOps {
     blas.gemm(false, true, out, in, n, dy, x, dw, true);
     if (db != nullptr) kernels::add_row_sums(stream, out, n, dy, db);
     if (dx != nullptr) blas.gemm(true, false, in, n, out, w, dy, dx, false);
+  }
+  // The GELU is a kernel of its own after the GEMM here (cuBLAS has no such epilogue).
+  void linear_gelu_forward(int in, int out, int n, const float* w, const float* b, const float* x, float* h, float* g) {
+    linear_forward(in, out, n, w, b, x, h);
+    kernels::gelu_forward(stream, static_cast<std::size_t>(out) * n, h, g);
+  }
+  void linear_gelu_backward(int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
+                            float* db, const float* h, float* dx) {
+    linear_backward(in, out, n, w, x, dy, dw, db, dx);
+    if (dx != nullptr) kernels::gelu_backward(stream, static_cast<std::size_t>(in) * n, h, dx, dx);
   }
   // The device model splits no block over tensor-parallel ranks (block_shape's tp is 1).
   void all_reduce(float*, std::size_t) { PEERTRAIN_CHECK(false, "device model: no tensor parallelism"); }

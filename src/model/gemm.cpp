@@ -2,6 +2,8 @@
 // expressions and its GEMM driver take the storage order of each operand at compile time.
 #include "gemm.h"
 
+#include "gelu.h"
+
 namespace peertrain::model {
 namespace {
 
@@ -68,6 +70,8 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
     e.addend = epilogue.addend;
     e.ld_addend = m;
     e.relu = epilogue.relu;
+    e.gelu_out = epilogue.gelu_out;
+    e.gelu_grad_at = epilogue.gelu_grad_at;
     avx512_gemm::run(trans_a, trans_b, m, n, k, a, trans_a ? k : m, b, trans_b ? n : k, c, m, e, own_);
     return;
   }
@@ -86,6 +90,8 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
   }
   eigen_run(trans_a, trans_b, m, n, k, a, b, c, accumulate);
   if (epilogue.relu) c_map = c_map.cwiseMax(0.0f);
+  if (epilogue.gelu_out != nullptr) gelu::forward(c, epilogue.gelu_out, m * n);
+  if (epilogue.gelu_grad_at != nullptr) gelu::backward(epilogue.gelu_grad_at, c, c, m * n);
 }
 
 void Gemm::eigen_run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,

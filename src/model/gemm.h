@@ -2,7 +2,8 @@
 //
 // C (m×n) ← op(A)·op(B), or C += op(A)·op(B) when accumulate; A, B, C column-major, op a
 // transpose where the flag says so (only a storage order given to the kernel, never a copy).
-// An epilogue adds a bias per row and a matrix (a residual) and applies a ReLU.
+// An epilogue adds a bias per row and a matrix (a residual) and applies a ReLU or a GELU
+// (forward or backward).
 //
 // On one thread of an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies
 // the epilogue in its stores. Otherwise it runs Eigen's, and the epilogue costs passes over
@@ -20,11 +21,15 @@
 namespace peertrain::model {
 
 // C ← op(A)·op(B) + [C if accumulate] + row_bias (m floats) + addend (m×n, leading
-// dimension m; may be C itself when accumulate is false), then max(·, 0) if relu.
+// dimension m; may be C itself when accumulate is false), then, on the finished sum, one
+// of: max(·, 0) if relu; gelu_out ← GELU(C) (m×n, leading dimension m) as well; or
+// C ← C ⊙ GELU'(gelu_grad_at) (m×n, leading dimension m).
 struct GemmEpilogue {
   const float* row_bias = nullptr;
   const float* addend = nullptr;
   bool relu = false;
+  float* gelu_out = nullptr;
+  const float* gelu_grad_at = nullptr;
 };
 
 // Holds the packing buffers, so keep one per thread and reuse it; not thread-safe.

@@ -8,6 +8,8 @@
 // 32 × 12 tile and only its store is masked to the rows and columns that exist.
 #include "gemm_avx512.h"
 
+#include "gelu.h"
+
 #include <algorithm>
 
 #if defined(__AVX512F__)
@@ -23,6 +25,12 @@ void run(bool, bool, std::ptrdiff_t, std::ptrdiff_t, std::ptrdiff_t, const float
          std::ptrdiff_t, float*, std::ptrdiff_t, const Epilogue&, Buffers&) {}
 
 #else
+
+// GCC 12 warns that the unpack and shuffle intrinsics read an uninitialized vector: their
+// definitions start from _mm512_undefined_ps(), whose every lane they then overwrite.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace {
 
@@ -47,15 +55,9 @@ __mmask16 row_mask(Index rows) {
   return rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1u);
 }
 
-// GCC 12 warns that the unpack and shuffle intrinsics read an uninitialized vector: their
-// definitions start from _mm512_undefined_ps(), whose every lane they then overwrite.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 // Transposes 16 vectors in place: r[q][i] ← r[i][q] (unpack pairs of floats, then of
 // doubles, then swap 128-bit lanes twice).
-void transpose16(__m512 r[16]) {
+[[gnu::always_inline]] inline void transpose16(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -86,8 +88,6 @@ void transpose16(__m512 r[16]) {
     r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
   }
 }
-
-#pragma GCC diagnostic pop
 
 // Reads `count` (≤ 16) vectors, vector v from src + v·stride, lanes [0, lanes), transposes
 // them and stores the first `rows_out` results, result q (lanes [0, width) of it) at
@@ -198,6 +198,20 @@ void micro_kernel(Index kc, const float* a, const float* b, float* c, Index ldc,
     }
     _mm512_mask_storeu_ps(cj, mlo, vlo);
     _mm512_mask_storeu_ps(cj + 16, mhi, vhi);
+    if (last && e.gelu_out != nullptr) {
+      float* gj = e.gelu_out + i0 + (j0 + j) * e.ld_addend;
+      if (rows == kMr)
+        gelu::forward_fixed<kMr>(cj, gj);
+      else
+        gelu::forward(cj, gj, rows);
+    }
+    if (last && e.gelu_grad_at != nullptr) {
+      const float* hj = e.gelu_grad_at + i0 + (j0 + j) * e.ld_addend;
+      if (rows == kMr)
+        gelu::backward_fixed<kMr>(hj, cj, cj);
+      else
+        gelu::backward<kMr>(hj, cj, cj, rows);
+    }
   }
 }
 
@@ -240,6 +254,8 @@ void run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, 
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 #endif
 

@@ -18,7 +18,9 @@ namespace peertrain::model::avx512_gemm {
 
 // What the stores add to the product: C ← op(A)·op(B) + [C if accumulate] + bias (one float
 // per row of C) + addend (m×n, column-major, leading dimension ld_addend), then max(·, 0)
-// if relu. The first inner block's store adds, the last one's applies the ReLU. The addend
+// if relu, gelu_out ← GELU(C), or C ← C ⊙ GELU'(gelu_grad_at) (both m×n, leading
+// dimension ld_addend). The first inner block's store adds; the last one's applies the
+// activation, to each column of C's tile as soon as it is stored (still in L1). The addend
 // may be C itself when accumulate is false.
 struct Epilogue {
   bool accumulate = false;
@@ -26,6 +28,8 @@ struct Epilogue {
   const float* addend = nullptr;
   std::ptrdiff_t ld_addend = 0;
   bool relu = false;
+  float* gelu_out = nullptr;
+  const float* gelu_grad_at = nullptr;
 };
 
 // Whether this build has the kernel (compiled for AVX-512); run() must not be called if not.

@@ -3,6 +3,8 @@
 // over whole columns, which vectorize, so that no scalar loop sits next to a GEMM.
 #include "layers.h"
 
+#include "gelu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,6 +34,18 @@ void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const fl
 void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x,
                              const float* residual, float* y) {
   gemm.run(false, false, out, n, in, w, x, y, false, {.row_bias = b, .addend = residual});
+}
+
+void linear_gelu_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* h,
+                         float* g) {
+  gemm.run(false, false, out, n, in, w, x, h, false, {.row_bias = b, .gelu_out = g});
+}
+
+void linear_gelu_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy,
+                          float* dw, float* db, const float* h, float* dx) {
+  if (dw != nullptr) gemm.run(false, true, out, in, n, dy, x, dw, true);
+  if (db != nullptr) add_row_sums(out, n, dy, db);
+  if (dx != nullptr) gemm.run(true, false, in, n, out, w, dy, dx, false, {.gelu_grad_at = h});
 }
 
 void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
@@ -79,28 +93,10 @@ void layernorm_backward(int d, int n, const float* x, const float* mean, const f
   }
 }
 
-namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
-constexpr float kGeluCube = 0.044715f;
-}  // namespace
-
-void gelu_forward(std::size_t count, const float* x, float* y) {
-  const ConstArray a(x, static_cast<Index>(count));
-  Array(y, static_cast<Index>(count)) = 0.5f * a * (1.0f + (kGeluScale * (a + kGeluCube * a.cube())).tanh());
-}
+void gelu_forward(std::size_t count, const float* x, float* y) { gelu::forward(x, y, static_cast<Index>(count)); }
 
 void gelu_backward(std::size_t count, const float* x, const float* dy, float* dx) {
-  // Blocks of 4096 keep the tanh temporary in L1 instead of a whole-tensor allocation.
-  constexpr std::size_t kBlock = 4096;
-  Eigen::Array<float, Eigen::Dynamic, 1, 0, static_cast<int>(kBlock), 1> t;
-  for (std::size_t at = 0; at < count; at += kBlock) {
-    const Index len = static_cast<Index>(std::min(kBlock, count - at));
-    const ConstArray a(x + at, len);
-    t = (kGeluScale * (a + kGeluCube * a.cube())).tanh();
-    Array(dx + at, len) =
-        ConstArray(dy + at, len) *
-        (0.5f * (1.0f + t) + 0.5f * a * (1.0f - t.square()) * kGeluScale * (1.0f + 3.0f * kGeluCube * a.square()));
-  }
+  gelu::backward(x, dy, dx, static_cast<Index>(count));
 }
 
 void split_heads(int batch, int tokens, int heads, int head_dim, int rows, int row_offset, const float* x,

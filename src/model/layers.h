@@ -43,6 +43,14 @@ void layernorm_forward(int d, int n, const float* x, const float* gamma, const f
 void layernorm_backward(int d, int n, const float* x, const float* mean, const float* rstd, const float* gamma,
                         const float* dy, const float* residual, float* dx, float* dgamma, float* dbeta);
 
+// h = W·x + b and g = GELU(h), in one pass over h (the GELU in the GEMM's stores).
+void linear_gelu_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* h,
+                         float* g);
+// linear_backward for a layer whose input is GELU(h): dW += dy·xᵀ, db += Σ dy, and
+// dx = (Wᵀ·dy) ⊙ GELU'(h), the GELU's backward in the GEMM's stores.
+void linear_gelu_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy,
+                          float* dw, float* db, const float* h, float* dx);
+
 // GELU with the tanh approximation (GPT-2; torch's approximate='tanh').
 void gelu_forward(std::size_t count, const float* x, float* y);
 // dx = dy · gelu'(x).

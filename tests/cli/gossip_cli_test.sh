@@ -51,7 +51,13 @@ for flags in "choco --compression qsgd:8" "gt --momentum-form quasi-global"; do
   "$bin" launch --topology "$work/ring6.yaml" --algorithm $flags --batch 16 --max-steps 600 \
     --eval-every 300 --peer-timeout 10 --connect-timeout 20 --out "$out" >"$out.log" 2>&1 &
   launcher=$!
-  for _ in $(seq 200); do grep -q '"step": [0-9]*[0-9][0-9]' "$out.log" 2>/dev/null && break; sleep 0.1; done
+  # Once every peer trains (its log says so), a second later: well before the 600 steps end
+  # (~20 s). The launcher's own log has no per-step line to wait for.
+  for _ in $(seq 300); do
+    [[ $(grep -l "connected; training" "$out"/peer-*.log 2>/dev/null | wc -l) -eq 6 ]] && break
+    sleep 0.1
+  done
+  sleep 1
   pkill -9 -f -- "peer --rank 4 --topology $work/ring6.yaml"
   wait $launcher
   code=$?

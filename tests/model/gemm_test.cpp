@@ -1,7 +1,7 @@
 // The model's GEMM (src/model/gemm.h) against a double-precision triple loop: every
 // transpose, shapes on each side of the AVX-512 kernel's register tile (32 × 12) and its
 // cache blocks (an inner dimension over 384, rows over 480, a B block of 128 Ki floats), and
-// each epilogue term. It runs once on one thread (our kernel where the build has AVX-512)
+// each epilogue term (bias, residual, ReLU, GELU and its derivative). It runs once on one thread (our kernel where the build has AVX-512)
 // and once on two (Eigen's parallel product, whose epilogue is separate passes), so the two
 // paths the models take are held to the same oracle.
 #include <gtest/gtest.h>
@@ -24,13 +24,23 @@ struct Shape {
 };
 
 struct Case {
-  bool trans_a, trans_b, accumulate, bias, addend, relu;
+  bool trans_a, trans_b, accumulate, bias, addend, relu, gelu_forward = false, gelu_backward = false;
 };
 
-// C as the epilogue defines it, in double: op(A)·op(B) + [C] + bias + addend, then ReLU.
+// GPT-2's GELU (tanh approximation) and its derivative, in double.
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_grad(double x) {
+  const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+}
+
+// C as the epilogue defines it, in double: op(A)·op(B) + [C] + bias + addend, then ReLU,
+// or times GELU'(h); GELU(C) into `activation` for the GELU forward.
 std::vector<double> oracle(const Shape& s, const Case& c, const std::vector<float>& a, const std::vector<float>& b,
                            const std::vector<float>& c0, const std::vector<float>& bias,
-                           const std::vector<float>& addend) {
+                           const std::vector<float>& addend, const std::vector<float>& h = {},
+                           std::vector<double>* activation = nullptr) {
+  if (activation != nullptr) activation->assign(static_cast<std::size_t>(s.m) * s.n, 0.0);
   std::vector<double> out(static_cast<std::size_t>(s.m) * s.n);
   for (int j = 0; j < s.n; ++j)
     for (int i = 0; i < s.m; ++i) {
@@ -47,6 +57,8 @@ std::vector<double> oracle(const Shape& s, const Case& c, const std::vector<floa
       if (c.bias) sum += bias[i];
       if (c.addend) sum += addend[at];
       out[at] = c.relu ? std::max(sum, 0.0) : sum;
+      if (c.gelu_backward) out[at] *= gelu_grad(h[at]);
+      if (c.gelu_forward && activation != nullptr) (*activation)[at] = gelu(sum);
     }
   return out;
 }
@@ -63,14 +75,21 @@ double normalized_error(const std::vector<float>& got, const std::vector<double>
 std::string name(const Shape& s, const Case& c) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + (c.trans_a ? " Aᵀ" : "") +
          (c.trans_b ? " Bᵀ" : "") + (c.accumulate ? " +C" : "") + (c.bias ? " +bias" : "") +
-         (c.addend ? " +addend" : "") + (c.relu ? " relu" : "");
+         (c.addend ? " +addend" : "") + (c.relu ? " relu" : "") + (c.gelu_forward ? " gelu" : "") +
+         (c.gelu_backward ? " gelu'" : "");
 }
 
 // Every transpose × every epilogue term alone and all together, on each shape.
 void check_all(const std::vector<Shape>& shapes) {
-  const Case terms[] = {{false, false, false, false, false, false}, {false, false, true, false, false, false},
-                        {false, false, false, true, false, false},  {false, false, false, false, true, false},
-                        {false, false, false, false, false, true},  {false, false, true, true, true, true}};
+  const Case terms[] = {{false, false, false, false, false, false},
+                        {false, false, true, false, false, false},
+                        {false, false, false, true, false, false},
+                        {false, false, false, false, true, false},
+                        {false, false, false, false, false, true},
+                        {false, false, true, true, true, true},
+                        {false, false, false, true, false, false, true},
+                        {false, false, false, false, false, false, false, true},
+                        {false, false, true, false, false, false, false, true}};
   Gemm gemm;
   std::uint64_t seed = 1;
   for (const Shape& s : shapes)
@@ -83,12 +102,20 @@ void check_all(const std::vector<Shape>& shapes) {
         const auto c0 = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
         const auto bias = normal_vector(s.m, seed++);
         const auto addend = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
-        std::vector<float> got = c0;
-        gemm.run(
-            c.trans_a, c.trans_b, s.m, s.n, s.k, a.data(), b.data(), got.data(), c.accumulate,
-            {.row_bias = c.bias ? bias.data() : nullptr, .addend = c.addend ? addend.data() : nullptr, .relu = c.relu});
+        const auto h = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        std::vector<float> got = c0, activation(static_cast<std::size_t>(s.m) * s.n);
+        gemm.run(c.trans_a, c.trans_b, s.m, s.n, s.k, a.data(), b.data(), got.data(), c.accumulate,
+                 {.row_bias = c.bias ? bias.data() : nullptr,
+                  .addend = c.addend ? addend.data() : nullptr,
+                  .relu = c.relu,
+                  .gelu_out = c.gelu_forward ? activation.data() : nullptr,
+                  .gelu_grad_at = c.gelu_backward ? h.data() : nullptr});
+        std::vector<double> want_activation;
         // float32 sums over k terms of unit size: ~1e-7·√k relative; a wrong term is O(1).
-        EXPECT_LT(normalized_error(got, oracle(s, c, a, b, c0, bias, addend)), 1e-5) << name(s, c);
+        EXPECT_LT(normalized_error(got, oracle(s, c, a, b, c0, bias, addend, h, &want_activation)), 1e-5) << name(s, c);
+        if (c.gelu_forward) {
+          EXPECT_LT(normalized_error(activation, want_activation), 1e-5) << name(s, c);
+        }
       }
 }
 

@@ -13,7 +13,9 @@
 //   void linear_forward(in, out, n, w, b, x, y)                  y = W·x + b
 //   void linear_residual_forward(in, out, n, w, b, x, r, y)      y = r + W·x + b
 //   void linear_backward(in, out, n, w, x, dy, dw, db, dx)       dW += dy·xᵀ, db += Σ dy, dx = Wᵀ·dy
-//   void gelu_forward(count, h, g), gelu_backward(count, h, dg, dh)
+//   void linear_gelu_forward(in, out, n, w, b, x, h, g)          h = W·x + b, g = GELU(h)
+//   void linear_gelu_backward(in, out, n, w, x, dy, dw, db, h, dx)
+//                              linear_backward whose dx is (Wᵀ·dy) ⊙ GELU'(h): x = GELU(h)
 //   void attention_forward(qkv, out, lse)                for the batch it was made for: qkv
 //                                                        (3a × n: q, k, v rows), out a × n
 //   void attention_backward(qkv, out, lse, dout, dqkv)   overwrites dqkv (3a × n)
@@ -99,8 +101,7 @@ void block_forward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, con
   ops.attention_forward(s + at.qkv, s + at.att, s + at.lse);
   row_parallel_residual_forward(ops, shape, a, d, n, p + o.proj_w, p + o.proj_b, s + at.att, s + at.x_in, s + at.x_mid);
   ops.layernorm_forward(d, n, s + at.x_mid, p + o.ln2_w, p + o.ln2_b, s + at.ln2, s + at.mean2, s + at.rstd2);
-  ops.linear_forward(d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h);
-  ops.gelu_forward(static_cast<std::size_t>(f) * n, s + at.h, s + at.g);
+  ops.linear_gelu_forward(d, f, n, p + o.fc_w, p + o.fc_b, s + at.ln2, s + at.h, s + at.g);
   row_parallel_residual_forward(ops, shape, f, d, n, p + o.fc2_w, p + o.fc2_b, s + at.g, s + at.x_mid, out);
 }
 
@@ -136,8 +137,8 @@ void block_backward(Ops& ops, const BlockShape& shape, const BlockOffsets& o, co
   const float* s = saved;
   // MLP branch.
   float* d_hidden = ops.scratch(0, static_cast<std::size_t>(std::max(f, 3 * a)) * n);
-  ops.linear_backward(f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, replicated(shape, g + o.fc2_b), d_hidden);
-  ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, d_hidden, d_hidden);
+  ops.linear_gelu_backward(f, d, n, p + o.fc2_w, s + at.g, dout, g + o.fc2_w, replicated(shape, g + o.fc2_b), s + at.h,
+                           d_hidden);
   float* d_ln = ops.scratch(1, dn);
   ops.linear_backward(d, f, n, p + o.fc_w, s + at.ln2, d_hidden, g + o.fc_w, g + o.fc_b, d_ln);
   if (shape.tp_size > 1) ops.all_reduce(d_ln, dn);
@@ -169,8 +170,7 @@ void block_backward_input(Ops& ops, const BlockShape& shape, const BlockOffsets&
   const float* s = saved;
   ops.copy(stash + k.dout, dout, dn);  // fc2's W reads it; din may overwrite dout below
   // MLP branch.
-  ops.linear_backward(f, d, n, p + o.fc2_w, nullptr, dout, nullptr, nullptr, stash + k.d_hidden);
-  ops.gelu_backward(static_cast<std::size_t>(f) * n, s + at.h, stash + k.d_hidden, stash + k.d_hidden);
+  ops.linear_gelu_backward(f, d, n, p + o.fc2_w, nullptr, dout, nullptr, nullptr, s + at.h, stash + k.d_hidden);
   ops.linear_backward(d, f, n, p + o.fc_w, nullptr, stash + k.d_hidden, nullptr, nullptr, stash + k.d_ln2);
   if (shape.tp_size > 1) ops.all_reduce(stash + k.d_ln2, dn);
   ops.layernorm_backward(d, n, s + at.x_mid, s + at.mean2, s + at.rstd2, p + o.ln2_w, stash + k.d_ln2, stash + k.dout,

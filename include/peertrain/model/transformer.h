@@ -176,8 +176,8 @@ class Transformer {
   // arithmetic: every other operator reading its inputs and writing its outputs once
   // (LayerNorms, GELU, bias gradients, the attention's gathers and scatters, the loss, the
   // residuals the GEMMs add), the optimizer not included. Without fused epilogues (see
-  // gemm_fuses_epilogues) it adds the bias and residual fills the GEMMs accumulate onto and
-  // the zero fills of the GEMMs that overwrite. Activations of these sizes do not stay in
+  // gemm_fuses_epilogues) it adds the bias and residual fills the GEMMs accumulate onto, the
+  // zero fills of the GEMMs that overwrite, and the GELU's own passes over its input. Activations of these sizes do not stay in
   // cache between operators, so bytes / memory bandwidth is a floor on the time the step
   // spends outside its FLOPs (docs/performance.md).
   double other_bytes_per_step(int batch, int tokens, bool fused_epilogues) const;
@@ -189,8 +189,8 @@ class Transformer {
 };
 
 // Whether a CPU step on one thread runs the GEMM of our own (an AVX-512 build), whose
-// stores add the bias and the residual and overwrite without a zero fill; with more
-// threads, or without AVX-512, Eigen's GEMM runs and those are passes of their own.
+// stores add the bias and the residual, overwrite without a zero fill and apply the GELU;
+// with more threads, or without AVX-512, Eigen's GEMM runs and those are passes of their own.
 bool gemm_fuses_epilogues();
 
 }  // namespace peertrain::model
