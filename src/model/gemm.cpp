@@ -3,6 +3,7 @@
 #include "gemm.h"
 
 #include "gelu.h"
+#include "peertrain/core/error.h"
 
 namespace peertrain::model {
 namespace {
@@ -10,6 +11,13 @@ namespace {
 using Eigen::Index;
 using Matrix = Eigen::Map<Eigen::MatrixXf>;
 using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
+
+// sums (m) += the row sums of the m × k matrix x, column by column in order (as the
+// kernel's packing adds them).
+void add_row_sums(Index m, Index k, const float* x, float* sums) {
+  Eigen::Map<Eigen::VectorXf> s(sums, m);
+  for (Index j = 0; j < k; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + j * m, m);
+}
 
 }  // namespace
 
@@ -62,8 +70,12 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
 
 void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
                bool accumulate, const GemmEpilogue& epilogue) {
-  if (m == 0 || n == 0) return;
-  if (k > 0 && Eigen::nbThreads() == 1 && avx512_gemm::available()) {
+  PEERTRAIN_CHECK(epilogue.a_row_sums == nullptr || !trans_a, "the GEMM sums A's rows only untransposed");
+  if (m == 0 || n == 0) {
+    if (epilogue.a_row_sums != nullptr) add_row_sums(m, k, a, epilogue.a_row_sums);
+    return;
+  }
+  if (k > 0 && Eigen::nbThreads() == 1 && avx512_gemm::available()) {  // our kernel: every term in its passes
     avx512_gemm::Epilogue e;
     e.accumulate = accumulate;
     e.row_bias = epilogue.row_bias;
@@ -72,9 +84,11 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
     e.relu = epilogue.relu;
     e.gelu_out = epilogue.gelu_out;
     e.gelu_grad_at = epilogue.gelu_grad_at;
+    e.a_row_sums = epilogue.a_row_sums;
     avx512_gemm::run(trans_a, trans_b, m, n, k, a, trans_a ? k : m, b, trans_b ? n : k, c, m, e, own_);
     return;
   }
+  if (epilogue.a_row_sums != nullptr) add_row_sums(m, k, a, epilogue.a_row_sums);
   Matrix c_map(c, m, n);
   if (epilogue.row_bias != nullptr || epilogue.addend != nullptr) {  // the terms first; the driver adds the product
     if (!accumulate) {

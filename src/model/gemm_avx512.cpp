@@ -104,15 +104,25 @@ void transpose_block(const float* src, Index stride, int count, int lanes, float
 
 // op(A)[i0 : i0 + mc, p0 : p0 + kc] into micro-panels of kMr rows: panel r holds, for each p,
 // the kMr floats of rows i0 + r·kMr ... contiguously.
-void pack_a(bool trans, const float* a, Index lda, Index i0, Index p0, Index mc, Index kc, float* out) {
+// With row_sums (A not transposed), adds each packed row's sum over the block into it,
+// p by p in order: the sums of a weight gradient's dy, which is the bias gradient.
+void pack_a(bool trans, const float* a, Index lda, Index i0, Index p0, Index mc, Index kc, float* out,
+            float* row_sums) {
   if (!trans) {  // column p of A holds the rows contiguously: read it once, front to back
     for (Index p = 0; p < kc; ++p) {
       const float* src = a + i0 + (p0 + p) * lda;
       float* dst = out + p * kMr;
       for (Index r = 0; r < mc; r += kMr, dst += kMr * kc) {
         const Index rows = std::min(kMr, mc - r);
-        _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(row_mask(rows), src + r));
-        _mm512_storeu_ps(dst + 16, _mm512_maskz_loadu_ps(row_mask(rows - 16), src + r + 16));
+        const __mmask16 lo = row_mask(rows), hi = row_mask(rows - 16);
+        const __m512 x0 = _mm512_maskz_loadu_ps(lo, src + r), x1 = _mm512_maskz_loadu_ps(hi, src + r + 16);
+        _mm512_storeu_ps(dst, x0);
+        _mm512_storeu_ps(dst + 16, x1);
+        if (row_sums != nullptr) {
+          float* sums = row_sums + i0 + r;
+          _mm512_mask_storeu_ps(sums, lo, _mm512_add_ps(_mm512_maskz_loadu_ps(lo, sums), x0));
+          _mm512_mask_storeu_ps(sums + 16, hi, _mm512_add_ps(_mm512_maskz_loadu_ps(hi, sums + 16), x1));
+        }
       }
     }
     return;
@@ -158,6 +168,15 @@ void pack_b(bool trans, const float* b, Index ldb, Index p0, Index j0, Index kc,
 // blocks add to C); `last`, the last one, whose store applies its ReLU.
 void micro_kernel(Index kc, const float* a, const float* b, float* c, Index ldc, Index rows, Index cols, bool first,
                   bool last, const Epilogue& e, Index i0, Index j0) {
+  // The epilogue's other operands come from memory, a column's 32 floats 4·ld bytes from
+  // the next: ask for them now, so the products below hide the wait.
+  const float* extra = first && e.addend != nullptr ? e.addend : last ? e.gelu_grad_at : nullptr;
+  if (extra != nullptr)
+    for (Index j = 0; j < cols; ++j) {
+      const float* col = extra + i0 + (j0 + j) * e.ld_addend;
+      _mm_prefetch(reinterpret_cast<const char*>(col), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(col + 16), _MM_HINT_T0);
+    }
   __m512 lo[kNr], hi[kNr];
 #pragma GCC unroll 12
   for (Index j = 0; j < kNr; ++j) lo[j] = hi[j] = _mm512_setzero_ps();
@@ -241,7 +260,8 @@ void run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, 
       pack_b(trans_b, b, ldb, pc, jc, kc, nc, packed_b);
       for (Index ic = 0; ic < m; ic += mc_max) {
         const Index mc = std::min(mc_max, m - ic);
-        pack_a(trans_a, a, lda, ic, pc, mc, kc, packed_a);
+        // B's first column block packs every part of A once: the row sums are taken then.
+        pack_a(trans_a, a, lda, ic, pc, mc, kc, packed_a, jc == 0 ? epilogue.a_row_sums : nullptr);
         for (Index jr = 0; jr < nc; jr += kNr) {
           const Index cols = std::min(kNr, nc - jr);
           for (Index ir = 0; ir < mc; ir += kMr) {

@@ -30,6 +30,8 @@ struct Epilogue {
   bool relu = false;
   float* gelu_out = nullptr;
   const float* gelu_grad_at = nullptr;
+  // Adds the row sums of A (over k) into these m floats as A is packed; A not transposed.
+  float* a_row_sums = nullptr;
 };
 
 // Whether this build has the kernel (compiled for AVX-512); run() must not be called if not.

@@ -36,6 +36,19 @@ void linear_residual_forward(Gemm& gemm, int in, int out, int n, const float* w,
   gemm.run(false, false, out, n, in, w, x, y, false, {.row_bias = b, .addend = residual});
 }
 
+namespace {
+
+// dW += dy·xᵀ and db += Σ dy; the row sums are taken as the GEMM packs dy.
+void weight_and_bias_gradients(Gemm& gemm, int in, int out, int n, const float* x, const float* dy, float* dw,
+                               float* db) {
+  if (dw != nullptr)
+    gemm.run(false, true, out, in, n, dy, x, dw, true, {.a_row_sums = db});
+  else if (db != nullptr)
+    add_row_sums(out, n, dy, db);
+}
+
+}  // namespace
+
 void linear_gelu_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* h,
                          float* g) {
   gemm.run(false, false, out, n, in, w, x, h, false, {.row_bias = b, .gelu_out = g});
@@ -43,15 +56,13 @@ void linear_gelu_forward(Gemm& gemm, int in, int out, int n, const float* w, con
 
 void linear_gelu_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy,
                           float* dw, float* db, const float* h, float* dx) {
-  if (dw != nullptr) gemm.run(false, true, out, in, n, dy, x, dw, true);
-  if (db != nullptr) add_row_sums(out, n, dy, db);
+  weight_and_bias_gradients(gemm, in, out, n, x, dy, dw, db);
   if (dx != nullptr) gemm.run(true, false, in, n, out, w, dy, dx, false, {.gelu_grad_at = h});
 }
 
 void linear_backward(Gemm& gemm, int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
                      float* db, float* dx) {
-  if (dw != nullptr) gemm.run(false, true, out, in, n, dy, x, dw, true);
-  if (db != nullptr) add_row_sums(out, n, dy, db);
+  weight_and_bias_gradients(gemm, in, out, n, x, dy, dw, db);
   if (dx != nullptr) gemm.run(true, false, in, n, out, w, dy, dx, false);
 }
 

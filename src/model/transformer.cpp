@@ -737,15 +737,18 @@ double Transformer::other_bytes_per_step(int batch, int tokens, bool fused_epilo
   //   forward  LN1 2, [qkv bias fill 3], attention gathers q k v 3 and writes out 1, proj's
   //            residual read 1 [+ its fill's write 1 + bias], LN2 2, [fc bias fill 4],
   //            GELU writes g 4 [+ reads h 4], fc2's residual read 1 [+ write 1]  = 14 [+ 13 = 27]
-  //   backward fc2 bias grad 1 [+ zero fill 4], GELU' reads h 4 [+ reads and writes dg 8],
-  //            fc bias grad 4 [+ zero fill 1], LN2' 4, proj bias grad 1 [+ zero fill 1],
+  //   backward [fc2 bias grad 1 + zero fill 4], GELU' reads h 4 [+ reads and writes dg 8],
+  //            [fc bias grad 4 + zero fill 1], LN2' 4, [proj bias grad 1 + zero fill 1],
   //            attention gathers q k v dout 4, reads out and dout for delta 2, scatters dq
-  //            dk dv 3, qkv bias grad 3 [+ zero fill 1], LN1' 4             = 30 [+ 15 = 45]
+  //            dk dv 3, [qkv bias grad 3 + zero fill 1], LN1' 4            = 21 [+ 24 = 45]
+  // (with fused epilogues the bias gradients are summed as the weight gradients' GEMMs pack
+  // dy, and the GELU runs in the GEMMs' stores).
   const double n = static_cast<double>(batch) * tokens, d = config_.d_model, f = config_.mlp_ratio * d;
   const double dn = d * n, r = f / d;  // the MLP's width in units of d
   const double fills = fused_epilogues ? 0 : 1;
   const double forward = 2 + 3 + 1 + 1 + 2 + r + 1 + fills * (3 + 1 + r + r + 1);
-  const double backward = 1 + r + r + 4 + 1 + 9 + 3 + 4 + fills * (r + 2 * r + 1 + 1 + 1);
+  const double bias_grads = 1 + r + 1 + 3;
+  const double backward = r + 4 + 9 + 4 + fills * (bias_grads + r + 2 * r + 1 + 1 + 1);
   double floats = config_.layers * (forward + backward) * dn;
   // ln_f forward 2 and backward 4; the embedding's write 1 and its gradient's read 1.
   floats += 8 * dn;

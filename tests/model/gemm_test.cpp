@@ -142,6 +142,35 @@ TEST(Gemm, TwoThreadsMatchTheOracle) {
   Eigen::setNbThreads(1);
 }
 
+// A's row sums (a Linear's bias gradient, taken as the weight gradient's GEMM packs dy) are
+// added to what the vector holds, once each, however many blocks A is packed in.
+void check_row_sums() {
+  Gemm gemm;
+  std::uint64_t seed = 500;
+  for (const std::vector<Shape>& shapes : {kEdges, kBlocks})
+    for (const Shape& s : shapes)
+      for (bool trans_b : {false, true}) {
+        const auto a = normal_vector(static_cast<std::size_t>(s.m) * s.k, seed++);
+        const auto b = normal_vector(static_cast<std::size_t>(s.k) * s.n, seed++);
+        const auto sums0 = normal_vector(s.m, seed++);
+        std::vector<float> sums = sums0, c(static_cast<std::size_t>(s.m) * s.n);
+        gemm.run(false, trans_b, s.m, s.n, s.k, a.data(), b.data(), c.data(), false, {.a_row_sums = sums.data()});
+        std::vector<double> want(sums0.begin(), sums0.end());
+        for (int p = 0; p < s.k; ++p)
+          for (int i = 0; i < s.m; ++i) want[i] += a[i + static_cast<std::size_t>(p) * s.m];
+        EXPECT_LT(normalized_error(sums, want), 1e-5) << name(s, {false, trans_b, false, false, false, false});
+        EXPECT_LT(normalized_error(c, oracle(s, {false, trans_b, false, false, false, false}, a, b, c, {}, {})), 1e-5);
+      }
+}
+
+TEST(Gemm, RowSumsOfAComeWithThePackingOnBothPaths) {
+  Eigen::setNbThreads(1);
+  check_row_sums();
+  Eigen::setNbThreads(2);
+  check_row_sums();
+  Eigen::setNbThreads(1);
+}
+
 // The residual may be C itself: y ← W·x + b + y, as linear_residual_forward allows.
 TEST(Gemm, TheAddendMayBeTheOutput) {
   Eigen::setNbThreads(1);

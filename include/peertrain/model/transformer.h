@@ -177,7 +177,8 @@ class Transformer {
   // (LayerNorms, GELU, bias gradients, the attention's gathers and scatters, the loss, the
   // residuals the GEMMs add), the optimizer not included. Without fused epilogues (see
   // gemm_fuses_epilogues) it adds the bias and residual fills the GEMMs accumulate onto, the
-  // zero fills of the GEMMs that overwrite, and the GELU's own passes over its input. Activations of these sizes do not stay in
+  // zero fills of the GEMMs that overwrite, the GELU's own passes over its input, and the bias
+  // gradients' passes over dy. Activations of these sizes do not stay in
   // cache between operators, so bytes / memory bandwidth is a floor on the time the step
   // spends outside its FLOPs (docs/performance.md).
   double other_bytes_per_step(int batch, int tokens, bool fused_epilogues) const;
