@@ -333,14 +333,16 @@ another BLAS gives other ratios.
 {table.markdown()}
 
 **Where the GPT step's time goes** (one thread, d 128, T 256, batch 8). Its FLOPs at
-Eigen's GEMM rate are the GEMM-bound limit. Between the GEMMs, the LayerNorms, GELU, bias
-and residual fills, zero fills, bias gradients and the attention's gathers move the bytes
-in the row above (`Transformer::other_bytes_per_step`: 72 activations of d × n floats a
-block). These passes are memory-bound on this core, at the memcpy rate. Eigen's GEMM
-driver accumulates into its output, so a fill or a zero pass always comes before it, and
-no pass can be fused into its epilogue. 80 % of the GEMM-bound limit would need those
-bytes to go through cache inside GEMMs of our own (`perf`: Eigen's gebp ~45 %, its
-packing ~10 %, the fused attention ~11 %, the memory-bound passes ~25 %).
+Eigen's GEMM rate are the GEMM-bound limit. Every GEMM runs our AVX-512 kernel
+(`src/model/gemm_avx512.cpp`), whose stores add the bias and the residual, overwrite
+without a zero fill and apply the GELU (and GELU'), and whose packing of dy sums the bias
+gradients. What is left between the GEMMs (LayerNorms, the attention's gathers and
+scatters, the GELU's other operand, the loss) moves the bytes in the row above
+(`Transformer::other_bytes_per_step`: 35 activations of d × n floats a block, 72 without
+the fused epilogues) at the memcpy rate. `perf` on the step: the GEMM micro-kernel ~50 %
+(at ~200 GFLOP/s, near this core's FMA peak of ~232), its operand packing ~12 %, the
+fused attention ~15 %, the GELU' in the stores ~4.5 %, the LayerNorms ~3.5 %. 80 % of the
+GEMM-bound limit would need the packing and the attention's gathers to go as well.
 
 The GPU figures (an NVIDIA H200, on a device session) are in
 [docs/kernels.md](kernels.md); they need a GPU and are not rerun here.
