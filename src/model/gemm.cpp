@@ -12,14 +12,12 @@ using Eigen::Index;
 using Matrix = Eigen::Map<Eigen::MatrixXf>;
 using ConstMatrix = Eigen::Map<const Eigen::MatrixXf>;
 
-// sums (m) += the row sums of the m × k matrix x, column by column in order (as the
-// kernel's packing adds them).
-void add_row_sums(Index m, Index k, const float* x, float* sums) {
-  Eigen::Map<Eigen::VectorXf> s(sums, m);
-  for (Index j = 0; j < k; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + j * m, m);
-}
-
 }  // namespace
+
+void add_row_sums(Index rows, Index n, const float* x, float* sums) {
+  Eigen::Map<Eigen::VectorXf> s(sums, rows);
+  for (Index j = 0; j < n; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + j * rows, rows);
+}
 
 template <bool kTransA, bool kTransB>
 void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, float* c, bool accumulate) {

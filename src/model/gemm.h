@@ -35,6 +35,10 @@ struct GemmEpilogue {
   float* a_row_sums = nullptr;
 };
 
+// sums (rows floats) += the row sums of x (rows × n, column-major), column by column in
+// order, as the AVX-512 kernel's packing adds them: a Linear's bias gradient.
+void add_row_sums(Eigen::Index rows, Eigen::Index n, const float* x, float* sums);
+
 // Holds the packing buffers, so keep one per thread and reuse it; not thread-safe.
 class Gemm : public Eigen::internal::level3_blocking<float, float> {
  public:

@@ -20,11 +20,6 @@ using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
 
 }  // namespace
 
-void add_row_sums(int rows, int n, const float* x, float* sums) {
-  Eigen::Map<Eigen::VectorXf> s(sums, rows);
-  for (int j = 0; j < n; ++j) s += Eigen::Map<const Eigen::VectorXf>(x + static_cast<std::ptrdiff_t>(j) * rows, rows);
-}
-
 // The bias and the residual ride in the GEMM's epilogue (gemm.h): with our kernel, in the
 // stores of y; with Eigen's, in one pass that starts y from them.
 void linear_forward(Gemm& gemm, int in, int out, int n, const float* w, const float* b, const float* x, float* y) {

@@ -88,7 +88,7 @@ void sum_pool_backward(int d, int batch, int tokens, const float* dpooled, float
 double softmax_cross_entropy(int classes, int n, float* logits, const std::int32_t* targets, float grad_scale,
                              long long* correct);
 
-// Row sums of x (rows × n) added into sums.
-void add_row_sums(int rows, int n, const float* x, float* sums);
+// Row sums of x (rows × n) added into sums (gemm.h's, which the GEMM's Eigen path uses too).
+using model::add_row_sums;
 
 }  // namespace peertrain::model::layers
