@@ -74,15 +74,7 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
     return;
   }
   if (k > 0 && Eigen::nbThreads() == 1 && avx512_gemm::available()) {  // our kernel: every term in its passes
-    avx512_gemm::Epilogue e;
-    e.accumulate = accumulate;
-    e.row_bias = epilogue.row_bias;
-    e.addend = epilogue.addend;
-    e.ld_addend = m;
-    e.relu = epilogue.relu;
-    e.gelu_out = epilogue.gelu_out;
-    e.gelu_grad_at = epilogue.gelu_grad_at;
-    e.a_row_sums = epilogue.a_row_sums;
+    const avx512_gemm::Epilogue e{epilogue, accumulate, m};
     avx512_gemm::run(trans_a, trans_b, m, n, k, a, trans_a ? k : m, b, trans_b ? n : k, c, m, e, own_);
     return;
   }

@@ -2,16 +2,17 @@
 //
 // C (m×n) ← op(A)·op(B), or C += op(A)·op(B) when accumulate; A, B, C column-major, op a
 // transpose where the flag says so (only a storage order given to the kernel, never a copy).
-// An epilogue adds a bias per row and a matrix (a residual) and applies a ReLU or a GELU
-// (forward or backward).
+// An epilogue (gemm_epilogue.h) adds a bias per row and a matrix (a residual) and applies
+// a ReLU or a GELU (forward or backward).
 //
 // On one thread of an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies
 // the epilogue in its stores. Otherwise it runs Eigen's, and the epilogue costs passes over
-// C of its own, before the product (bias and addend) and after it (ReLU). Eigen's own product allocates its packing buffers on every call, and for these sizes each
-// allocation comes back from the kernel as fresh pages: ~190 page faults and 10% of a
-// 784-512-512-10 MLP step. With one thread this calls Eigen's GEMM driver directly with
-// packing buffers that live here and only grow. With more threads it uses the public
-// product, whose parallel driver packs into buffers of its own.
+// C of its own, before the product (bias and addend) and after it (ReLU). Eigen's own
+// product allocates its packing buffers on every call, and for these sizes each allocation
+// comes back from the kernel as fresh pages: ~190 page faults and 10% of a 784-512-512-10
+// MLP step. With one thread this calls Eigen's GEMM driver directly with packing buffers
+// that live here and only grow. With more threads it uses the public product, whose
+// parallel driver packs into buffers of its own.
 #pragma once
 
 #include <Eigen/Core>
@@ -19,21 +20,6 @@
 #include "gemm_avx512.h"
 
 namespace peertrain::model {
-
-// C ← op(A)·op(B) + [C if accumulate] + row_bias (m floats) + addend (m×n, leading
-// dimension m; may be C itself when accumulate is false), then, on the finished sum, one
-// of: max(·, 0) if relu; gelu_out ← GELU(C) (m×n, leading dimension m) as well; or
-// C ← C ⊙ GELU'(gelu_grad_at) (m×n, leading dimension m). Apart from C: a_row_sums (m
-// floats) += the row sums of A (over k), A not transposed: a Linear's bias gradient, read
-// as its weight gradient's GEMM packs dy.
-struct GemmEpilogue {
-  const float* row_bias = nullptr;
-  const float* addend = nullptr;
-  bool relu = false;
-  float* gelu_out = nullptr;
-  const float* gelu_grad_at = nullptr;
-  float* a_row_sums = nullptr;
-};
 
 // sums (rows floats) += the row sums of x (rows × n, column-major), column by column in
 // order, as the AVX-512 kernel's packing adds them: a Linear's bias gradient.

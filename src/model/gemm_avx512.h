@@ -12,26 +12,18 @@
 
 #include <cstddef>
 
+#include "gemm_epilogue.h"
 #include "peertrain/core/aligned.h"
 
 namespace peertrain::model::avx512_gemm {
 
-// What the stores add to the product: C ← op(A)·op(B) + [C if accumulate] + bias (one float
-// per row of C) + addend (m×n, column-major, leading dimension ld_addend), then max(·, 0)
-// if relu, gelu_out ← GELU(C), or C ← C ⊙ GELU'(gelu_grad_at) (both m×n, leading
-// dimension ld_addend). The first inner block's store adds; the last one's applies the
-// activation, to each column of C's tile as soon as it is stored (still in L1). The addend
-// may be C itself when accumulate is false.
-struct Epilogue {
+// The stores' epilogue: GemmEpilogue's terms (gemm_epilogue.h), plus whether C is added
+// to and the terms' leading dimension. The first inner block's store adds; the last one's
+// applies the activation, to each column of C's tile as soon as it is stored (still in
+// L1). gelu_out and gelu_grad_at have the addend's leading dimension.
+struct Epilogue : GemmEpilogue {
   bool accumulate = false;
-  const float* row_bias = nullptr;
-  const float* addend = nullptr;
   std::ptrdiff_t ld_addend = 0;
-  bool relu = false;
-  float* gelu_out = nullptr;
-  const float* gelu_grad_at = nullptr;
-  // Adds the row sums of A (over k) into these m floats as A is packed; A not transposed.
-  float* a_row_sums = nullptr;
 };
 
 // Whether this build has the kernel (compiled for AVX-512); run() must not be called if not.
