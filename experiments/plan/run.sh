@@ -17,10 +17,11 @@ usage() {
 Usage: experiments/plan/run.sh [--quick] [--out DIR]
 
 Measures each strategy of the grid (gpt d128 L4 H4 T128, batch 8) with bench pipeline
-(the median of its steps) and predicts it with plan --strategy, then checks plan's pick.
+(the median of its steps; the median of 3 rounds over the grid) and predicts it with plan
+--strategy, then checks plan's pick.
 
-  --quick     3 measured steps a strategy instead of 9, and 3 side-by-side rounds of the
-              search's check instead of 5 (about 2 minutes)
+  --quick     3 measured steps a strategy instead of 9, one round of the grid instead of 3,
+              and 3 side-by-side rounds of the search's check instead of 5 (about 2 minutes)
   --peers-only  redo only the across-peers part (after a new lian2017 run or a change to
               plan --topology), keeping DIR's grid and search results; about 1 minute
   --out DIR   where results go (default: experiments/plan/results)
@@ -34,12 +35,13 @@ EOF
 command_line="experiments/plan/run.sh${*:+ $*}"
 steps=9
 rounds=5
+grid_rounds=3
 mode=full
 peers_only=0
 out=$PT_SCRIPT_DIR/results
 while (($#)); do
   case $1 in
-    --quick) steps=3 rounds=3 mode=quick ;;
+    --quick) steps=3 rounds=3 grid_rounds=1 mode=quick ;;
     --peers-only) peers_only=1 ;;
     --out) out=$2; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -105,29 +107,51 @@ grid=(
   "2|--pp 2 --microbatches 4 --vocab-parallel vocab-2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
 )
 if ((!peers_only)); then
-echo "grid: ${#grid[@]} strategies, $steps measured steps each; profiles cached in $cache"
-printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\n' > "$out/grid.tsv"
+echo "grid: ${#grid[@]} strategies, $grid_rounds rounds of $steps measured steps each; profiles cached in $cache"
 base_model="${model[*]}"
-for row in "${grid[@]}"; do
-  IFS='|' read -r workers strategy row_model <<< "$row"
-  row_model=${row_model:-$base_model}
-  read -r -a flags <<< "$strategy"
-  read -r -a model <<< "$row_model"
-  # bench pipeline and plan default differently: say --pp and --microbatches always.
-  [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
-  [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
-  measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --steps "$steps" --format json)
-  step=$(json 'd["step_s"]' <<< "$measured")
-  replayed=$(json 'd["replayed_step_s"]' <<< "$measured")
-  stages=$(json 'd["split"]' <<< "$measured")
-  predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "$stages" --profile-cache "$cache" \
-    --format json)
-  pstep=$(json 'd["step_s"]' <<< "$predicted")
-  simtime=$(json 'd.get("simulate_s", 0)' <<< "$predicted")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$strategy" "$row_model" "$step" "$replayed" "$pstep" \
-    "$simtime" "$stages" >> "$out/grid.tsv"
-  printf '  %-50s %-40s measured %6.2f ms, predicted %6.2f ms\n' "$strategy" "${row_model/$base_model/}" \
-    "$(json 'd*1e3' <<< "$step")" "$(json 'd*1e3' <<< "$pstep")"
+# Round 1 measures and predicts every strategy; the later rounds measure them again with
+# the same stage boundaries, the rounds interleaved over the grid, so a slow minute of this
+# machine moves one measurement of many strategies rather than all of one. Its measured
+# step is the median over the rounds.
+declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stages r_steps
+for ((round = 1; round <= grid_rounds; round++)); do
+  i=0
+  for row in "${grid[@]}"; do
+    IFS='|' read -r workers strategy row_model <<< "$row"
+    row_model=${row_model:-$base_model}
+    read -r -a flags <<< "$strategy"
+    read -r -a model <<< "$row_model"
+    # bench pipeline and plan default differently: say --pp and --microbatches always.
+    [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
+    [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
+    if ((round == 1)); then
+      measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --steps "$steps" --format json)
+      stages=$(json 'd["split"]' <<< "$measured")
+      predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "$stages" \
+        --profile-cache "$cache" --format json)
+      r_workers[i]=$workers r_strategy[i]=$strategy r_model[i]=$row_model r_stages[i]=$stages
+      r_replayed[i]=$(json 'd["replayed_step_s"]' <<< "$measured")
+      r_predicted[i]=$(json 'd["step_s"]' <<< "$predicted")
+      r_simulate[i]=$(json 'd.get("simulate_s", 0)' <<< "$predicted")
+      r_steps[i]=$(json 'd["step_s"]' <<< "$measured")
+      printf '  %-50s %-40s measured %6.2f ms, predicted %6.2f ms\n' "$strategy" "${row_model/$base_model/}" \
+        "$(json 'd*1e3' <<< "${r_steps[i]}")" "$(json 'd*1e3' <<< "${r_predicted[i]}")"
+    else
+      measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "${r_stages[i]}" --steps "$steps" \
+        --format json)
+      r_steps[i]+=",$(json 'd["step_s"]' <<< "$measured")"
+    fi
+    i=$((i + 1))
+  done
+  ((round == 1)) || echo "  round $round of $grid_rounds measured"
+done
+printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\tmeasured_rounds_s\n' \
+  > "$out/grid.tsv"
+for ((i = 0; i < ${#grid[@]}; i++)); do
+  median=$(/usr/bin/python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1].split(","))))' \
+    "${r_steps[i]}")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${r_workers[i]}" "${r_strategy[i]}" "${r_model[i]}" "$median" \
+    "${r_replayed[i]}" "${r_predicted[i]}" "${r_simulate[i]}" "${r_stages[i]}" "${r_steps[i]}" >> "$out/grid.tsv"
 done
 read -r -a model <<< "$base_model"
 # The search's pick for 2 and 4 workers, measured like the grid.
