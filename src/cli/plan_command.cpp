@@ -266,8 +266,8 @@ int run_plan(int argc, char** argv) {
       "one machine of that many cores (default: a machine each)",
       cxxopts::value<std::string>())(
       "no-contention",
-      "with more workers than cores, do not scale the passes by the contention factor measured on a calibration "
-      "model (scaled by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
+      "with more workers than cores, do not add the hand-off costs measured on a calibration model to the passes "
+      "(added by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(

@@ -534,10 +534,10 @@ void Profiler::load() {
       double b = 0;
       row >> b;
       if (row) machine_.barrier_s[std::stoi(key)] = b;
-    } else if (kind == "contention") {
-      double f = 0;
-      row >> f;
-      if (row) machine_.contention[std::stoi(key)] = f;
+    } else if (kind == "handoff") {
+      Contention k;
+      row >> k.pass_s >> k.sync_s;
+      if (row) machine_.contention[std::stoi(key)] = k;
     }
   }
 }
@@ -558,7 +558,8 @@ void Profiler::save() const {
       out << "\n";
     }
     for (const auto& [workers, s] : machine_.step_overhead_s) out << "overhead\t" << workers << "\t" << s << "\n";
-    for (const auto& [workers, f] : machine_.contention) out << "contention\t" << workers << "\t" << f << "\n";
+    for (const auto& [workers, k] : machine_.contention)
+      out << "handoff\t" << workers << "\t" << k.pass_s << " " << k.sync_s << "\n";
     for (const auto& [threads, b] : machine_.barrier_s) out << "barrier\t" << threads << "\t" << b << "\n";
     for (const auto& [key, u] : units_)
       out << "unit\t" << key << "\t" << u.forward_s << " " << u.backward_s << " " << u.backward_input_s << " "
@@ -611,12 +612,12 @@ double Profiler::barrier_s(int threads) {
   return machine_.barrier_s[threads] = measure_barrier(threads);
 }
 
-double Profiler::contention(int workers) const {
+const Contention* Profiler::contention(int workers) const {
   auto it = machine_.contention.find(workers);
-  return it == machine_.contention.end() ? 0 : it->second;
+  return it == machine_.contention.end() ? nullptr : &it->second;
 }
 
-void Profiler::set_contention(int workers, double factor) { machine_.contention[workers] = factor; }
+void Profiler::set_contention(int workers, Contention costs) { machine_.contention[workers] = costs; }
 
 void Profiler::set_machine(const MachineCosts& machine) {
   machine_ = machine;

@@ -186,6 +186,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   struct Chunk {
     double forward = 0, backward = 0, input = 0, weight = 0, activations = 0, stash = 0;
     double forward_cpu = 0, backward_cpu = 0, input_cpu = 0, weight_cpu = 0;
+    int blocks = 0;
   };
   std::vector<Chunk> chunk(static_cast<std::size_t>(V));
   for (int k = 0; k < V; ++k) {
@@ -194,6 +195,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     Chunk& ch = chunk[static_cast<std::size_t>(k)];
     for (int u = first; u < end; ++u) {
       const UnitCost& uc = unit_cost(p, u);
+      ch.blocks += kind_of(u, units) == UnitKind::kBlock;
       ch.forward += uc.forward_s;
       ch.backward += uc.backward_s;
       ch.input += uc.backward_input_s;
@@ -229,6 +231,23 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // The boundary tensors' time from one stage's mesh to another's.
   const MachineCosts& machine = profiler.machine();
   const int cores = options.cores > 0 ? options.cores : machine.cores;
+  // More workers than cores: each pass waits for a core. A mesh with more ranks than cores
+  // waits again at each ring step (sp − 1 a block, forward and backward) and all-reduce (2 a
+  // block each way) inside it, as its ranks can never all run at once; a smaller mesh's
+  // ranks can, and the scheduler keeps them running through their exchanges. The weight
+  // passes have none.
+  Contention contention;
+  if (options.contention && options.cores <= 0 && e.workers() > cores)
+    contention = options.contention_costs ? *options.contention_costs : contention_costs(profiler, e.workers());
+  auto contention_s = [&](const parallel::PipelineOp& op, int stage) {
+    if (contention.pass_s <= 0 && contention.sync_s <= 0) return 0.0;
+    const bool weight = op.kind == parallel::PassKind::kWeight;
+    const bool blocks = op.kind == parallel::PassKind::kForward || op.kind == parallel::PassKind::kBackward;
+    const auto& m = meshes[static_cast<std::size_t>(stage)];
+    const int per_block = m.workers() > cores ? (m.sp - 1) + (m.tp > 1 ? 2 : 0) : 0;
+    const int n = blocks ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
+    return contention.pass_s + (weight ? 0.0 : contention.sync_s * per_block * n);
+  };
   const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
   auto plan_transfer = [&](int from, int to) {
     const auto& a = meshes[static_cast<std::size_t>(from)];
@@ -358,7 +377,8 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         const int w = meshes[p].workers();
         phase[p] = kComputing;
         cpu_left[p] = cpu;
-        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores)) + machine.pass_overhead_s;
+        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores)) + machine.pass_overhead_s +
+                       contention_s(list[next[p]], p);
         work[p] += wall;
       } else {
         wake = std::min(wake, ready);
@@ -485,7 +505,6 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     out.worker_bytes.push_back(options.parameter_copies * 4.0 * floats + peak);
   }
   out.reduce_s *= std::max(1.0, static_cast<double>(workers) / cores);  // the stages reduce at once
-  if (options.contention && options.cores <= 0 && workers > cores) out.passes_s *= contention_factor(profiler, workers);
   out.overhead_s = profiler.step_overhead_s(workers) + 2 * 4 * assembly_floats / machine.copy_bytes_per_s;
   // Vocabulary parallelism's token vectors: every stage looks up its rows and sends them to
   // stage 0 before the passes, and gets the gradient back after.
@@ -500,35 +519,41 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   return out;
 }
 
-double contention_factor(Profiler& profiler, int workers) {
-  if (workers <= profiler.machine().cores) return 1.0;
-  if (const double known = profiler.contention(workers); known > 0) return known;
+Contention contention_costs(Profiler& profiler, int workers) {
+  if (workers <= profiler.machine().cores) return {};
+  if (const Contention* known = profiler.contention(workers)) return *known;
   model::TransformerConfig c;  // a calibration model, unlike the ones users plan
   c.d_model = 64;
   c.heads = 2;
   c.layers = std::max(2, workers);
   c.seq = 32 * workers;
   const int batch = 2 * workers;
-  std::vector<double> ratios;
-  for (int kind = 0; kind < 2; ++kind) {
-    Strategy s;
-    s.batch = batch;
-    if (kind == 0) {
-      s.engine.sp = workers;
-    } else {
-      s.engine.pp = workers;
-      s.engine.microbatches = 2 * workers;
-    }
-    const Prediction p = simulate(c, s, profiler);  // without contention: what it corrects
-    if (!p.feasible || p.passes_s <= 0) continue;
+  // The cost that makes strategy s replay in its measured step time, the other cost fixed:
+  // the replay grows with it, so bisect (a simulation takes microseconds).
+  auto fit = [&](const Strategy& s, Contention costs, double Contention::*cost) {
+    const Prediction without = simulate(c, s, profiler);
+    if (!without.feasible) return 0.0;
     const double measured = measure_engine_step_s(c, s.engine, batch, 5);
-    // The passes are what contention slows; the overhead and the reduce were measured as such.
-    ratios.push_back(std::max(1.0, (measured - (p.step_s - p.passes_s)) / p.passes_s));
-  }
-  const double factor =
-      ratios.empty() ? 1.0 : std::accumulate(ratios.begin(), ratios.end(), 0.0) / static_cast<double>(ratios.size());
-  profiler.set_contention(workers, factor);
-  return factor;
+    SimulationOptions options{.contention = true, .contention_costs = &costs};
+    double lo = 0, hi = std::max(1e-3, measured);
+    for (int i = 0; i < 40; ++i) {
+      costs.*cost = (lo + hi) / 2;
+      (simulate(c, s, profiler, options).step_s < measured ? lo : hi) = costs.*cost;
+    }
+    return lo;
+  };
+  Strategy pipeline;
+  pipeline.batch = batch;
+  pipeline.engine.pp = workers;
+  pipeline.engine.microbatches = 2 * workers;
+  Contention costs;
+  costs.pass_s = fit(pipeline, costs, &Contention::pass_s);
+  Strategy mesh;
+  mesh.batch = batch;
+  mesh.engine.sp = workers;
+  costs.sync_s = fit(mesh, costs, &Contention::sync_s);
+  profiler.set_contention(workers, costs);
+  return costs;
 }
 
 }  // namespace peertrain::plan

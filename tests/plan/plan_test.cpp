@@ -112,6 +112,42 @@ TEST(Simulator, OnOneCoreThePassesAddUp) {
   EXPECT_NEAR(p.passes_s, 3 * 4 * 6e-3, 1e-9);  // every pass of every stage, one after another
 }
 
+// More workers than cores: every pass waits the hand-off cost, and a mesh with more ranks
+// than cores waits the sync cost at each ring step inside it; a mesh that fits the cores
+// does not.
+TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
+  const auto c = tiny_gpt();  // 6 units: the embedding, 4 blocks, the head
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  MachineCosts two_cores = profiler.machine();
+  two_cores.cores = 2;
+  profiler.set_machine(two_cores);
+  const Contention costs{.pass_s = 1e-3, .sync_s = 0.5e-3};
+  Strategy ring;
+  ring.batch = 8;
+  ring.engine.sp = 4;
+  const auto without = simulate(c, ring, profiler);
+  const auto with = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
+  ASSERT_TRUE(without.feasible && with.feasible) << without.why_not << with.why_not;
+  // One stage, two passes (F, B), each over 4 blocks of 3 ring steps.
+  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 + 2 * 4 * 3 * 0.5e-3, 1e-9);
+
+  Strategy meshes;  // 2 stages of 2 sequence ranks: 4 workers, but each mesh fits the cores
+  meshes.batch = 8;
+  meshes.engine.sp = 2;
+  meshes.engine.pp = 2;
+  meshes.engine.microbatches = 2;
+  meshes.engine.stage_first_units = {0, 3};
+  const Contention syncs_only{.pass_s = 0, .sync_s = 1.0};
+  const auto fits = simulate(c, meshes, profiler);
+  const auto fits_with = simulate(c, meshes, profiler, {.contention = true, .contention_costs = &syncs_only});
+  ASSERT_TRUE(fits.feasible && fits_with.feasible);
+  EXPECT_NEAR(fits_with.passes_s, fits.passes_s, 1e-12);
+  // On a machine with a core per worker nothing is charged.
+  const auto roomy = simulate(c, ring, profiler, {.cores = 4, .contention = true, .contention_costs = &costs});
+  EXPECT_NEAR(roomy.passes_s, simulate(c, ring, profiler, {.cores = 4}).passes_s, 1e-12);
+}
+
 TEST(Simulator, MemoryIsParameterCopiesPlusMicroBatchesInFlight) {
   const auto c = tiny_gpt();
   model::Transformer model(c);
@@ -270,8 +306,18 @@ TEST(Profiler, CacheReadsBackWhatItMeasured) {
     EXPECT_GT(first.activation_bytes, 0);
     profiler.save();
   }
+  {
+    Profiler profiler(path.string(), 1);  // adds the contention costs to the file
+    profiler.set_contention(4, {.pass_s = 1.5e-4, .sync_s = 4.5e-4});
+    profiler.save();
+  }
   Profiler again(path.string(), 1);
   const UnitCost read = again.unit(c, shape);
+  const Contention* costs = again.contention(4);
+  ASSERT_NE(costs, nullptr);
+  EXPECT_DOUBLE_EQ(costs->pass_s, 1.5e-4);
+  EXPECT_DOUBLE_EQ(costs->sync_s, 4.5e-4);
+  EXPECT_EQ(again.contention(3), nullptr);
   EXPECT_EQ(again.measured(), 0);
   EXPECT_NEAR(read.forward_s, first.forward_s, 1e-7 * first.forward_s);  // 9 significant digits in the file
   EXPECT_DOUBLE_EQ(read.activation_bytes, first.activation_bytes);

@@ -65,6 +65,14 @@ struct UnitShape {
   std::string key(const model::TransformerConfig& config) const;
 };
 
+// Seconds an oversubscribed peer's pass waits beyond its profile: a thread woken for it
+// (or for the next stage's pass) waits for a core, and so does every rank of a mesh at each
+// ring step or all-reduce inside it.
+struct Contention {
+  double pass_s = 0;  // per pass
+  double sync_s = 0;  // per ring step or all-reduce phase inside a pass
+};
+
 // Measured once per cache: the machine's communication inside a peer.
 struct MachineCosts {
   int cores = 1;
@@ -79,11 +87,10 @@ struct MachineCosts {
   // cores, time-sharing one, each evicting the other's working set).
   std::vector<double> slowdown;
   double slowdown_at(int threads) const;
-  // Per worker count above the cores: a real step's time over the simulated one, on a
-  // calibration model (see simulator.h's contention_factor). Oversubscribed threads lose
-  // time to the scheduler at every hand-off and ring step, which the profiles, taken with
-  // a mesh alone and its threads started together, do not show.
-  std::map<int, double> contention;
+  // Per worker count above the cores: what oversubscribed threads lose to the scheduler at
+  // each hand-off, which the profiles, taken with a mesh alone and its threads started
+  // together, do not show (simulator.h's contention_costs).
+  std::map<int, Contention> contention;
   // Per thread count P: what one barrier of P threads that compute between barriers costs
   // beyond their work (vocabulary parallelism's S and T passes end in one). Small while P
   // fits the cores; a scheduler's wake-up or more once it does not.
@@ -104,11 +111,11 @@ class Profiler {
   const UnitCost& unit(const model::TransformerConfig& config, const UnitShape& shape);
   const MachineCosts& machine();
   double step_overhead_s(int workers);
-  // The calibrated contention for `workers` threads (0 when not measured yet); set_contention
-  // keeps a measured one (the cache saves it).
-  double contention(int workers) const;
+  // The calibrated contention for `workers` threads (null when not measured yet);
+  // set_contention keeps a measured one (the cache saves it).
+  const Contention* contention(int workers) const;
   double barrier_s(int threads);  // measured once per thread count (MachineCosts::barrier_s)
-  void set_contention(int workers, double factor);
+  void set_contention(int workers, Contention costs);
 
   // Figures from elsewhere (tests; another machine's measurements), used instead of measuring.
   void set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost);

@@ -8,9 +8,9 @@
 // sharing: k runnable threads on C cores each progress at min(1, C/k)), which is what the
 // operating system does when a peer has more workers than cores, so the prediction is for
 // this machine; with --cores W (a core per worker) it is for a machine that has them. On
-// request (SimulationOptions::contention, plan's default) the passes of more workers than cores are scaled
-// by a measured contention factor: threads that outnumber the cores lose time to the
-// scheduler at every hand-off and ring step. A
+// request (SimulationOptions::contention, plan's default) every pass of more workers than
+// cores waits a measured time more, and more again at each ring step or all-reduce inside
+// it: threads that outnumber the cores wait for one at every hand-off. A
 // transfer delays its receiver by the boundary's resharding time: on emulated links the
 // planner's modelled time (reshard.h), on free links its memory copies and messages.
 // Beyond the passes a step pays its fixed overhead (threads, groups; measured per worker
@@ -44,11 +44,14 @@ struct SimulationOptions {
   int cores = 0;                // 0: this machine's
   double memory_cap_bytes = 0;  // per worker; 0: none
   int parameter_copies = 4;     // weights, gradient, Adam's two moments
-  // On this machine with more workers than cores, scale the replayed passes by the measured
-  // contention (contention_factor). `plan` turns it on (--no-contention turns it off): with
-  // the fused attention kernels it brought the validation grid's rank correlation from 0.87
-  // to 0.96 (docs/plan.md). Off here, so that a simulation replays the profiles it is given.
+  // On this machine with more workers than cores, add the measured hand-off costs to the
+  // passes (contention_costs). `plan` turns it on (--no-contention turns it off): the
+  // validation grid's worst row was 15–20 % in three runs with it, 15–31 % in five with a
+  // factor on the passes instead, 25–28 % with neither (docs/plan.md). Off here, so that a
+  // simulation replays the profiles it is given.
   bool contention = false;
+  // With contention: these costs instead of the calibrated ones (the calibration's own use).
+  const Contention* contention_costs = nullptr;
 };
 
 struct Prediction {
@@ -69,10 +72,13 @@ struct Prediction {
 Prediction simulate(const model::TransformerConfig& model, const Strategy& strategy, Profiler& profiler,
                     const SimulationOptions& options = {});
 
-// What W oversubscribed workers lose to the scheduler beyond the profiles (1 when W fits the
-// cores): real engine steps of a calibration model — not the user's, so the figure is the
-// machine's, measured once and cached — over the simulator's prediction of them, averaged
-// over W sequence ranks and W pipeline stages (2W micro-batches of 1F1B).
-double contention_factor(Profiler& profiler, int workers);
+// What W oversubscribed workers lose to the scheduler beyond the profiles (nothing when W
+// fits the cores), calibrated on real engine steps of a calibration model — not the
+// user's, so the figures are the machine's, measured once and cached. A cost per pass, so
+// that a pipeline of W stages (2W micro-batches of 1F1B) replays in its measured time;
+// then a cost per ring step, so that one mesh of W sequence ranks does. A cost per
+// hand-off rather than a factor on the passes: the loss is a wait for a core, about the
+// same for a small model's passes as for a large one's.
+Contention contention_costs(Profiler& profiler, int workers);
 
 }  // namespace peertrain::plan
