@@ -234,19 +234,18 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // More workers than cores: each pass waits for a core. A mesh with more ranks than cores
   // waits again at each ring step (sp − 1 a block, forward and backward) and all-reduce (2 a
   // block each way) inside it, as its ranks can never all run at once; a smaller mesh's
-  // ranks can, and the scheduler keeps them running through their exchanges. The weight
-  // passes have none.
+  // ranks can, and the scheduler keeps them running through their exchanges.
   Contention contention;
   if (options.contention && options.cores <= 0 && e.workers() > cores)
     contention = options.contention_costs ? *options.contention_costs : contention_costs(profiler, e.workers());
   auto contention_s = [&](const parallel::PipelineOp& op, int stage) {
-    if (contention.pass_s <= 0 && contention.sync_s <= 0) return 0.0;
-    const bool weight = op.kind == parallel::PassKind::kWeight;
-    const bool blocks = op.kind == parallel::PassKind::kForward || op.kind == parallel::PassKind::kBackward;
+    // The passes through the blocks' exchanges: forward and backward (or B); not W, nor
+    // the output layer's S and T.
+    const bool exchanges = op.kind == parallel::PassKind::kForward || op.kind == parallel::PassKind::kBackward;
     const auto& m = meshes[static_cast<std::size_t>(stage)];
-    const int per_block = m.workers() > cores ? (m.sp - 1) + (m.tp > 1 ? 2 : 0) : 0;
-    const int n = blocks ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
-    return contention.pass_s + (weight ? 0.0 : contention.sync_s * per_block * n);
+    const int per_block = exchanges && m.workers() > cores ? (m.sp - 1) + (m.tp > 1 ? 2 : 0) : 0;
+    const int blocks = per_block > 0 ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
+    return contention.pass_s + contention.sync_s * per_block * blocks;
   };
   const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
   auto plan_transfer = [&](int from, int to) {
