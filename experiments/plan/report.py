@@ -124,7 +124,7 @@ plot x title 'predicted = measured' lc rgb '#888888', \\
     if side_rows:
         verdicts = "; ".join(f"{w} workers {v * 100:+.1f} %" for w, (v, _) in side_verdicts.items())
         side_text = f"""
-The grid's best is the least of a dozen single measurements that each move by 5-10 % here,
+The grid's best is the least of a dozen measurements that each move by 3-10 % here,
 so it is biased low against the pick's one measurement (the winner's curse). So the pick
 and the grid's three best of its worker count are measured again side by side, in
 {max(r for _, r in side_verdicts.values())} alternating rounds; the medians over the rounds, against the best of the grid's three:

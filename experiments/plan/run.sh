@@ -168,13 +168,13 @@ for workers in 2 4; do
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$name" "$pflags" "$pstep" "$step" "$stages" >> "$out/search.tsv"
   echo "  plan --workers $workers picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms, measured $(json 'd*1e3' <<< "$step") ms"
 done
-# The grid's best is the least of a dozen single measurements, each ±5-10 % here, so it is
+# The grid's best is the least of a dozen measurements, each ±3-10 % here, so it is
 # biased low (the winner's curse) against the pick's one measurement. Measure the pick and
 # the grid's three best of its worker count again, side by side, in alternating rounds;
 # report.py compares their medians.
 printf 'workers\tround\tcandidate\tflags\tstages\tmeasured_s\n' > "$out/sidebyside.tsv"
 for workers in 2 4; do
-  mapfile -t candidates < <(
+  candidate_lines=$(
     /usr/bin/python3 - "$out/grid.tsv" "$out/search.tsv" "$workers" "$base_model" <<'PY'
 import csv, sys
 grid, search, workers, base = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -186,6 +186,9 @@ for r in sorted(rows, key=lambda r: float(r["measured_s"]))[:3]:
     print(f"grid\t{r['flags']}\t{r['stages']}")
 PY
   )
+  mapfile -t candidates <<< "$candidate_lines"
+  ((${#candidates[@]} >= 2)) ||
+    { echo "error: no pick or no grid strategy of $workers workers to measure side by side" >&2; exit 1; }
   for ((round = 1; round <= rounds; round++)); do
     for candidate in "${candidates[@]}"; do
       IFS=$'\t' read -r kind cflags cstages <<< "$candidate"

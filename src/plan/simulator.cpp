@@ -531,7 +531,7 @@ Contention contention_costs(Profiler& profiler, int workers) {
   // the replay grows with it, so bisect (a simulation takes microseconds).
   auto fit = [&](const Strategy& s, Contention costs, double Contention::*cost) {
     const Prediction without = simulate(c, s, profiler);
-    if (!without.feasible) return 0.0;
+    PEERTRAIN_CHECK(without.feasible, "contention calibration: ", s.describe(), " cannot run: ", without.why_not);
     const double measured = measure_engine_step_s(c, s.engine, batch, 5);
     SimulationOptions options{.contention = true, .contention_costs = &costs};
     double lo = 0, hi = std::max(1e-3, measured);

@@ -141,11 +141,15 @@ TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
   const Contention syncs_only{.pass_s = 0, .sync_s = 1.0};
   const auto fits = simulate(c, meshes, profiler);
   const auto fits_with = simulate(c, meshes, profiler, {.contention = true, .contention_costs = &syncs_only});
-  ASSERT_TRUE(fits.feasible && fits_with.feasible);
+  ASSERT_TRUE(fits.feasible && fits_with.feasible) << fits.why_not << fits_with.why_not;
   EXPECT_NEAR(fits_with.passes_s, fits.passes_s, 1e-12);
   // On a machine with a core per worker nothing is charged.
-  const auto roomy = simulate(c, ring, profiler, {.cores = 4, .contention = true, .contention_costs = &costs});
-  EXPECT_NEAR(roomy.passes_s, simulate(c, ring, profiler, {.cores = 4}).passes_s, 1e-12);
+  MachineCosts four_cores = two_cores;
+  four_cores.cores = 4;
+  profiler.set_machine(four_cores);
+  const auto roomy = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
+  ASSERT_TRUE(roomy.feasible) << roomy.why_not;
+  EXPECT_NEAR(roomy.passes_s, simulate(c, ring, profiler).passes_s, 1e-12);
 }
 
 TEST(Simulator, MemoryIsParameterCopiesPlusMicroBatchesInFlight) {

@@ -66,8 +66,8 @@ struct UnitShape {
 };
 
 // Seconds an oversubscribed peer's pass waits beyond its profile: a thread woken for it
-// (or for the next stage's pass) waits for a core, and so does every rank of a mesh at each
-// ring step or all-reduce inside it.
+// (or for the next stage's pass) waits for a core, and so, in a mesh with more ranks than
+// cores, does every rank at each ring step or all-reduce inside it.
 struct Contention {
   double pass_s = 0;  // per pass
   double sync_s = 0;  // per ring step or all-reduce phase inside a pass
