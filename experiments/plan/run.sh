@@ -64,6 +64,13 @@ model=(--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8)
 cache="$out/profile.tsv"
 ((peers_only)) || rm -f "$cache"  # a validation profiles this machine afresh
 json() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d, list) else d; print($1)"; }
+# flags ← a strategy's flags, with --pp and --microbatches always said (bench pipeline and
+# plan default differently).
+strategy_flags() {
+  read -r -a flags <<< "$1"
+  [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
+  [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
+}
 
 # workers|the strategy's flags[|the model, when not the default one]
 grid=(
@@ -119,11 +126,8 @@ for ((round = 1; round <= grid_rounds; round++)); do
   for row in "${grid[@]}"; do
     IFS='|' read -r workers strategy row_model <<< "$row"
     row_model=${row_model:-$base_model}
-    read -r -a flags <<< "$strategy"
+    strategy_flags "$strategy"
     read -r -a model <<< "$row_model"
-    # bench pipeline and plan default differently: say --pp and --microbatches always.
-    [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
-    [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
     if ((round == 1)); then
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --steps "$steps" --format json)
       stages=$(json 'd["split"]' <<< "$measured")
@@ -192,9 +196,7 @@ PY
   for ((round = 1; round <= rounds; round++)); do
     for candidate in "${candidates[@]}"; do
       IFS=$'\t' read -r kind cflags cstages <<< "$candidate"
-      read -r -a flags <<< "$cflags"
-      [[ " ${flags[*]} " == *" --pp "* ]] || flags+=(--pp 1)
-      [[ " ${flags[*]} " == *" --microbatches "* ]] || flags+=(--microbatches 1)
+      strategy_flags "$cflags"
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$cstages" --steps "$steps" \
         --format json)
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$round" "$kind" "$cflags" "$cstages" \

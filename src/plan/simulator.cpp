@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <tuple>
 
 #include "peertrain/core/error.h"

@@ -70,7 +70,7 @@ struct UnitShape {
 // cores, does every rank at each ring step or all-reduce inside it.
 struct Contention {
   double pass_s = 0;  // per pass
-  double sync_s = 0;  // per ring step or all-reduce phase inside a pass
+  double sync_s = 0;  // per ring step or all-reduce inside a pass
 };
 
 // Measured once per cache: the machine's communication inside a peer.
