@@ -122,7 +122,8 @@ def main():
             of_gemm.append(100 * o["gflops"] / o["eigen_gemm_gflops"])
             gemm.append(o["eigen_gemm_gflops"])
             side_by_side.runs.append(o)
-        return ours, theirs, speedup, of_gemm, gemm, t["framework"]
+        blas = f", OpenBLAS {t['blas']}" if t.get("blas") else ""
+        return ours, theirs, speedup, of_gemm, gemm, t["framework"] + blas
 
     # --- training steps -------------------------------------------------------------------
     print("training steps against PyTorch and Eigen's GEMM", flush=True)

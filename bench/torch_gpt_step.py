@@ -10,6 +10,7 @@ import json
 import statistics
 import time
 
+import torch_blas  # before torch: OpenBLAS reads its kernel choice at load
 import torch
 import torch.nn.functional as F
 
@@ -111,6 +112,7 @@ def main():
     ms = median_step_ms(step, args.warmup, args.steps, sync)
     print(json.dumps({
         "framework": f"torch {torch.__version__}" + (" compile" if args.compile else " eager"),
+        "blas": torch_blas.core(),
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
         "model": "gpt",

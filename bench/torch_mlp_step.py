@@ -6,6 +6,7 @@ steps. Prints one JSON object."""
 import argparse
 import json
 
+import torch_blas  # before torch: OpenBLAS reads its kernel choice at load
 import torch
 
 from torch_gpt_step import median_step_ms
@@ -45,6 +46,7 @@ def main():
     ms = median_step_ms(step, args.warmup, args.steps)
     print(json.dumps({
         "framework": f"torch {torch.__version__}",
+        "blas": torch_blas.core(),
         "model": "mlp",
         "widths": widths,
         "batch": args.batch,

@@ -8,6 +8,7 @@ warm-up first, median of the timed steps. Prints one JSON object."""
 import argparse
 import json
 
+import torch_blas  # before torch: OpenBLAS reads its kernel choice at load
 import torch
 import torch.nn.functional as F
 
@@ -62,6 +63,7 @@ def main():
     ms = median_step_ms(step, args.warmup, args.steps)
     print(json.dumps({
         "framework": f"torch {torch.__version__}",
+        "blas": torch_blas.core(),
         "model": "vit",
         "batch": args.batch,
         "threads": torch.get_num_threads(),
