@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <barrier>
 #include <chrono>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "peertrain/config.h"
 #include "peertrain/core/aligned.h"
 #include "peertrain/core/error.h"
+#include "peertrain/core/log.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/batch_slice.h"
 #include "peertrain/model/transformer_layout.h"
@@ -506,39 +508,58 @@ std::string Profiler::machine_key() {
              __VERSION__, " | ", PEERTRAIN_BUILD_FLAGS, executable_identity());
 }
 
+namespace {
+
+// A worker or thread count from a cache line's key; nullopt unless the whole key is one.
+std::optional<int> count_key(const std::string& key) {
+  int n = 0;
+  const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), n);
+  if (error != std::errc() || end != key.data() + key.size() || n < 1) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+// A cache is only a cache: a line it cannot read is named in a warning and left out, so
+// what it held is measured again and the next save() writes it back whole.
 void Profiler::load() {
   if (path_.empty()) return;
   std::ifstream in(path_);
   std::string line;
   if (!std::getline(in, line) || line != "machine\t" + machine_key()) return;  // another machine's or build's
-  while (std::getline(in, line)) {
+  for (int number = 2; std::getline(in, line); ++number) {
     std::istringstream row(line);
     std::string kind, key;
     std::getline(row, kind, '\t');
     std::getline(row, key, '\t');
+    bool read = false;
     if (kind == "unit") {
       UnitCost u;
       row >> u.forward_s >> u.backward_s >> u.backward_input_s >> u.backward_weight_s >> u.forward_cpu_s >>
           u.backward_cpu_s >> u.backward_input_cpu_s >> u.backward_weight_cpu_s >> u.activation_bytes >> u.stash_bytes;
-      if (row) units_[key] = u;
+      if ((read = static_cast<bool>(row))) units_[key] = u;
     } else if (kind == "machine") {
       row >> machine_.cores >> machine_.copy_bytes_per_s >> machine_.message_s >> machine_.pass_overhead_s;
       machine_known_ = static_cast<bool>(row);
       for (double x; row >> x;) machine_.slowdown.push_back(x);
       machine_known_ = machine_known_ && static_cast<int>(machine_.slowdown.size()) == 2 * machine_.cores;
+      read = machine_known_;
+      if (!read) machine_.slowdown.clear();
+    } else if (const std::optional<int> count = count_key(key); !count) {
+      read = false;
     } else if (kind == "overhead") {
       double s = 0;
-      row >> s;
-      if (row) machine_.step_overhead_s[std::stoi(key)] = s;
+      if ((read = static_cast<bool>(row >> s))) machine_.step_overhead_s[*count] = s;
     } else if (kind == "barrier") {
       double b = 0;
-      row >> b;
-      if (row) machine_.barrier_s[std::stoi(key)] = b;
+      if ((read = static_cast<bool>(row >> b))) machine_.barrier_s[*count] = b;
     } else if (kind == "handoff") {
       Contention k;
-      row >> k.pass_s >> k.sync_s;
-      if (row) machine_.contention[std::stoi(key)] = k;
+      if ((read = static_cast<bool>(row >> k.pass_s >> k.sync_s))) machine_.contention[*count] = k;
     }
+    if (!read)
+      log::warn("profile cache ", path_, " line ", number, ": cannot read '", line.substr(0, 80),
+                "'; left out, it will be measured again");
   }
 }
 

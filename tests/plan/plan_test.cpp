@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "peertrain/core/error.h"
@@ -325,6 +326,31 @@ TEST(Profiler, CacheReadsBackWhatItMeasured) {
   EXPECT_EQ(again.measured(), 0);
   EXPECT_NEAR(read.forward_s, first.forward_s, 1e-7 * first.forward_s);  // 9 significant digits in the file
   EXPECT_DOUBLE_EQ(read.activation_bytes, first.activation_bytes);
+  std::filesystem::remove(path);
+}
+
+// A damaged line of the cache is left out (and measured again), never a crash: a count that
+// is not a number, a number missing, an unknown kind. The good lines around them still count.
+TEST(Profiler, CacheSkipsLinesItCannotRead) {
+  const auto path = std::filesystem::temp_directory_path() / "peertrain_plan_test_damaged.tsv";
+  {
+    std::ofstream out(path);
+    out << "machine\t" << Profiler::machine_key() << "\n"
+        << "handoff\tfour\t1e-4 2e-4\n"     // key not a count: std::stoi threw here once
+        << "handoff\t4x\t1e-4 2e-4\n"       // trailing junk
+        << "barrier\t-2\t1e-5\n"            // not a count
+        << "handoff\t3\t1e-4\n"             // a number missing
+        << "overhead\t99999999999\t1e-3\n"  // out of range
+        << "whatever\t1\t2\n"               // unknown kind
+        << "handoff\t4\t1.5e-4 4.5e-4\n"    // good
+        << "barrier\t2\t3e-5\n";            // good
+  }
+  Profiler profiler(path.string(), 1);
+  const Contention* four = profiler.contention(4);
+  ASSERT_NE(four, nullptr);
+  EXPECT_DOUBLE_EQ(four->pass_s, 1.5e-4);
+  EXPECT_DOUBLE_EQ(four->sync_s, 4.5e-4);
+  EXPECT_EQ(profiler.contention(3), nullptr);
   std::filesystem::remove(path);
 }
 
