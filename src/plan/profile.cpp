@@ -403,9 +403,21 @@ MachineCosts measure_machine() {
     for (auto& th : pool) th.join();
     return median(per);
   };
-  const double alone = block_cpu_s(1);
+  // The host's speed drifts while this runs (on a shared host, other tenants' use of its
+  // caches and memory): one measurement alone, taken once, set every ratio, and a slow
+  // moment there or a fast one later skewed them all, by 24 % once. So each count is
+  // measured in rounds, each beside a fresh measurement alone, and the median ratio kept.
   // Company cannot make a thread faster: a figure below 1 is this machine's noise.
-  for (int n = 1; n <= 2 * m.cores; ++n) m.slowdown.push_back(n == 1 ? 1.0 : std::max(1.0, block_cpu_s(n) / alone));
+  constexpr int kRounds = 5;
+  m.slowdown.push_back(1.0);
+  for (int n = 2; n <= 2 * m.cores; ++n) {
+    std::vector<double> ratios;
+    for (int r = 0; r < kRounds; ++r) {
+      const double alone = block_cpu_s(1);
+      ratios.push_back(block_cpu_s(n) / alone);
+    }
+    m.slowdown.push_back(std::max(1.0, median(ratios)));
+  }
   m.pass_overhead_s = measure_pass_overhead();
   return m;
 }
