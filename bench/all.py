@@ -355,7 +355,17 @@ in ~0.27 ms, about 50 GB/s. An AVX-512 version of the update measured the same, 
 2.7 MB memcpy measured 31 GB/s, so the update runs at this core's cache bandwidth.
 Forward and backward alone run at about 95 % of Eigen's GEMM rate. The step reaches 90 %
 only if the update leaves its own pass: fused into the weight gradient's stores, which
-needs the optimizer inside the backward.
+needs the optimizer inside the backward. Stepping each layer's slice right after its
+weight gradient, while that gradient is still in L2, measured the same as the separate
+pass (3.41–3.53 ms against 3.42–3.53 over four alternating runs of 1,500 steps, on an
+Emerald Rapids host with a 260 MB L3), so only the fusion into the stores is left to try.
+
+**PyTorch's BLAS.** Debian's OpenBLAS 0.3.21 does not know CPUs newer than Sapphire Rapids
+and falls back to its Prescott (SSE3) kernels, which made torch's MLP step 16.9 ms instead
+of 5.5 ms on an Emerald Rapids host (model 207). `bench/torch_blas.py`, imported by the
+PyTorch scripts before torch, then sets `OPENBLAS_CORETYPE` to the newest AVX-512 kernels
+that OpenBLAS has (Cooperlake, or SkylakeX without AVX512-BF16), and the PyTorch column
+names the kernels it ran.
 
 The GPU figures (an NVIDIA H200, on a device session) are in
 [docs/kernels.md](kernels.md); they need a GPU and are not rerun here.
