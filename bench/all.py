@@ -64,6 +64,16 @@ def met(value, target, at_least=True):
     return "yes" if (value >= target if at_least else value <= target) else "**no**"
 
 
+def met_against(value, target, limits, spread=1.15):
+    """met() for a figure taken as a share of a limit measured in the same runs (Eigen's
+    GEMM rate): when that limit itself moved by more than `spread` across the runs, the
+    machine was not quiet and a "yes" may be the limit's slow run, so it says so instead."""
+    verdict = met(value, target)
+    if verdict == "yes" and max(limits) > spread * min(limits):
+        return f"unsure: the limit moved {min(limits):.0f}–{max(limits):.0f} in this run"
+    return verdict
+
+
 def guarded(table, area, quantity):
     """Decorator: a benchmark that raises becomes one row saying why."""
     def wrap(fn):
@@ -133,20 +143,20 @@ def main():
         ours, theirs, speedup, of_gemm, gemm, framework = side_by_side(
             "mlp", "torch_mlp_step.py", batch=128, threads=1, steps=50 if quick else 200)
         table.add("step", "MLP step, % of Eigen's float GEMM rate (1 thread)", f"{stat(of_gemm, '{:.0f}')} %",
-                  f"GEMM {stat(gemm, '{:.0f}')} GFLOP/s", "—", "≥ 90 %", met(statistics.median(of_gemm), 90))
+                  f"GEMM {stat(gemm, '{:.0f}')} GFLOP/s", "—", "≥ 90 %", met_against(statistics.median(of_gemm), 90, gemm))
         table.add("step", "MLP step vs PyTorch CPU (784-512-512-10, batch 128, 1 thread)",
                   f"{stat(ours, '{:.2f}')} ms", f"{framework} {stat(theirs, '{:.2f}')} ms",
                   f"{stat(speedup)}×", "report", "—")
 
     @guarded(table, "step", "GPT d128 L4 T256, batch 8, 1 thread")
     def gpt():
-        ours, theirs, speedup, of_limit, _, framework = side_by_side(
+        ours, theirs, speedup, of_limit, gemm, framework = side_by_side(
             "gpt", "torch_gpt_step.py", batch=8, threads=1, steps=5 if quick else 20, warmup=2)
         table.add("step", "GPT step vs PyTorch CPU (d128 L4 H4 T256, batch 8, 1 thread), each run",
                   f"{stat(ours, '{:.1f}')} ms", f"{framework} {stat(theirs, '{:.1f}')} ms",
                   f"{stat(speedup)}×", "≥ 2.5× in every run", met(min(speedup), 2.5))
         table.add("step", "GPT step, % of the GEMM-bound limit (its FLOPs at Eigen's GEMM rate)",
-                  f"{stat(of_limit, '{:.0f}')} %", "100 %", "—", "≥ 80 %", met(statistics.median(of_limit), 80))
+                  f"{stat(of_limit, '{:.0f}')} %", "100 %", "—", "≥ 80 %", met_against(statistics.median(of_limit), 80, gemm))
         # The bytes the step moves outside its GEMMs and attention, at the memcpy rate: with
         # the FLOPs at the GEMM rate, the time the step cannot go below without fusing those
         # passes into the GEMMs.
