@@ -42,7 +42,7 @@ print(f"GPT {ours['shape']} training step, batch {ours['batch']}, {ours['threads
 print(f"{'':22}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}")
 for name, r in (("peertrain", ours), (theirs["framework"] + " CPU", theirs)):
     print(f"{name:22}{r['ms_per_step']:10.2f}{r['tokens_per_s']:12.0f}{flops / r['ms_per_step'] / 1e6:10.1f}")
-print(f"torch's BLAS: OpenBLAS {theirs.get('blas', 'unknown')}")
+print(f"torch's BLAS: {theirs.get('blas', 'unknown')}")
 print(f"speed-up              {theirs['ms_per_step'] / ours['ms_per_step']:.2f}x (target: at least 2.5x in every run)")
 print(f"Eigen GEMM {ours['eigen_gemm_size']}^3        {ours['eigen_gemm_gflops']:.1f} GFLOP/s "
       f"(peertrain's step runs at {100 * ours['gflops'] / ours['eigen_gemm_gflops']:.0f}% of it)")

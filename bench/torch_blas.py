@@ -7,8 +7,9 @@ allows. Measuring peertrain against that would flatter it. So when OPENBLAS_CORE
 not already set and OpenBLAS's own choice is a generic core on an AVX-512 machine, this
 sets OPENBLAS_CORETYPE to the newest AVX-512 kernels this OpenBLAS has (Cooperlake where the
 CPU has AVX512-BF16, else SkylakeX). OpenBLAS reads the variable when torch loads it, hence
-"before torch". `core()` says which kernels were used, for the report.
+"before torch". `core()` says which kernels torch's OpenBLAS runs, for the report.
 """
+import ctypes
 import os
 import re
 import subprocess
@@ -50,12 +51,34 @@ if "OPENBLAS_CORETYPE" not in os.environ:
         os.environ["OPENBLAS_CORETYPE"] = "COOPERLAKE" if "avx512_bf16" in flags else "SKYLAKEX"
 
 
+def _loaded_openblas_core():
+    """The core that the OpenBLAS loaded in this process runs, from openblas_get_corename();
+    None when no OpenBLAS is loaded here (torch on MKL, say) or it cannot be asked."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)  # already mapped: the same instance torch uses
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
 def core():
-    """The OpenBLAS kernels torch runs with, e.g. "SkylakeX", or "Cooperlake (forced: OpenBLAS
-    picked Prescott)"."""
+    """The BLAS kernels torch runs with, asked of the OpenBLAS in this process (call it after
+    importing torch), e.g. "OpenBLAS Cooperlake (forced: OpenBLAS picked Prescott)"; "not OpenBLAS"
+    when torch did not load one."""
+    running = _loaded_openblas_core()
+    if running is None:
+        return "not OpenBLAS"
     forced = os.environ.get("OPENBLAS_CORETYPE")
     if forced and _detected:
-        return f"{forced.capitalize()} (forced: OpenBLAS picked {_detected})"
+        return f"OpenBLAS {running} (forced: OpenBLAS picked {_detected})"
     if forced:
-        return f"{forced} (OPENBLAS_CORETYPE)"
-    return _detected or "unknown"
+        return f"OpenBLAS {running} (OPENBLAS_CORETYPE={forced})"
+    return f"OpenBLAS {running}"

@@ -408,11 +408,13 @@ MachineCosts measure_machine() {
   // moment there or a fast one later skewed them all, by 24 % once. So each count is
   // measured in rounds, each beside a fresh measurement alone, and the median ratio kept.
   // Company cannot make a thread faster: a figure below 1 is this machine's noise.
+  // Beyond 8 threads one round: a many-core machine would otherwise spend most of its
+  // calibration here, and its per-thread noise averages over the threads anyway.
   constexpr int kRounds = 5;
   m.slowdown.push_back(1.0);
   for (int n = 2; n <= 2 * m.cores; ++n) {
     std::vector<double> ratios;
-    for (int r = 0; r < kRounds; ++r) {
+    for (int r = 0; r < (n <= 8 ? kRounds : 1); ++r) {
       const double alone = block_cpu_s(1);
       ratios.push_back(block_cpu_s(n) / alone);
     }

@@ -337,20 +337,24 @@ TEST(Profiler, CacheSkipsLinesItCannotRead) {
     std::ofstream out(path);
     out << "machine\t" << Profiler::machine_key() << "\n"
         << "handoff\tfour\t1e-4 2e-4\n"     // key not a count: std::stoi threw here once
-        << "handoff\t4x\t1e-4 2e-4\n"       // trailing junk
-        << "barrier\t-2\t1e-5\n"            // not a count
+        << "handoff\t4\t1.5e-4 4.5e-4\n"    // good
+        << "handoff\t4x\t1e-4 2e-4\n"       // trailing junk: must not overwrite 4
+        << "handoff\t0\t1e-4 2e-4\n"        // not a positive count
+        << "handoff\t-2\t1e-4 2e-4\n"       // nor this
         << "handoff\t3\t1e-4\n"             // a number missing
         << "overhead\t99999999999\t1e-3\n"  // out of range
         << "whatever\t1\t2\n"               // unknown kind
-        << "handoff\t4\t1.5e-4 4.5e-4\n"    // good
-        << "barrier\t2\t3e-5\n";            // good
+        << "handoff\t6\t2e-4 5e-4\n";       // good, after the damage
   }
   Profiler profiler(path.string(), 1);
   const Contention* four = profiler.contention(4);
   ASSERT_NE(four, nullptr);
   EXPECT_DOUBLE_EQ(four->pass_s, 1.5e-4);
   EXPECT_DOUBLE_EQ(four->sync_s, 4.5e-4);
-  EXPECT_EQ(profiler.contention(3), nullptr);
+  for (int left_out : {0, -2, 3}) EXPECT_EQ(profiler.contention(left_out), nullptr) << left_out;
+  const Contention* six = profiler.contention(6);
+  ASSERT_NE(six, nullptr);
+  EXPECT_DOUBLE_EQ(six->sync_s, 5e-4);
   std::filesystem::remove(path);
 }
 
