@@ -143,7 +143,8 @@ def main():
         ours, theirs, speedup, of_gemm, gemm, framework = side_by_side(
             "mlp", "torch_mlp_step.py", batch=128, threads=1, steps=50 if quick else 200)
         table.add("step", "MLP step, % of Eigen's float GEMM rate (1 thread)", f"{stat(of_gemm, '{:.0f}')} %",
-                  f"GEMM {stat(gemm, '{:.0f}')} GFLOP/s", "—", "≥ 90 %", met_against(statistics.median(of_gemm), 90, gemm))
+                  f"GEMM {stat(gemm, '{:.0f}')} GFLOP/s", "—", "≥ 90 %",
+                  met_against(statistics.median(of_gemm), 90, gemm))
         table.add("step", "MLP step vs PyTorch CPU (784-512-512-10, batch 128, 1 thread)",
                   f"{stat(ours, '{:.2f}')} ms", f"{framework} {stat(theirs, '{:.2f}')} ms",
                   f"{stat(speedup)}×", "report", "—")
@@ -156,7 +157,8 @@ def main():
                   f"{stat(ours, '{:.1f}')} ms", f"{framework} {stat(theirs, '{:.1f}')} ms",
                   f"{stat(speedup)}×", "≥ 2.5× in every run", met(min(speedup), 2.5))
         table.add("step", "GPT step, % of the GEMM-bound limit (its FLOPs at Eigen's GEMM rate)",
-                  f"{stat(of_limit, '{:.0f}')} %", "100 %", "—", "≥ 80 %", met_against(statistics.median(of_limit), 80, gemm))
+                  f"{stat(of_limit, '{:.0f}')} %", "100 %", "—", "≥ 80 %",
+                  met_against(statistics.median(of_limit), 80, gemm))
         # The bytes the step moves outside its GEMMs and attention, at the memcpy rate: with
         # the FLOPs at the GEMM rate, the time the step cannot go below without fusing those
         # passes into the GEMMs.

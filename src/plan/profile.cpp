@@ -560,7 +560,7 @@ void Profiler::load() {
       read = machine_known_;
       if (!read) machine_.slowdown.clear();
     } else if (const std::optional<int> count = count_key(key); !count) {
-      read = false;
+      // not a count: left out
     } else if (kind == "overhead") {
       double s = 0;
       if ((read = static_cast<bool>(row >> s))) machine_.step_overhead_s[*count] = s;
