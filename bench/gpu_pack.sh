@@ -7,7 +7,7 @@
 #   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DPEERTRAIN_NATIVE=OFF \
 #         -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DPEERTRAIN_CUDA=ON
 #   cmake --build build-gpu --target peertrain kernels_cuda_test device_cuda_test nccl_group_test kernels_bench
-#   bench/gpu_pack.sh [BUILD_DIR]      then bench/gpu_session.sh runs there
+#   bench/gpu_pack.sh [BUILD_DIR]      then, with carry [".gpupack"], bench/gpu_session.sh there
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,4 +32,9 @@ cp -r /usr/share/games/fortunes "$dest/fortunes"
 # The C library too, used only where the device's is older than the one built against.
 mkdir -p "$dest/glibc"
 for lib in ld-linux-x86-64.so.2 libc.so.6 libm.so.6; do cp -L "/lib/x86_64-linux-gnu/$lib" "$dest/glibc/"; done
-du -sh "$dest"
+# The repository and the pack travel together under run's 64 MiB: the pack goes compressed
+# (.gpupack/gpu.tar.xz, about a quarter of its size); gpu_session.sh unpacks it there.
+grep -qx '/.gpupack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpupack/' >>"$root/.git/info/exclude"
+mkdir -p "$root/.gpupack"
+tar -C "$root" -cJf "$root/.gpupack/gpu.tar.xz" .gpu
+du -sh "$dest" "$root/.gpupack/gpu.tar.xz"

@@ -6,7 +6,10 @@
 # tests, then the figures (kernels_bench: every kernel against the card's bandwidth and
 # attention against the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and
 # compiled, and with the optimizer on the host; `profile`, only when named: Nsight Compute's
-# device time per kernel over one step). Runs the programs bench/gpu_pack.sh put in .gpu/.
+# device time per kernel over one step; `profattn`, only when named: the same for each
+# tensor-core attention tiling); `sanitize` runs memcheck over the kernel tests and
+# racecheck over the tensor-core attention's. Runs the programs bench/gpu_pack.sh put in
+# .gpu/ (unpacking .gpupack/gpu.tar.xz first where only that travelled).
 # Logs go to $OUT (or /tmp/gpu-out): session.log holds everything, summary.txt one line per
 # step.
 #   bench/gpu_session.sh [STEP...]      (default: every step)
@@ -22,9 +25,10 @@ log=$out/session.log summary=$out/summary.txt
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(kernels device nccl cli sanitize bench step)
 for s in "${steps[@]}"; do
-  [[ " kernels device nccl cli sanitize bench step profile " == *" $s "* ]] ||
-    { echo "error: unknown step '$s' (kernels device nccl cli sanitize bench step profile)" >&2; exit 2; }
+  [[ " kernels device nccl cli sanitize bench step profile profattn " == *" $s "* ]] ||
+    { echo "error: unknown step '$s' (kernels device nccl cli sanitize bench step profile profattn)" >&2; exit 2; }
 done
+[[ -x $gpu/peertrain || ! -f $root/.gpupack/gpu.tar.xz ]] || tar -C "$root" -xJf "$root/.gpupack/gpu.tar.xz"
 [[ -x $gpu/peertrain ]] || { echo "error: $gpu/peertrain is missing: run bench/gpu_pack.sh first" >&2; exit 1; }
 
 # The device's own CUDA libraries (cuBLAS, NCCL, the runtime), wherever its image keeps them.
@@ -69,11 +73,17 @@ want device && step device 90 "$bin/device_cuda_test" --gtest_brief=1
 want nccl && step nccl 90 "$bin/nccl_group_test" --gtest_brief=1
 want cli && step cli 120 env PEERTRAIN="$bin/peertrain" bash "$root/tests/cli/gpu_cli_test.sh" "$root"
 want sanitize && command -v compute-sanitizer >/dev/null &&
-  step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1
+  step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1 &&
+  # Shared-memory hazards of the tensor-core attention (cp.async buffers, barriers), every tiling.
+  step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1 \
+    --gtest_filter='*TensorCore*:*Tiling*'
 want bench && step bench 60 "$bin/kernels_bench"
 want step && step step 120 env PEERTRAIN="$bin/peertrain" PYTHON=python3 bash "$root/bench/compare_gpt_step_gpu.sh"
 # The same step with the optimizer on the host (the gradient comes out, AdamW on the CPU).
 want step && step hoststep 60 "$bin/peertrain" bench step --model gpt --device cuda --optimizer-on host --batch 32 --steps 50
+# BF16 GEMMs, and the forward attention on the tensor cores (the backward stays FP32).
+want step && step bf16step 60 "$bin/peertrain" bench step --model gpt --device cuda --gemm-precision bf16 --batch 32 \
+  --steps 50
 # Where one GPT step's device time goes, kernel by kernel (Nsight Compute, one step after a
 # warm-up; each kernel timed alone, so the sum is the device's busy time, not the step's).
 if want profile && command -v ncu >/dev/null; then
@@ -93,6 +103,18 @@ print(f"device time by kernel over the profiled steps: {sum(total.values()):.0f}
 for key, us in total.most_common(18):
     print(f"  {us:9.1f} us  {count[key]:4d}x  {key}")
 PY
+fi
+# Why the tensor-core attention runs at the rate it does (Nsight Compute, each tiling once
+# at T 4096, D 64; only when named): throughput, occupancy, scheduler and warp stalls.
+if want profattn && command -v ncu >/dev/null; then
+  step profattn 120 ncu --clock-control none --kernel-name regex:'attention_forward_(mma|wgmma)' \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+    --section SchedulerStats --section WarpStateStats "$gpu/kernels_bench" --profile-tilings
+  stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
+    short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle dispatch_stall not_selected selected membar \
+    no_instruction branch_resolving math math_pipe_throttle misc sleeping drain imc_miss tex_throttle)
+  step stalls 120 ncu --clock-control none --kernel-name regex:'attention_forward_(mma|wgmma)' \
+    --metrics "${stalls%,}" "$gpu/kernels_bench" --profile-tilings
 fi
 # The figures and failures, last, where the call's output tail shows them.
 grep -E '^\[  FAILED|FAIL |vs cpu:|TFLOP/s|GB/s|ms/step|speed-up|peak|ERROR SUMMARY|error:|^rows|^step |^of which' "$log" | head -80

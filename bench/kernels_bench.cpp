@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -71,10 +72,13 @@ double cublas_bf16_tflops(int n) {
   cudaMemcpy(a, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
   cudaMemcpy(b, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
   const float alpha = 1, beta = 0;
-  const double s = seconds_per_call([&] {
-    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c,
-                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  });
+  // C in BF16 (what PyTorch's bf16 matmul writes) and in FP32; the faster is the limit.
+  double s = 1e30;
+  for (cudaDataType c_type : {CUDA_R_16BF, CUDA_R_32F})
+    s = std::min(s, seconds_per_call([&] {
+                   cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                                &beta, c, c_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                 }));
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
@@ -82,17 +86,80 @@ double cublas_bf16_tflops(int n) {
   return 2.0 * n * n * n / s / 1e12;
 }
 
+// The tensor-core forward's tilings side by side at the target shape (T 4096, D 64), the
+// whole call and the attention kernel alone (the FP32 → BF16 operand pass timed apart).
+// once: each tiling's kernel runs once, untimed, full mask only (for a profiler).
+void compare_tilings(double bf16, bool once) {
+  {
+    const int rows = 128, tokens = 4096, head_dim = 64;
+    const std::size_t size = static_cast<std::size_t>(rows) * tokens * head_dim;
+    auto q = random_device(size, 30), k = random_device(size, 31), v = random_device(size, 32);
+    DeviceArray<float> out(size), lse(static_cast<std::size_t>(rows) * tokens);
+    std::vector<int> positions(tokens);
+    std::iota(positions.begin(), positions.end(), 0);
+    DeviceArray<int> pos(tokens);
+    copy_to_device(pos.data(), positions.data(), sizeof(int) * tokens, {});
+    std::printf("\ntensor-core forward tilings, rows %d T %d D %d (instruction, warps, queries and keys per block)\n",
+                rows, tokens, head_dim);
+    std::printf("%-40s %-6s %12s %12s %12s %12s\n", "tiling", "mask", "whole TF/s", "kernel TF/s", "whole/GEMM",
+                "kernel/GEMM");
+    for (bool causal : {false, true}) {
+      if (once && causal) break;
+      const AttentionDims dims{.rows = rows, .tq = tokens, .tk = tokens, .head_dim = head_dim, .causal = causal};
+      const double flops = 4.0 * rows * tokens * tokens * head_dim * (causal ? 0.5 : 1.0);
+      const double operands = seconds_per_call([&] {
+        attention_forward_tiled({}, dims, attention_default_tiling(), true, q.data(), pos.data(), k.data(), v.data(),
+                                pos.data(), out.data(), lse.data());
+      });
+      for (std::size_t t = 0; t < attention_tilings().size(); ++t) {
+        const AttentionTiling tiling = attention_tilings()[t];
+        if (once) {
+          if (tiling.instruction == TensorCoreInstruction::kWgmma &&
+              attention_tilings()[attention_default_tiling()].instruction != TensorCoreInstruction::kWgmma)
+            continue;
+          attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
+                                  lse.data());
+          synchronize({});
+          continue;
+        }
+        const double whole = seconds_per_call([&] {
+          attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
+                                  lse.data());
+        });
+        if (tiling.instruction == TensorCoreInstruction::kWgmma &&
+            attention_tilings()[attention_default_tiling()].instruction != TensorCoreInstruction::kWgmma)
+          continue;  // this device runs no wgmma
+        char name[64];
+        std::snprintf(name, sizeof name, "%s %dw %dq %dk%s",
+                      tiling.instruction == TensorCoreInstruction::kWgmma ? "wgmma" : "mma.sync", tiling.warps,
+                      tiling.queries, tiling.key_tile, t == attention_default_tiling() ? " (used)" : "");
+        const double whole_tf = flops / whole / 1e12, kernel_tf = flops / (whole - operands) / 1e12;
+        std::printf("%-40s %-6s %12.1f %12.1f %11.1f%% %11.1f%%\n", name, causal ? "causal" : "full", whole_tf,
+                    kernel_tf, 100 * whole_tf / bf16, 100 * kernel_tf / bf16);
+      }
+      std::printf("operand pass (FP32 -> BF16, V transposed): %.1f us\n", operands * 1e6);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  if (argc > 1 && !quick) {
-    std::printf("usage: kernels_bench [--quick]\n  times every kernel on GPU 0 against its roofline\n");
+  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile-tilings") == 0;
+  if (argc > 1 && !quick && !profile) {
+    std::printf(
+        "usage: kernels_bench [--quick | --profile-tilings]\n  times every kernel on GPU 0 against its roofline;\n"
+        "  --profile-tilings runs each tensor-core attention tiling once (T 4096, D 64), for a profiler\n");
     return std::strcmp(argv[1], "--help") == 0 ? 0 : 2;
   }
   if (device_count() == 0) {
     std::fprintf(stderr, "error: kernels_bench: no CUDA device\n");
     return 1;
+  }
+  if (profile) {
+    compare_tilings(0, true);
+    return 0;
   }
   const double bandwidth = peak_bandwidth_gbs();
   std::printf("device: %s, DRAM %.0f GB/s (theoretical)\n", device_name(0).c_str(), bandwidth);
@@ -199,6 +266,7 @@ int main(int argc, char** argv) {
         std::printf("%-34s %12.2f %12.2f %12.2f %13.1f%%\n", shape, fwd_tflops, tc_tflops, bwd_tflops,
                     100 * tc_tflops / bf16);
       }
+  compare_tilings(bf16, false);
   std::printf("\npeak device memory held by this process: %.1f MiB\n",
               static_cast<double>(peak_allocated_bytes()) / (1 << 20));
   return 0;

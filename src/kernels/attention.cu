@@ -275,26 +275,45 @@ void backward_typed(Stream stream, const AttentionDims& dims, float scale, const
 
 float score_scale(int head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
 
-}  // namespace
-
-bool attention_supports(int head_dim) { return head_dim == 16 || head_dim == 32 || head_dim == 64; }
-
-void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions, const float* k,
-                       const float* v, const int* k_positions, float* out, float* lse) {
+// Checks the shape; answers the shapes with nothing to compute (true when it did).
+bool forward_trivially(Stream stream, const AttentionDims& dims, float* out, float* lse) {
   check_dims(dims, "attention_forward");
-  if (dims.rows == 0 || dims.tq == 0) return;
+  if (dims.rows == 0 || dims.tq == 0) return true;
   if (dims.tk == 0) {  // nothing to attend to: out 0, lse −inf, as for a fully masked query
     const std::size_t count = static_cast<std::size_t>(dims.rows) * dims.tq;
     zero(out, sizeof(float) * count * dims.head_dim, stream);
     PT_LAUNCH(fill_kernel, detail::grid_for(count, 256), 256, 0, stream, count, -INFINITY, lse);
     detail::check_launch("attention_forward (empty key block)");
-    return;
+    return true;
   }
-  const float scale = score_scale(dims.head_dim);
+  return false;
+}
+
+}  // namespace
+
+bool attention_supports(int head_dim) { return head_dim == 16 || head_dim == 32 || head_dim == 64; }
+
+std::span<const AttentionTiling> attention_tilings() { return detail::attention_tilings(); }
+
+std::size_t attention_default_tiling() { return detail::default_attention_tiling(); }
+
+void attention_forward_tiled(Stream stream, const AttentionDims& dims, std::size_t tiling, bool operands_only,
+                             const float* q, const int* q_positions, const float* k, const float* v,
+                             const int* k_positions, float* out, float* lse) {
+  if (forward_trivially(stream, dims, out, lse)) return;
+  detail::attention_forward_bf16(stream, dims, score_scale(dims.head_dim), tiling, operands_only, q, q_positions, k, v,
+                                 k_positions, out, lse);
+}
+
+void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions, const float* k,
+                       const float* v, const int* k_positions, float* out, float* lse) {
   if (dims.precision == AttentionPrecision::kBf16) {
-    detail::attention_forward_bf16(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+    attention_forward_tiled(stream, dims, detail::default_attention_tiling(), false, q, q_positions, k, v, k_positions,
+                            out, lse);
     return;
   }
+  if (forward_trivially(stream, dims, out, lse)) return;
+  const float scale = score_scale(dims.head_dim);
   switch (dims.head_dim) {
     case 16:
       forward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);

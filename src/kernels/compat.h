@@ -20,6 +20,9 @@
   kernel<<<(grid), (block), (shared_bytes), static_cast<cudaStream_t>((stream).handle)>>>(__VA_ARGS__)
 #define PT_SHFL_XOR(value, lane_mask) __shfl_xor_sync(0xffffffffu, (value), (lane_mask))
 #define PT_SYNCWARP() __syncwarp()
+// Unrolls a loop of constant trip count, so that register arrays indexed by its counter
+// stay in registers (a run-time index would move them to local memory).
+#define PT_UNROLL _Pragma("unroll")
 
 namespace peertrain::kernels::detail {
 // Throws peertrain::Error naming the kernel when its launch failed (bad configuration,
@@ -34,6 +37,7 @@ void check_launch(const char* kernel);
   ((void)(stream), ::peertrain::kernels::emulator::launch(dim3(grid), dim3(block), (shared_bytes), kernel, __VA_ARGS__))
 #define PT_SHFL_XOR(value, lane_mask) ::peertrain::kernels::emulator::shfl_xor((value), (lane_mask))
 #define PT_SYNCWARP() ::peertrain::kernels::emulator::syncwarp()
+#define PT_UNROLL
 
 namespace peertrain::kernels::detail {
 inline void check_launch(const char*) {}

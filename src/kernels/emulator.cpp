@@ -17,6 +17,7 @@ namespace peertrain::kernels::emulator {
 namespace {
 
 constexpr unsigned kWarp = 32;
+constexpr unsigned kWarpgroup = 128;
 
 // What the threads of the block now running share.
 struct BlockState {
@@ -24,11 +25,14 @@ struct BlockState {
       : block_barrier(threads), slots(threads), mma_slots(threads), dynamic(shared_bytes) {
     for (unsigned first = 0; first < threads; first += kWarp)
       warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(kWarp, threads - first)));
+    for (unsigned first = 0; first + kWarpgroup <= threads; first += kWarpgroup)
+      warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(kWarpgroup));
   }
   std::barrier<> block_barrier;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
   std::vector<std::uint32_t> slots;  // one per thread, for shuffles
   std::vector<std::array<std::uint32_t, 6>> mma_slots;  // one per thread: its a and b fragments
+  std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barriers;
   std::vector<std::byte> dynamic;
 };
 
@@ -43,6 +47,63 @@ struct PendingCopy {
 thread_local std::vector<PendingCopy> open_copies;
 thread_local std::deque<std::vector<PendingCopy>> committed_copies;
 thread_local unsigned linear_thread = 0;
+
+// This thread's wgmma operations, grouped as its cp.async copies are.
+struct PendingWgmma {
+  float* d;
+  int n;
+  std::array<std::uint32_t, 4> a;
+  std::uint64_t descriptor;
+  const std::byte* shared_base;
+  bool accumulate;
+};
+thread_local const std::byte* wgmma_base = nullptr;
+thread_local std::vector<PendingWgmma> open_wgmma;
+thread_local std::deque<std::vector<PendingWgmma>> committed_wgmma;
+
+float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t widened = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof value);
+  return value;
+}
+
+// One wgmma, performed by every thread of the warpgroup together: each posts its A
+// fragment, then computes its own accumulators.
+void perform_wgmma(const PendingWgmma& op) {
+  const unsigned warpgroup = linear_thread / kWarpgroup, first = warpgroup * kWarpgroup;
+  std::barrier<>& barrier = *current->warpgroup_barriers[warpgroup];
+  current->mma_slots[linear_thread] = {op.a[0], op.a[1], op.a[2], op.a[3], 0u, 0u};
+  barrier.arrive_and_wait();
+  // The descriptor: start address, leading (along K) and stride (along N) byte offsets,
+  // each in 16-byte units; no swizzle and no base offset are modelled.
+  const std::uint64_t desc = op.descriptor;
+  PEERTRAIN_CHECK((desc >> 49) == 0, "wgmma: the emulator models unswizzled operands only");
+  const std::size_t start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4,
+                    sbo = ((desc >> 32) & 0x3fffu) << 4;
+  auto b = [&](unsigned k, unsigned n) {  // core matrices of 8 rows (n) × 8 BF16s (k)
+    std::uint16_t bits;
+    std::memcpy(&bits, op.shared_base + start + (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2,
+                sizeof bits);
+    return bf16_to_float(bits);
+  };
+  const unsigned in_group = linear_thread % kWarpgroup, warp = in_group / kWarp, lane = in_group % kWarp;
+  auto a = [&](unsigned row, unsigned k) {  // row of the warp's 16, as mma.m16n8k16's A
+    const std::uint32_t bits =
+        current->mma_slots[first + warp * kWarp + (row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+    return bf16_to_float(static_cast<std::uint16_t>(k % 2 == 0 ? bits : bits >> 16));
+  };
+  const unsigned group = lane / 4, pair = lane % 4;
+  for (int nt = 0; nt < op.n / 8; ++nt)
+    for (unsigned i = 0; i < 4; ++i) {
+      const unsigned row = group + 8 * (i / 2), n = static_cast<unsigned>(nt) * 8 + 2 * pair + i % 2;
+      float sum = 0.0f;
+      for (unsigned k = 0; k < 16; ++k) sum += a(row, k) * b(k, n);
+      float& d = op.d[nt * 4 + i];
+      d = (op.accumulate ? d : 0.0f) + sum;
+    }
+  barrier.arrive_and_wait();  // nobody overwrites a slot before every thread has read it
+}
 
 // Function-static __shared__ variables are one per kernel, not per block: blocks of two
 // launches must never overlap.
@@ -128,6 +189,27 @@ void copy_async_wait(int in_flight) {
   }
 }
 
+void wgmma_shared_base(const void* base) { wgmma_base = static_cast<const std::byte*>(base); }
+
+void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descriptor, bool accumulate) {
+  PEERTRAIN_CHECK(current != nullptr && wgmma_base != nullptr, "wgmma outside a kernel or without a shared base");
+  PEERTRAIN_CHECK(linear_thread / kWarpgroup < current->warpgroup_barriers.size(), "wgmma needs a whole warpgroup");
+  PEERTRAIN_CHECK(n % 8 == 0 && n >= 8 && n <= 256, "wgmma: n ", n);
+  open_wgmma.push_back({d, n, {a[0], a[1], a[2], a[3]}, descriptor, wgmma_base, accumulate});
+}
+
+void wgmma_commit() {
+  committed_wgmma.push_back(std::move(open_wgmma));
+  open_wgmma.clear();
+}
+
+void wgmma_wait(int in_flight) {
+  while (committed_wgmma.size() > static_cast<std::size_t>(in_flight)) {
+    for (const PendingWgmma& op : committed_wgmma.front()) perform_wgmma(op);
+    committed_wgmma.pop_front();
+  }
+}
+
 void* dynamic_shared() { return current != nullptr ? current->dynamic.data() : nullptr; }
 
 void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
@@ -151,6 +233,8 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
             body();
             PEERTRAIN_CHECK(open_copies.empty() && committed_copies.empty(),
                             "a thread ended its block with cp.async copies it never waited for");
+            PEERTRAIN_CHECK(open_wgmma.empty() && committed_wgmma.empty(),
+                            "a thread ended its block with wgmma operations it never waited for");
             // Every thread, also one that returned early, waits here for the block to end.
             state.block_barrier.arrive_and_wait();
           }

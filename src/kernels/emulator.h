@@ -59,6 +59,18 @@ void copy_async(void* shared, const void* global, std::size_t bytes);
 void copy_async_commit();
 void copy_async_wait(int in_flight);
 
+// Hopper's wgmma.mma_async (BF16 in, FP32 accumulators, A from registers, B a K-major
+// operand in shared memory without swizzle) over the 128 threads of a warpgroup:
+// d (n/8 × 4 floats per thread, the m64nN accumulator layout) = A·B, + d when accumulate.
+// As on a device the product is asynchronous: issued here, performed by the wgmma_wait
+// that retires its group, so a kernel that reads d, or rewrites B's shared memory, before
+// that wait sees what a device could show it. The descriptor's address is an offset from
+// the shared base last given to wgmma_shared_base.
+void wgmma_shared_base(const void* base);
+void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descriptor, bool accumulate);
+void wgmma_commit();
+void wgmma_wait(int in_flight);
+
 // Runs body once per CUDA thread of every block of the grid. shared_bytes of dynamic
 // shared memory are reachable through dynamic_shared().
 void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body);

@@ -264,51 +264,87 @@ TEST(Kernels, AttentionMatchesLocalAttention) {
   }
 }
 
-// The tensor-core forward (BF16 operands, FP32 sums) against model::LocalAttention in
-// FP32: every output written (the buffers start as NaN), partial query and key tiles,
-// causal and not, every head_dim; the FP32 backward then runs on its lse.
+// The tensor-core forward (BF16 operands, FP32 sums) with tiling `tiling` against
+// model::LocalAttention in FP32: every output written (the buffers start as NaN); the FP32
+// backward then runs on its lse.
+void check_tensor_core_forward(const AttentionCase& c, std::size_t tiling) {
+  SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " T " << c.tokens << " head_dim " << c.head_dim
+                                    << " causal " << c.causal << " tiling " << tiling);
+  const std::size_t size = std::size_t(c.rows) * c.tokens * c.head_dim;
+  const auto q = random_floats(size, 1000 + tiling), k = random_floats(size, 131), v = random_floats(size, 132),
+             dout = random_floats(size, 133);
+  std::vector<int> positions(c.tokens);
+  std::iota(positions.begin(), positions.end(), 0);
+  model::AttentionShape shape{
+      .batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens, .causal = c.causal};
+  std::vector<float> out(size), lse(std::size_t(c.rows) * c.tokens), dq(size), dk(size), dv(size);
+  model::LocalAttention local;
+  local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
+  local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+                 dk.data(), dv.data());
+
+  auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
+  auto gpos = upload(positions);
+  auto gout = upload(std::vector<float>(size, NAN)), glse = upload(std::vector<float>(lse.size(), NAN));
+  DeviceArray<float> gdelta(lse.size()), gdq(size), gdk(size), gdv(size);
+  const AttentionDims dims{.rows = c.rows,
+                           .tq = c.tokens,
+                           .tk = c.tokens,
+                           .head_dim = c.head_dim,
+                           .causal = c.causal,
+                           .precision = AttentionPrecision::kBf16};
+  if (tiling == attention_default_tiling())  // what attention_forward runs
+    attention_forward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), gout.data(), glse.data());
+  else
+    attention_forward_tiled({}, dims, tiling, false, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(),
+                            gout.data(), glse.data());
+  const double out_error = normalized_error(download(gout, size), out);
+  EXPECT_LT(out_error, kBf16AttentionTolerance);
+  EXPECT_GT(out_error, 1e-5) << "BF16 rounding leaves a trace: is the FP32 kernel running instead?";
+  EXPECT_LT(normalized_error(download(glse, lse.size()), lse), kBf16AttentionTolerance);
+  for (auto* g : {&gdq, &gdk, &gdv}) zero(g->data(), sizeof(float) * size, {});
+  attention_backward_delta({}, c.rows, c.tokens, c.head_dim, gout.data(), gdout.data(), gdelta.data());
+  attention_backward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), glse.data(), gdelta.data(),
+                     gdout.data(), gdq.data(), gdk.data(), gdv.data());
+  EXPECT_LT(normalized_error(download(gdq, size), dq), kBf16AttentionTolerance);
+  EXPECT_LT(normalized_error(download(gdk, size), dk), kBf16AttentionTolerance);
+  EXPECT_LT(normalized_error(download(gdv, size), dv), kBf16AttentionTolerance);
+}
+
+// Partial query and key tiles, causal and not, every head_dim.
 TEST(Kernels, TensorCoreAttentionMatchesLocalAttentionToBf16Rounding) {
   REQUIRE_DEVICE();
   for (const AttentionCase& c :
        {AttentionCase{3, 100, 32, true}, AttentionCase{2, 130, 16, false}, AttentionCase{2, 200, 64, true},
-        AttentionCase{1, 7, 32, true}, AttentionCase{1, 300, 64, false}}) {
-    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " T " << c.tokens << " head_dim " << c.head_dim
-                                      << " causal " << c.causal);
-    const std::size_t size = std::size_t(c.rows) * c.tokens * c.head_dim;
-    const auto q = random_floats(size, 130), k = random_floats(size, 131), v = random_floats(size, 132),
-               dout = random_floats(size, 133);
-    std::vector<int> positions(c.tokens);
-    std::iota(positions.begin(), positions.end(), 0);
-    model::AttentionShape shape{
-        .batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens, .causal = c.causal};
-    std::vector<float> out(size), lse(std::size_t(c.rows) * c.tokens), dq(size), dk(size), dv(size);
-    model::LocalAttention local;
-    local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
-    local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                   dk.data(), dv.data());
+        AttentionCase{1, 7, 32, true}, AttentionCase{1, 300, 64, false}})
+    check_tensor_core_forward(c, attention_default_tiling());
+}
 
-    auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
-    auto gpos = upload(positions);
-    auto gout = upload(std::vector<float>(size, NAN)), glse = upload(std::vector<float>(lse.size(), NAN));
-    DeviceArray<float> gdelta(lse.size()), gdq(size), gdk(size), gdv(size);
-    const AttentionDims dims{.rows = c.rows,
-                             .tq = c.tokens,
-                             .tk = c.tokens,
-                             .head_dim = c.head_dim,
-                             .causal = c.causal,
-                             .precision = AttentionPrecision::kBf16};
-    attention_forward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), gout.data(), glse.data());
-    const double out_error = normalized_error(download(gout, size), out);
-    EXPECT_LT(out_error, kBf16AttentionTolerance);
-    EXPECT_GT(out_error, 1e-5) << "BF16 rounding leaves a trace: is the FP32 kernel running instead?";
-    EXPECT_LT(normalized_error(download(glse, lse.size()), lse), kBf16AttentionTolerance);
-    for (auto* g : {&gdq, &gdk, &gdv}) zero(g->data(), sizeof(float) * size, {});
-    attention_backward_delta({}, c.rows, c.tokens, c.head_dim, gout.data(), gdout.data(), gdelta.data());
-    attention_backward({}, dims, gq.data(), gpos.data(), gk.data(), gv.data(), gpos.data(), glse.data(), gdelta.data(),
-                       gdout.data(), gdq.data(), gdk.data(), gdv.data());
-    EXPECT_LT(normalized_error(download(gdq, size), dq), kBf16AttentionTolerance);
-    EXPECT_LT(normalized_error(download(gdk, size), dk), kBf16AttentionTolerance);
-    EXPECT_LT(normalized_error(download(gdv, size), dv), kBf16AttentionTolerance);
+// Every tiling kernels_bench compares, mma.sync and wgmma (the emulator models both; a GPU
+// runs wgmma where it is of compute capability 9.0), with partial query and key tiles.
+TEST(Kernels, EveryTensorCoreTilingMatchesLocalAttention) {
+  REQUIRE_DEVICE();
+  ASSERT_GE(attention_tilings().size(), 2u);
+  // The default is a wgmma tiling exactly where the device runs wgmma.
+  const bool has_wgmma = attention_tilings()[attention_default_tiling()].instruction == TensorCoreInstruction::kWgmma;
+  for (std::size_t tiling = 0; tiling < attention_tilings().size(); ++tiling) {
+    if (attention_tilings()[tiling].instruction == TensorCoreInstruction::kWgmma && !has_wgmma) continue;
+    for (const AttentionCase& c : {AttentionCase{2, 290, 64, true}, AttentionCase{1, 150, 32, false}})
+      check_tensor_core_forward(c, tiling);
+  }
+}
+
+TEST(Kernels, TensorCoreTilingOutsideTheCompiledSetIsRefused) {
+  REQUIRE_DEVICE();
+  const AttentionDims dims{.rows = 1, .tq = 8, .tk = 8, .head_dim = 64, .causal = true};
+  DeviceArray<float> x(8 * 64), out(8 * 64), lse(8);
+  DeviceArray<int> pos(8);
+  try {
+    attention_forward_tiled({}, dims, attention_tilings().size(), false, x.data(), pos.data(), x.data(), x.data(),
+                            pos.data(), out.data(), lse.data());
+    FAIL() << "an unknown tiling ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tiling"), std::string::npos) << e.what();
   }
 }
 

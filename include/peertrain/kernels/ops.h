@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "peertrain/kernels/device.h"
 
@@ -98,6 +99,27 @@ bool attention_supports(int head_dim);
 // out and lse of this block alone: a query that sees no key gets out 0, lse −inf.
 void attention_forward(Stream stream, const AttentionDims& dims, const float* q, const int* q_positions, const float* k,
                        const float* v, const int* k_positions, float* out, float* lse);
+// The tensor-core forward's tilings: which matrix instruction (mma.sync, any GPU from
+// Ampere on, or Hopper's warpgroup wgmma, compute capability 9.0 only), warps and queries
+// per block, keys per shared tile. attention_forward uses attention_default_tiling() (the
+// wgmma kernel where the device runs it); kernels_bench compares them all and the tests
+// check each.
+enum class TensorCoreInstruction { kMmaSync, kWgmma };
+struct AttentionTiling {
+  TensorCoreInstruction instruction;
+  int warps;
+  int queries;
+  int key_tile;
+};
+std::span<const AttentionTiling> attention_tilings();
+std::size_t attention_default_tiling();
+// attention_forward on the tensor cores (dims.precision is ignored) with tiling
+// attention_tilings()[tiling] (a wgmma tiling where the device has no wgmma is refused);
+// with operands_only, only its first pass (FP32 → BF16
+// operands) runs, so that a benchmark can time the two passes apart.
+void attention_forward_tiled(Stream stream, const AttentionDims& dims, std::size_t tiling, bool operands_only,
+                             const float* q, const int* q_positions, const float* k, const float* v,
+                             const int* k_positions, float* out, float* lse);
 // Merges a block's (out, lse) into the running (out, lse) by log-sum-exp, the
 // ring-flash-attention merge: out ← out·e^(lse−l) + block·e^(block_lse−l), l = log(e^lse + e^block_lse).
 void attention_merge(Stream stream, int rows, int tq, int head_dim, float* out, float* lse, const float* block_out,
