@@ -13,7 +13,10 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,10p' "$0" | sed 's/^# 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
 dest=$root/.gpu
-grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
+exclude=$(git -C "$root" rev-parse --git-path info/exclude)  # .git may be a file (a worktree)
+[[ $exclude == /* ]] || exclude=$root/$exclude
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
 rm -rf "$dest"
 mkdir -p "$dest/lib"
 programs=("$build/peertrain" "$build/tests/kernels_cuda_test" "$build/tests/device_cuda_test" "$build/tests/nccl_group_test"
@@ -34,7 +37,7 @@ mkdir -p "$dest/glibc"
 for lib in ld-linux-x86-64.so.2 libc.so.6 libm.so.6; do cp -L "/lib/x86_64-linux-gnu/$lib" "$dest/glibc/"; done
 # The repository and the pack travel together under run's 64 MiB: the pack goes compressed
 # (.gpupack/gpu.tar.xz, about a quarter of its size); gpu_session.sh unpacks it there.
-grep -qx '/.gpupack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpupack/' >>"$root/.git/info/exclude"
+grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >>"$exclude"
 mkdir -p "$root/.gpupack"
 tar -C "$root" -cJf "$root/.gpupack/gpu.tar.xz" .gpu
 du -sh "$dest" "$root/.gpupack/gpu.tar.xz"

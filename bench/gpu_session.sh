@@ -112,7 +112,7 @@ if want profattn && command -v ncu >/dev/null; then
     --section SchedulerStats --section WarpStateStats "$gpu/kernels_bench" --profile-tilings
   stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
     short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle dispatch_stall not_selected selected membar \
-    no_instruction branch_resolving math math_pipe_throttle misc sleeping drain imc_miss tex_throttle)
+    no_instruction branch_resolving misc sleeping drain imc_miss tex_throttle)
   step stalls 120 ncu --clock-control none --kernel-name regex:'attention_forward_(mma|wgmma)' \
     --metrics "${stalls%,}" "$gpu/kernels_bench" --profile-tilings
 fi

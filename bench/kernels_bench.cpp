@@ -90,55 +90,50 @@ double cublas_bf16_tflops(int n) {
 // whole call and the attention kernel alone (the FP32 → BF16 operand pass timed apart).
 // once: each tiling's kernel runs once, untimed, full mask only (for a profiler).
 void compare_tilings(double bf16, bool once) {
-  {
-    const int rows = 128, tokens = 4096, head_dim = 64;
-    const std::size_t size = static_cast<std::size_t>(rows) * tokens * head_dim;
-    auto q = random_device(size, 30), k = random_device(size, 31), v = random_device(size, 32);
-    DeviceArray<float> out(size), lse(static_cast<std::size_t>(rows) * tokens);
-    std::vector<int> positions(tokens);
-    std::iota(positions.begin(), positions.end(), 0);
-    DeviceArray<int> pos(tokens);
-    copy_to_device(pos.data(), positions.data(), sizeof(int) * tokens, {});
-    std::printf("\ntensor-core forward tilings, rows %d T %d D %d (instruction, warps, queries and keys per block)\n",
-                rows, tokens, head_dim);
-    std::printf("%-40s %-6s %12s %12s %12s %12s\n", "tiling", "mask", "whole TF/s", "kernel TF/s", "whole/GEMM",
-                "kernel/GEMM");
-    for (bool causal : {false, true}) {
-      if (once && causal) break;
-      const AttentionDims dims{.rows = rows, .tq = tokens, .tk = tokens, .head_dim = head_dim, .causal = causal};
-      const double flops = 4.0 * rows * tokens * tokens * head_dim * (causal ? 0.5 : 1.0);
-      const double operands = seconds_per_call([&] {
-        attention_forward_tiled({}, dims, attention_default_tiling(), true, q.data(), pos.data(), k.data(), v.data(),
-                                pos.data(), out.data(), lse.data());
-      });
-      for (std::size_t t = 0; t < attention_tilings().size(); ++t) {
-        const AttentionTiling tiling = attention_tilings()[t];
-        if (once) {
-          if (tiling.instruction == TensorCoreInstruction::kWgmma &&
-              attention_tilings()[attention_default_tiling()].instruction != TensorCoreInstruction::kWgmma)
-            continue;
-          attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
-                                  lse.data());
-          synchronize({});
-          continue;
-        }
-        const double whole = seconds_per_call([&] {
-          attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
-                                  lse.data());
-        });
-        if (tiling.instruction == TensorCoreInstruction::kWgmma &&
-            attention_tilings()[attention_default_tiling()].instruction != TensorCoreInstruction::kWgmma)
-          continue;  // this device runs no wgmma
-        char name[64];
-        std::snprintf(name, sizeof name, "%s %dw %dq %dk%s",
-                      tiling.instruction == TensorCoreInstruction::kWgmma ? "wgmma" : "mma.sync", tiling.warps,
-                      tiling.queries, tiling.key_tile, t == attention_default_tiling() ? " (used)" : "");
-        const double whole_tf = flops / whole / 1e12, kernel_tf = flops / (whole - operands) / 1e12;
-        std::printf("%-40s %-6s %12.1f %12.1f %11.1f%% %11.1f%%\n", name, causal ? "causal" : "full", whole_tf,
-                    kernel_tf, 100 * whole_tf / bf16, 100 * kernel_tf / bf16);
+  const int rows = 128, tokens = 4096, head_dim = 64;
+  const std::size_t size = static_cast<std::size_t>(rows) * tokens * head_dim;
+  auto q = random_device(size, 30), k = random_device(size, 31), v = random_device(size, 32);
+  DeviceArray<float> out(size), lse(static_cast<std::size_t>(rows) * tokens);
+  std::vector<int> positions(tokens);
+  std::iota(positions.begin(), positions.end(), 0);
+  DeviceArray<int> pos(tokens);
+  copy_to_device(pos.data(), positions.data(), sizeof(int) * tokens, {});
+  std::printf("\ntensor-core forward tilings, rows %d T %d D %d (instruction, warps, queries and keys per block)\n",
+              rows, tokens, head_dim);
+  std::printf("%-40s %-6s %12s %12s %12s %12s\n", "tiling", "mask", "whole TF/s", "kernel TF/s", "whole/GEMM",
+              "kernel/GEMM");
+  for (bool causal : {false, true}) {
+    if (once && causal) break;
+    const AttentionDims dims{.rows = rows, .tq = tokens, .tk = tokens, .head_dim = head_dim, .causal = causal};
+    const double flops = 4.0 * rows * tokens * tokens * head_dim * (causal ? 0.5 : 1.0);
+    const double operands = seconds_per_call([&] {
+      attention_forward_tiled({}, dims, attention_default_tiling(), true, q.data(), pos.data(), k.data(), v.data(),
+                              pos.data(), out.data(), lse.data());
+    });
+    for (std::size_t t = 0; t < attention_tilings().size(); ++t) {
+      const AttentionTiling tiling = attention_tilings()[t];
+      if (tiling.instruction == TensorCoreInstruction::kWgmma &&
+          attention_tilings()[attention_default_tiling()].instruction != TensorCoreInstruction::kWgmma)
+        continue;  // this device runs no wgmma
+      if (once) {
+        attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
+                                lse.data());
+        synchronize({});
+        continue;
       }
-      std::printf("operand pass (FP32 -> BF16, V transposed): %.1f us\n", operands * 1e6);
+      const double whole = seconds_per_call([&] {
+        attention_forward_tiled({}, dims, t, false, q.data(), pos.data(), k.data(), v.data(), pos.data(), out.data(),
+                                lse.data());
+      });
+      char name[64];
+      std::snprintf(name, sizeof name, "%s %dw %dq %dk%s",
+                    tiling.instruction == TensorCoreInstruction::kWgmma ? "wgmma" : "mma.sync", tiling.warps,
+                    tiling.queries, tiling.key_tile, t == attention_default_tiling() ? " (used)" : "");
+      const double whole_tf = flops / whole / 1e12, kernel_tf = flops / (whole - operands) / 1e12;
+      std::printf("%-40s %-6s %12.1f %12.1f %11.1f%% %11.1f%%\n", name, causal ? "causal" : "full", whole_tf, kernel_tf,
+                  100 * whole_tf / bf16, 100 * kernel_tf / bf16);
     }
+    std::printf("operand pass (FP32 -> BF16, V transposed): %.1f us\n", operands * 1e6);
   }
 }
 

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(256) transpose_values_kernel(int tk, int padde
 // --- pass 2: the attention on mma.sync ------------------------------------------------------
 
 constexpr int kKeyTile = 64;
+static_assert(kOperandKeyTile % kKeyTile == 0, "the key padding must hold whole tiles");
 
 // The shared tiles of 64 keys: K rows and Vᵀ rows (one per head dimension), double-buffered.
 template <int D>
@@ -231,12 +232,27 @@ void launch_mma_any(Stream stream, const AttentionDims& dims, const AttentionOpe
 using TensorCoreInstruction::kMmaSync;
 using TensorCoreInstruction::kWgmma;
 
-// What kernels_bench compares (H200, T 4096, D 64, 2026-11-27: mma.sync 4 warps × 32
-// queries 246 TFLOP/s, 8 × 16 231, 4 × 16 216; key tiles of 32 and exponentials moved to
-// the FMA pipe were slower and are gone). {instruction, warps, queries per block, keys per tile}.
+// What kernels_bench compares (H200, T 4096, D 64, 2026-11-27, the kernel alone: wgmma with
+// 2 warpgroups 287–289 TFLOP/s, 3 warpgroups 260–262, 1 warpgroup 157; mma.sync 4 warps ×
+// 32 queries 247–248, 8 × 16 231–233; key tiles of 32, exponentials partly on the FMA pipe
+// and FlashAttention-3's overlap were slower and are gone: src/kernels/NOTES.md). {instruction, warps, queries per block, keys per tile}.
 constexpr AttentionTiling kTilings[] = {
     {kMmaSync, 4, 128, 64}, {kMmaSync, 8, 128, 64}, {kWgmma, 4, 64, 64}, {kWgmma, 8, 128, 64}, {kWgmma, 12, 192, 64}};
 constexpr std::size_t kMmaDefault = 0, kWgmmaDefault = 3;
+
+// The kernels dispatch on the instruction and the warps alone: every row must be one they
+// build (mma.sync: 4 warps × 32 queries or 8 × 16; wgmma: 64 queries per warpgroup), with
+// key tiles of 64.
+constexpr bool tilings_are_built() {
+  for (const AttentionTiling& t : kTilings) {
+    const bool mma = t.instruction == kMmaSync && t.queries == 128 && (t.warps == 4 || t.warps == 8);
+    const bool wgmma =
+        t.instruction == kWgmma && (t.warps == 4 || t.warps == 8 || t.warps == 12) && t.queries == 16 * t.warps;
+    if (!(mma || wgmma) || t.key_tile != kKeyTile) return false;
+  }
+  return kTilings[kMmaDefault].instruction == kMmaSync && kTilings[kWgmmaDefault].instruction == kWgmma;
+}
+static_assert(tilings_are_built(), "a tiling no kernel builds");
 
 }  // namespace
 

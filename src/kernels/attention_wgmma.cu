@@ -20,6 +20,7 @@
 //
 // Built for sm_90a alone (CMake gives this file its own target); the emulated build runs
 // it on emulator.h's model of wgmma.
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -32,6 +33,7 @@ namespace peertrain::kernels::detail {
 namespace {
 
 constexpr int kKeyTile = 64;
+static_assert(kOperandKeyTile % kKeyTile == 0, "the key padding must hold whole tiles");
 constexpr int kStages = 3;  // tile j computed while j + 1 and j + 2 are in flight
 
 // K and Vᵀ tiles, three deep: 48 KB at D 64, the most a block may hold statically.
@@ -76,8 +78,9 @@ __device__ __forceinline__ int tiles_seen(int tk, bool causal, int horizon, cons
 }
 
 // G warpgroups of 64 queries per block. The loop holds one barrier per key tile: after it,
-// every warp is done with tile j − 1, whose buffer then takes tile j + 2. Nothing in the
-// loop waits on a global load but the score mask of the tiles that need one.
+// every warp is done with tile j − 1, whose buffer then takes tile j + 2. The only global
+// loads in the loop are key positions (padded, so never out of range): with a causal mask,
+// the last of each tile (does any query lose a key?), and all of a tile that needs a mask.
 template <int D, int G>
 __global__ void __launch_bounds__(G * 128, (G >= 3 ? 1 : 2))
     attention_forward_wgmma_kernel(int tq, int tk, bool causal, AttentionOperands ops, const int* q_positions,
@@ -120,8 +123,7 @@ __global__ void __launch_bounds__(G * 128, (G >= 3 ? 1 : 2))
       copy_async_commit();
 
     // S = Q·Kᵀ: D/16 products, each over 16 dimensions (two core matrices along K).
-    float s[kKeyTile / 8][4];
-    keep_registers(s);
+    float s[kKeyTile / 8][4];  // written whole by the first product (accumulate off)
     wgmma_fence();
     PT_UNROLL
     for (int ks = 0; ks < D / 16; ++ks)
@@ -178,11 +180,22 @@ void launch_any(Stream stream, const AttentionDims& dims, const AttentionOperand
 
 bool wgmma_available() {
 #if defined(__CUDACC__)
-  int device = 0, major = 0, minor = 0;
+  // Asked on every attention call: the answer for each of the first 16 devices is kept.
+  static std::atomic<signed char> known[16] = {};  // 0 not asked yet, 1 no, 2 yes
+  int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 alone
+  const bool cached = device >= 0 && device < 16;
+  if (cached) {
+    const signed char answer = known[device].load(std::memory_order_relaxed);
+    if (answer != 0) return answer == 2;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;                             // not kept: ask again next time
+  const bool yes = major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 alone
+  if (cached) known[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 #else
   return true;
 #endif

@@ -52,7 +52,7 @@ thread_local unsigned linear_thread = 0;
 struct PendingWgmma {
   float* d;
   int n;
-  std::array<std::uint32_t, 4> a;
+  const std::uint32_t* a;  // read at the wait, as the device may: rewriting it earlier is a bug
   std::uint64_t descriptor;
   const std::byte* shared_base;
   bool accumulate;
@@ -73,7 +73,7 @@ float bf16_to_float(std::uint16_t bits) {
 void perform_wgmma(const PendingWgmma& op) {
   const unsigned warpgroup = linear_thread / kWarpgroup, first = warpgroup * kWarpgroup;
   std::barrier<>& barrier = *current->warpgroup_barriers[warpgroup];
-  current->mma_slots[linear_thread] = {op.a[0], op.a[1], op.a[2], op.a[3], 0u, 0u};
+  current->mma_slots[linear_thread] = {op.a[0], op.a[1], op.a[2], op.a[3], 0u, 0u};  // A as it is now
   barrier.arrive_and_wait();
   // The descriptor: start address, leading (along K) and stride (along N) byte offsets,
   // each in 16-byte units; no swizzle and no base offset are modelled.
@@ -195,7 +195,7 @@ void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descrip
   PEERTRAIN_CHECK(current != nullptr && wgmma_base != nullptr, "wgmma outside a kernel or without a shared base");
   PEERTRAIN_CHECK(linear_thread / kWarpgroup < current->warpgroup_barriers.size(), "wgmma needs a whole warpgroup");
   PEERTRAIN_CHECK(n % 8 == 0 && n >= 8 && n <= 256, "wgmma: n ", n);
-  open_wgmma.push_back({d, n, {a[0], a[1], a[2], a[3]}, descriptor, wgmma_base, accumulate});
+  open_wgmma.push_back({d, n, a, descriptor, wgmma_base, accumulate});
 }
 
 void wgmma_commit() {

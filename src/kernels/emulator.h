@@ -63,8 +63,9 @@ void copy_async_wait(int in_flight);
 // operand in shared memory without swizzle) over the 128 threads of a warpgroup:
 // d (n/8 × 4 floats per thread, the m64nN accumulator layout) = A·B, + d when accumulate.
 // As on a device the product is asynchronous: issued here, performed by the wgmma_wait
-// that retires its group, so a kernel that reads d, or rewrites B's shared memory, before
-// that wait sees what a device could show it. The descriptor's address is an offset from
+// that retires its group (reading a, b and d then), so a kernel that reads d, or rewrites
+// A's registers or B's shared memory, before that wait sees what a device could show it.
+// The fences (wgmma.fence, fence.proxy.async) are not modelled. The descriptor's address is an offset from
 // the shared base last given to wgmma_shared_base.
 void wgmma_shared_base(const void* base);
 void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descriptor, bool accumulate);

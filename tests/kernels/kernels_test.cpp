@@ -5,6 +5,7 @@
 // (kernels_cuda_test, skipped where there is no GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -329,8 +330,37 @@ TEST(Kernels, EveryTensorCoreTilingMatchesLocalAttention) {
   const bool has_wgmma = attention_tilings()[attention_default_tiling()].instruction == TensorCoreInstruction::kWgmma;
   for (std::size_t tiling = 0; tiling < attention_tilings().size(); ++tiling) {
     if (attention_tilings()[tiling].instruction == TensorCoreInstruction::kWgmma && !has_wgmma) continue;
-    for (const AttentionCase& c : {AttentionCase{2, 290, 64, true}, AttentionCase{1, 150, 32, false}})
+    for (const AttentionCase& c :
+         {AttentionCase{2, 290, 64, true}, AttentionCase{1, 150, 32, false}, AttentionCase{1, 70, 16, true}})
       check_tensor_core_forward(c, tiling);
+  }
+}
+
+// Causal, every key after every query (a ring block from later in the sequence): no query
+// sees a key, so every tiling must write out 0 and lse −inf everywhere, never NaN.
+TEST(Kernels, EveryTensorCoreTilingLeavesQueriesThatSeeNoKeyEmpty) {
+  REQUIRE_DEVICE();
+  const bool has_wgmma = attention_tilings()[attention_default_tiling()].instruction == TensorCoreInstruction::kWgmma;
+  const int rows = 2, tq = 150, tk = 90, head_dim = 32;
+  const auto q = random_floats(std::size_t(rows) * tq * head_dim, 60),
+             k = random_floats(std::size_t(rows) * tk * head_dim, 61),
+             v = random_floats(std::size_t(rows) * tk * head_dim, 62);
+  std::vector<int> q_positions(tq), k_positions(tk);
+  std::iota(q_positions.begin(), q_positions.end(), 0);
+  std::iota(k_positions.begin(), k_positions.end(), 1000);
+  auto gq = upload(q), gk = upload(k), gv = upload(v);
+  auto gqp = upload(q_positions), gkp = upload(k_positions);
+  const AttentionDims dims{.rows = rows, .tq = tq, .tk = tk, .head_dim = head_dim, .causal = true};
+  for (std::size_t tiling = 0; tiling < attention_tilings().size(); ++tiling) {
+    if (attention_tilings()[tiling].instruction == TensorCoreInstruction::kWgmma && !has_wgmma) continue;
+    SCOPED_TRACE(::testing::Message() << "tiling " << tiling);
+    auto gout = upload(std::vector<float>(std::size_t(rows) * tq * head_dim, NAN)),
+         glse = upload(std::vector<float>(std::size_t(rows) * tq, NAN));
+    attention_forward_tiled({}, dims, tiling, false, gq.data(), gqp.data(), gk.data(), gv.data(), gkp.data(),
+                            gout.data(), glse.data());
+    const auto out = download(gout, std::size_t(rows) * tq * head_dim), lse = download(glse, std::size_t(rows) * tq);
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+    EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isinf(x) && x < 0; }));
   }
 }
 

@@ -101,8 +101,8 @@ void attention_forward(Stream stream, const AttentionDims& dims, const float* q,
                        const float* v, const int* k_positions, float* out, float* lse);
 // The tensor-core forward's tilings: which matrix instruction (mma.sync, any GPU from
 // Ampere on, or Hopper's warpgroup wgmma, compute capability 9.0 only), warps and queries
-// per block, keys per shared tile. attention_forward uses attention_default_tiling() (the
-// wgmma kernel where the device runs it); kernels_bench compares them all and the tests
+// per block, keys per shared tile. attention_forward with AttentionPrecision::kBf16 uses
+// attention_default_tiling() (the wgmma kernel where the device runs it); kernels_bench compares them all and the tests
 // check each.
 enum class TensorCoreInstruction { kMmaSync, kWgmma };
 struct AttentionTiling {
