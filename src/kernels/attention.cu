@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "attention_bf16.h"
+#include "attention_tile.h"
 #include "compat.h"
 #include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
@@ -314,17 +315,9 @@ void attention_forward(Stream stream, const AttentionDims& dims, const float* q,
   }
   if (forward_trivially(stream, dims, out, lse)) return;
   const float scale = score_scale(dims.head_dim);
-  switch (dims.head_dim) {
-    case 16:
-      forward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
-      break;
-    case 32:
-      forward_typed<32>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
-      break;
-    default:
-      forward_typed<64>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
-      break;
-  }
+  detail::with_head_dim(dims.head_dim, [&]<int D>() {
+    forward_typed<D>(stream, dims, scale, q, q_positions, k, v, k_positions, out, lse);
+  });
   detail::check_launch("attention_forward");
 }
 
@@ -351,17 +344,9 @@ void attention_backward(Stream stream, const AttentionDims& dims, const float* q
   check_dims(dims, "attention_backward");
   if (dims.rows == 0 || dims.tq == 0 || dims.tk == 0) return;
   const float scale = score_scale(dims.head_dim);
-  switch (dims.head_dim) {
-    case 16:
-      backward_typed<16>(stream, dims, scale, q, q_positions, k, v, k_positions, lse, delta, dout, dq, dk, dv);
-      break;
-    case 32:
-      backward_typed<32>(stream, dims, scale, q, q_positions, k, v, k_positions, lse, delta, dout, dq, dk, dv);
-      break;
-    default:
-      backward_typed<64>(stream, dims, scale, q, q_positions, k, v, k_positions, lse, delta, dout, dq, dk, dv);
-      break;
-  }
+  detail::with_head_dim(dims.head_dim, [&]<int D>() {
+    backward_typed<D>(stream, dims, scale, q, q_positions, k, v, k_positions, lse, delta, dout, dq, dk, dv);
+  });
 }
 
 }  // namespace peertrain::kernels

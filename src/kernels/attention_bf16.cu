@@ -219,14 +219,8 @@ void launch_mma(Stream stream, const AttentionDims& dims, const AttentionOperand
 template <int W, int MT>
 void launch_mma_any(Stream stream, const AttentionDims& dims, const AttentionOperands& ops, const int* q_positions,
                     const int* k_positions, float* out, float* lse) {
-  switch (dims.head_dim) {
-    case 16:
-      return launch_mma<16, W, MT>(stream, dims, ops, q_positions, k_positions, out, lse);
-    case 32:
-      return launch_mma<32, W, MT>(stream, dims, ops, q_positions, k_positions, out, lse);
-    default:
-      return launch_mma<64, W, MT>(stream, dims, ops, q_positions, k_positions, out, lse);
-  }
+  with_head_dim(dims.head_dim,
+                [&]<int D>() { launch_mma<D, W, MT>(stream, dims, ops, q_positions, k_positions, out, lse); });
 }
 
 using TensorCoreInstruction::kMmaSync;
@@ -272,17 +266,8 @@ AttentionOperands convert_attention_operands(Stream stream, const AttentionDims&
             qb);
   PT_LAUNCH(to_bf16_rows_kernel, grid_for(k_words, 256), 256, 0, stream, rows, dims.tk, padded, d, 1.0f, k, kb);
   const dim3 grid(padded / kOperandKeyTile, dims.rows);
-  switch (d) {
-    case 16:
-      PT_LAUNCH(transpose_values_kernel<16>, grid, 256, 0, stream, dims.tk, padded, v, vt);
-      break;
-    case 32:
-      PT_LAUNCH(transpose_values_kernel<32>, grid, 256, 0, stream, dims.tk, padded, v, vt);
-      break;
-    default:
-      PT_LAUNCH(transpose_values_kernel<64>, grid, 256, 0, stream, dims.tk, padded, v, vt);
-      break;
-  }
+  with_head_dim(d,
+                [&]<int D>() { PT_LAUNCH(transpose_values_kernel<D>, grid, 256, 0, stream, dims.tk, padded, v, vt); });
   check_launch("attention_forward (bf16 operands)");
   return {qb, kb, vt, positions, padded};
 }

@@ -30,6 +30,20 @@ struct AttentionOperands {
 AttentionOperands convert_attention_operands(Stream stream, const AttentionDims& dims, float scale, const float* q,
                                              const float* k, const float* v, const int* k_positions);
 
+// f.template operator()<D>() for D = head_dim, one of the head dims the kernels are built
+// for (16, 32, 64; attention_supports has refused any other).
+template <typename F>
+void with_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 16:
+      return f.template operator()<16>();
+    case 32:
+      return f.template operator()<32>();
+    default:
+      return f.template operator()<64>();
+  }
+}
+
 // This lane's two query rows of a 16-row tile starting at `tile_row`, their positions, and
 // Q's A fragments (one per 16 dimensions).
 template <int D>

@@ -166,14 +166,7 @@ void launch(Stream stream, const AttentionDims& dims, const AttentionOperands& o
 template <int G>
 void launch_any(Stream stream, const AttentionDims& dims, const AttentionOperands& ops, const int* q_positions,
                 float* out, float* lse) {
-  switch (dims.head_dim) {
-    case 16:
-      return launch<16, G>(stream, dims, ops, q_positions, out, lse);
-    case 32:
-      return launch<32, G>(stream, dims, ops, q_positions, out, lse);
-    default:
-      return launch<64, G>(stream, dims, ops, q_positions, out, lse);
-  }
+  with_head_dim(dims.head_dim, [&]<int D>() { launch<D, G>(stream, dims, ops, q_positions, out, lse); });
 }
 
 }  // namespace

@@ -38,17 +38,36 @@ struct BlockState {
 
 thread_local BlockState* current = nullptr;
 
-// This thread's cp.async copies: the open group, then the committed ones, oldest first.
+// A thread's asynchronous operations of one kind (cp.async copies, wgmma products) as the
+// device groups them: the open group, then the committed ones, oldest first; a wait
+// performs the oldest groups until at most `in_flight` remain.
+template <typename Op>
+struct AsyncGroups {
+  std::vector<Op> open;
+  std::deque<std::vector<Op>> committed;
+
+  void commit() {
+    committed.push_back(std::move(open));
+    open.clear();
+  }
+  template <typename Perform>
+  void wait(int in_flight, Perform perform) {
+    while (committed.size() > static_cast<std::size_t>(in_flight)) {
+      for (const Op& op : committed.front()) perform(op);
+      committed.pop_front();
+    }
+  }
+  bool empty() const { return open.empty() && committed.empty(); }
+};
+
 struct PendingCopy {
   void* to;
   const void* from;
   std::size_t bytes;
 };
-thread_local std::vector<PendingCopy> open_copies;
-thread_local std::deque<std::vector<PendingCopy>> committed_copies;
+thread_local AsyncGroups<PendingCopy> copies;
 thread_local unsigned linear_thread = 0;
 
-// This thread's wgmma operations, grouped as its cp.async copies are.
 struct PendingWgmma {
   float* d;
   int n;
@@ -58,14 +77,21 @@ struct PendingWgmma {
   bool accumulate;
 };
 thread_local const std::byte* wgmma_base = nullptr;
-thread_local std::vector<PendingWgmma> open_wgmma;
-thread_local std::deque<std::vector<PendingWgmma>> committed_wgmma;
+thread_local AsyncGroups<PendingWgmma> products;
 
-float bf16_to_float(std::uint16_t bits) {
-  const std::uint32_t widened = static_cast<std::uint32_t>(bits) << 16;
+// BF16 k of a register holding a pair: the even k in the low half, the odd in the high.
+float bf16_of_pair(std::uint32_t bits, unsigned k) {
+  const std::uint32_t widened = ((k % 2 == 0 ? bits : bits >> 16) & 0xffffu) << 16;
   float value;
   std::memcpy(&value, &widened, sizeof value);
   return value;
+}
+
+// Element (row, k) of mma.m16n8k16's A (row-major 16 × 16) from the slots of the warp's 32
+// lanes: lane (row % 8)·4 + (k % 8)/2, register row/8 + 2·(k/8). wgmma's A from registers
+// has the same layout per warp of the warpgroup.
+float a_fragment_element(const std::array<std::uint32_t, 6>* warp_slots, unsigned row, unsigned k) {
+  return bf16_of_pair(warp_slots[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k);
 }
 
 // One wgmma, performed by every thread of the warpgroup together: each posts its A
@@ -85,20 +111,16 @@ void perform_wgmma(const PendingWgmma& op) {
     std::uint16_t bits;
     std::memcpy(&bits, op.shared_base + start + (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2,
                 sizeof bits);
-    return bf16_to_float(bits);
+    return bf16_of_pair(bits, 0);
   };
   const unsigned in_group = linear_thread % kWarpgroup, warp = in_group / kWarp, lane = in_group % kWarp;
-  auto a = [&](unsigned row, unsigned k) {  // row of the warp's 16, as mma.m16n8k16's A
-    const std::uint32_t bits =
-        current->mma_slots[first + warp * kWarp + (row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
-    return bf16_to_float(static_cast<std::uint16_t>(k % 2 == 0 ? bits : bits >> 16));
-  };
+  const std::array<std::uint32_t, 6>* warp_slots = &current->mma_slots[first + warp * kWarp];
   const unsigned group = lane / 4, pair = lane % 4;
   for (int nt = 0; nt < op.n / 8; ++nt)
     for (unsigned i = 0; i < 4; ++i) {
       const unsigned row = group + 8 * (i / 2), n = static_cast<unsigned>(nt) * 8 + 2 * pair + i % 2;
       float sum = 0.0f;
-      for (unsigned k = 0; k < 16; ++k) sum += a(row, k) * b(k, n);
+      for (unsigned k = 0; k < 16; ++k) sum += a_fragment_element(warp_slots, row, k) * b(k, n);
       float& d = op.d[nt * 4 + i];
       d = (op.accumulate ? d : 0.0f) + sum;
     }
@@ -148,25 +170,16 @@ void mma_m16n8k16_bf16(float c[4], const std::uint32_t a[4], const std::uint32_t
   std::barrier<>& barrier = *current->warp_barriers[warp];
   current->mma_slots[linear_thread] = {a[0], a[1], a[2], a[3], b[0], b[1]};
   barrier.arrive_and_wait();
-  // One BF16 of a lane's register: the even column (k) in the low half, the odd in the high.
-  auto element = [&](unsigned source_lane, unsigned reg, unsigned k) {
-    const std::uint32_t bits = current->mma_slots[first + source_lane][reg];
-    const std::uint32_t half = (k % 2 == 0 ? bits : bits >> 16) & 0xffffu;
-    float value;
-    const std::uint32_t widened = half << 16;
-    std::memcpy(&value, &widened, sizeof value);
-    return value;
-  };
-  // A (row-major 16×16): row r, column k sits in lane (r % 8)·4 + (k % 8)/2, register
-  // r/8 + 2·(k/8). B (16×8, column-major): row k, column n in lane n·4 + (k % 8)/2,
+  // A: a_fragment_element. B (16×8, column-major): row k, column n in lane n·4 + (k % 8)/2,
   // register 4 + k/8. C: lane's c0, c1 at row lane/4, columns 2·(lane % 4) + {0, 1}; c2, c3
   // eight rows below.
+  const std::array<std::uint32_t, 6>* warp_slots = &current->mma_slots[first];
   const unsigned group = lane / 4, pair = lane % 4;
   for (unsigned i = 0; i < 4; ++i) {
     const unsigned r = group + 8 * (i / 2), n = 2 * pair + i % 2;
     float sum = 0.0f;
     for (unsigned k = 0; k < 16; ++k)
-      sum += element((r % 8) * 4 + (k % 8) / 2, r / 8 + 2 * (k / 8), k) * element(n * 4 + (k % 8) / 2, 4 + k / 8, k);
+      sum += a_fragment_element(warp_slots, r, k) * bf16_of_pair(warp_slots[n * 4 + (k % 8) / 2][4 + k / 8], k);
     c[i] += sum;
   }
   barrier.arrive_and_wait();  // nobody overwrites a slot before every lane has read it
@@ -174,19 +187,13 @@ void mma_m16n8k16_bf16(float c[4], const std::uint32_t a[4], const std::uint32_t
 
 void copy_async(void* shared, const void* global, std::size_t bytes) {
   PEERTRAIN_CHECK(current != nullptr, "cp.async outside a kernel");
-  open_copies.push_back({shared, global, bytes});
+  copies.open.push_back({shared, global, bytes});
 }
 
-void copy_async_commit() {
-  committed_copies.push_back(std::move(open_copies));
-  open_copies.clear();
-}
+void copy_async_commit() { copies.commit(); }
 
 void copy_async_wait(int in_flight) {
-  while (committed_copies.size() > static_cast<std::size_t>(in_flight)) {
-    for (const PendingCopy& c : committed_copies.front()) std::memcpy(c.to, c.from, c.bytes);
-    committed_copies.pop_front();
-  }
+  copies.wait(in_flight, [](const PendingCopy& c) { std::memcpy(c.to, c.from, c.bytes); });
 }
 
 void wgmma_shared_base(const void* base) { wgmma_base = static_cast<const std::byte*>(base); }
@@ -195,20 +202,12 @@ void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descrip
   PEERTRAIN_CHECK(current != nullptr && wgmma_base != nullptr, "wgmma outside a kernel or without a shared base");
   PEERTRAIN_CHECK(linear_thread / kWarpgroup < current->warpgroup_barriers.size(), "wgmma needs a whole warpgroup");
   PEERTRAIN_CHECK(n % 8 == 0 && n >= 8 && n <= 256, "wgmma: n ", n);
-  open_wgmma.push_back({d, n, a, descriptor, wgmma_base, accumulate});
+  products.open.push_back({d, n, a, descriptor, wgmma_base, accumulate});
 }
 
-void wgmma_commit() {
-  committed_wgmma.push_back(std::move(open_wgmma));
-  open_wgmma.clear();
-}
+void wgmma_commit() { products.commit(); }
 
-void wgmma_wait(int in_flight) {
-  while (committed_wgmma.size() > static_cast<std::size_t>(in_flight)) {
-    for (const PendingWgmma& op : committed_wgmma.front()) perform_wgmma(op);
-    committed_wgmma.pop_front();
-  }
-}
+void wgmma_wait(int in_flight) { products.wait(in_flight, perform_wgmma); }
 
 void* dynamic_shared() { return current != nullptr ? current->dynamic.data() : nullptr; }
 
@@ -231,10 +230,8 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
           for (unsigned x = 0; x < grid.x; ++x) {
             blockIdx = dim3(x, y, z);
             body();
-            PEERTRAIN_CHECK(open_copies.empty() && committed_copies.empty(),
-                            "a thread ended its block with cp.async copies it never waited for");
-            PEERTRAIN_CHECK(open_wgmma.empty() && committed_wgmma.empty(),
-                            "a thread ended its block with wgmma operations it never waited for");
+            PEERTRAIN_CHECK(copies.empty(), "a thread ended its block with cp.async copies it never waited for");
+            PEERTRAIN_CHECK(products.empty(), "a thread ended its block with wgmma operations it never waited for");
             // Every thread, also one that returned early, waits here for the block to end.
             state.block_barrier.arrive_and_wait();
           }

@@ -227,6 +227,24 @@ struct AttentionCase {
   bool causal;
 };
 
+// The serial twin: model::LocalAttention over whole sequences, forward and backward.
+struct LocalReference {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+LocalReference local_reference(const AttentionCase& c, const std::vector<int>& positions, const std::vector<float>& q,
+                               const std::vector<float>& k, const std::vector<float>& v,
+                               const std::vector<float>& dout) {
+  const model::AttentionShape shape{
+      .batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens, .causal = c.causal};
+  LocalReference r{std::vector<float>(q.size()), std::vector<float>(std::size_t(c.rows) * c.tokens),
+                   std::vector<float>(q.size()), std::vector<float>(q.size()), std::vector<float>(q.size())};
+  model::LocalAttention local;
+  local.forward(shape, positions, q.data(), k.data(), v.data(), r.out.data(), r.lse.data());
+  local.backward(shape, positions, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(), r.dq.data(),
+                 r.dk.data(), r.dv.data());
+  return r;
+}
+
 // Whole-sequence attention, forward and backward, against model::LocalAttention.
 TEST(Kernels, AttentionMatchesLocalAttention) {
   REQUIRE_DEVICE();
@@ -239,13 +257,7 @@ TEST(Kernels, AttentionMatchesLocalAttention) {
                dout = random_floats(size, 33);
     std::vector<int> positions(c.tokens);
     std::iota(positions.begin(), positions.end(), 0);
-    model::AttentionShape shape{.batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens,
-                                .causal = c.causal};
-    std::vector<float> out(size), lse(std::size_t(c.rows) * c.tokens), dq(size), dk(size), dv(size);
-    model::LocalAttention local;
-    local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
-    local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                   dk.data(), dv.data());
+    const auto [out, lse, dq, dk, dv] = local_reference(c, positions, q, k, v, dout);
 
     auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
     auto gpos = upload(positions);
@@ -276,13 +288,7 @@ void check_tensor_core_forward(const AttentionCase& c, std::size_t tiling) {
              dout = random_floats(size, 133);
   std::vector<int> positions(c.tokens);
   std::iota(positions.begin(), positions.end(), 0);
-  model::AttentionShape shape{
-      .batch = c.rows, .heads = 1, .head_dim = c.head_dim, .tokens = c.tokens, .causal = c.causal};
-  std::vector<float> out(size), lse(std::size_t(c.rows) * c.tokens), dq(size), dk(size), dv(size);
-  model::LocalAttention local;
-  local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
-  local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                 dk.data(), dv.data());
+  const auto [out, lse, dq, dk, dv] = local_reference(c, positions, q, k, v, dout);
 
   auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
   auto gpos = upload(positions);
@@ -393,12 +399,7 @@ TEST(Kernels, AttentionBlocksMergedByLogSumExpEqualTheWholeSequence) {
                  dout = random_floats(size, 43);
       std::vector<int> positions(tokens);
       std::iota(positions.begin(), positions.end(), 0);
-      model::AttentionShape shape{.batch = rows, .heads = 1, .head_dim = head_dim, .tokens = tokens, .causal = causal};
-      std::vector<float> out(size), lse(std::size_t(rows) * tokens), dq(size), dk(size), dv(size);
-      model::LocalAttention local;
-      local.forward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data());
-      local.backward(shape, positions, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                     dk.data(), dv.data());
+      const auto [out, lse, dq, dk, dv] = local_reference({rows, tokens, head_dim, causal}, positions, q, k, v, dout);
 
       // Key chunk a: positions 0..23 and 72..95 (zigzag of rank 0 of 2), chunk b: 24..71.
       std::vector<int> chunk_a, chunk_b;
