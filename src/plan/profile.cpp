@@ -26,6 +26,7 @@
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/config.h"
 #include "peertrain/core/aligned.h"
+#include "peertrain/core/cache_dir.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "peertrain/core/rng.h"
@@ -494,9 +495,8 @@ Profiler::Profiler(std::string cache_path, int repetitions) : path_(std::move(ca
 }
 
 std::string Profiler::default_cache_path() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return str(xdg, "/peertrain/profile.tsv");
-  if (const char* home = std::getenv("HOME"); home && *home) return str(home, "/.cache/peertrain/profile.tsv");
-  return "";
+  const std::string cache = user_cache_dir();
+  return cache.empty() ? "" : cache + "/profile.tsv";
 }
 
 // The running executable's size and modification time: another build of the code (a

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "peertrain/core/cache_dir.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 
@@ -88,11 +89,6 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::vector<int> bytes_;
 };
 
-std::uint64_t fnv1a(std::string_view text, std::uint64_t h = 1469598103934665603ULL) {
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
 // Holds an exclusive lock on a file while it lives.
 class FileLock {
  public:
@@ -124,10 +120,8 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteT
 
 std::string tokenizer_dir(const std::string& out_dir) {
   if (!out_dir.empty()) return out_dir + "/tokenizer";
-  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache != nullptr && *cache != '\0')
-    return std::string(cache) + "/peertrain";
-  const char* home = std::getenv("HOME");
-  return std::string(home != nullptr ? home : "/tmp") + "/.cache/peertrain";
+  const std::string cache = user_cache_dir();
+  return cache.empty() ? "/tmp/.cache/peertrain" : cache;
 }
 
 std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& text, int vocab_size,

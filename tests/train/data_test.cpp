@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,70 @@ TEST_F(IdxFiles, EachBrokenFileIsReportedWithItsName) {
     const std::string message = load_error(c.images, c.labels);
     EXPECT_NE(message.find(c.expected), std::string::npos) << c.name << ": got \"" << message << "\"";
   }
+}
+
+// The cache holds the decompressed copy of a gzip pair, is what the next read returns, and
+// never outlives a change to the original or survives damage.
+TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyUntilTheyChange) {
+  IdxOptions options;
+  options.cache_dir = (dir_ / "cache").string();
+  const std::string images = write("images.gz", image_file(2051, 3, 2, 2, 12), true);
+  const std::string labels = write("labels.gz", label_file(2049, 3, {4, 0, 9}), true);
+  const IdxBytes first = read_idx(images, labels, options);
+  std::vector<fs::path> copies;
+  for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx")) copies.push_back(entry.path());
+  ASSERT_EQ(copies.size(), 2u);
+  std::sort(copies.begin(), copies.end());  // images-…, then labels-…
+  ASSERT_EQ(copies[0].filename().string().rfind("images-", 0), 0u) << copies[0];
+  // The copy is a plain IDX file: reading it directly gives the same bytes.
+  const IdxBytes direct = read_idx(copies[0].string(), copies[1].string());
+  EXPECT_EQ(direct.pixels, first.pixels);
+  EXPECT_EQ(direct.labels, first.labels);
+
+  // What is read next comes from the copy: change the copy's pixels and the read shows it.
+  Bytes altered = image_file(2051, 3, 2, 2, 12);
+  altered[16] = 200;
+  std::ofstream(copies[0], std::ios::binary).write(reinterpret_cast<const char*>(altered.data()), altered.size());
+  EXPECT_EQ(read_idx(images, labels, options).pixels[0], 200);
+
+  // A damaged copy is read around, and written again.
+  fs::resize_file(copies[0], 10);
+  const IdxBytes repaired = read_idx(images, labels, options);
+  EXPECT_EQ(repaired.pixels, first.pixels);
+  EXPECT_EQ(fs::file_size(copies[0]), altered.size());
+
+  // A changed original is another file: its own copy, its own bytes.
+  const std::string changed = write("images.gz", image_file(2051, 3, 1, 4, 12), true);
+  fs::last_write_time(changed, fs::last_write_time(changed) + std::chrono::seconds(5));
+  const IdxBytes again = read_idx(changed, labels, options);
+  EXPECT_EQ(again.rows, 1);
+  EXPECT_EQ(again.features, 4);
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx")) ++entries;
+  EXPECT_EQ(entries, 3u);
+
+  // A broken original leaves nothing behind.
+  const std::string broken = write("broken.gz", image_file(2051, 3, 2, 2, 11), true);
+  EXPECT_THROW(read_idx(broken, labels, options), Error);
+  for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx"))
+    EXPECT_EQ(entry.path().filename().string().find("broken"), std::string::npos) << entry.path();
+}
+
+TEST_F(IdxFiles, AShardBecomesInputsOfItsOwnExamplesOnly) {
+  const std::string images = write("images", image_file(2051, 3, 2, 2, 12), false);
+  const std::string labels = write("labels", label_file(2049, 3, {4, 0, 9}), false);
+  const IdxBytes bytes = read_idx(images, labels);
+  const Dataset all = to_dataset(bytes);
+  const std::vector<int> examples = {2, 0};
+  const Dataset shard = to_dataset(bytes, examples);
+  ASSERT_EQ(shard.size(), 2);
+  EXPECT_EQ(shard.labels, (std::vector<std::int32_t>{9, 4}));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(shard.inputs[i], all.inputs[8 + i]);
+    EXPECT_EQ(shard.inputs[4 + i], all.inputs[i]);
+  }
+  const std::vector<int> outside = {3};
+  EXPECT_THROW(to_dataset(bytes, outside), Error);
 }
 
 TEST(FashionMnist, LoadsBothSplitsWhenInstalled) {

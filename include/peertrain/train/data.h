@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,14 +28,37 @@ struct IdxOptions {
   int classes = 10;  // labels must lie in [0, classes)
   float mean = 0.2860f;
   float std = 0.3530f;
+  // Where a gzip file's decompressed copy is kept for the next reader ("": nowhere). The
+  // copy is named after the file's path, size and write time, and written only once the
+  // file has passed every check; a damaged copy is read around and written again.
+  std::string cache_dir;
 };
 
-// Reads {train|t10k}-images-idx3-ubyte.gz and the matching labels file from dir.
-Dataset load_fashion_mnist(const std::string& dir, bool train);
+// An IDX pair as read, before its pixels become floats, so that a peer converts only its
+// own shard.
+struct IdxBytes {
+  int rows = 0;                      // of each image
+  int features = 0;                  // pixels of each image
+  std::vector<std::uint8_t> pixels;  // size() × features, example-major
+  std::vector<std::int32_t> labels;
+  int size() const { return static_cast<int>(labels.size()); }
+};
+
 // Reads an IDX3 image file (magic 2051) and an IDX1 label file (magic 2049), gzip-compressed
 // or plain. Checks the magic numbers, the dimensions, that the counts agree, truncation and
 // trailing bytes, and the label range; each error names the file and what was wrong.
+IdxBytes read_idx(const std::string& images_path, const std::string& labels_path, const IdxOptions& options = {});
+// The examples given (in that order), or all of them, as model inputs.
+Dataset to_dataset(const IdxBytes& bytes, std::span<const int> examples, const IdxOptions& options = {});
+Dataset to_dataset(const IdxBytes& bytes, const IdxOptions& options = {});
+// read_idx, then to_dataset of every example.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path, const IdxOptions& options = {});
+
+// {train|t10k}-images-idx3-ubyte.gz and the matching labels file from dir, decompressed
+// once into user_cache_dir()/idx and read from there afterwards (every peer of every
+// launch reads these files: zlib cost each one 0.45 s).
+IdxBytes read_fashion_mnist(const std::string& dir, bool train);
+Dataset load_fashion_mnist(const std::string& dir, bool train);
 
 // Example indices for each peer (each peer's list sorted). iid: a seeded shuffle cut into
 // equal contiguous shares whose sizes differ by at most one.
