@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "peertrain/core/cache_dir.h"
 #include "peertrain/core/error.h"
@@ -133,10 +134,6 @@ void check_peers(int peers, const char* where) {
   if (peers < 1) throw Error(ErrorKind::kInvalidArgument, str(where, ": peers ", peers, " must be at least 1"));
 }
 
-}  // namespace
-
-namespace {
-
 // Reads and checks an IDX pair from its files, gzip-compressed or plain.
 IdxBytes read_idx_files(const std::string& images_path, const std::string& labels_path, const IdxOptions& options) {
   GzReader images(images_path);
@@ -146,6 +143,7 @@ IdxBytes read_idx_files(const std::string& images_path, const std::string& label
     throw Error(ErrorKind::kParse, str(images_path, ": implausible dimensions ", count, " x ", dims[1], " x ", dims[2],
                                        " (at most ", kMaxExamples, " images of ", kMaxFeatures, " pixels)"));
   IdxBytes data;
+  data.classes = options.classes;
   data.rows = static_cast<int>(dims[1]);
   data.features = static_cast<int>(std::size_t{dims[1]} * dims[2]);
   const std::size_t pixels = std::size_t{count} * static_cast<std::size_t>(data.features);
@@ -174,56 +172,128 @@ IdxBytes read_idx_files(const std::string& images_path, const std::string& label
   return data;
 }
 
-bool is_gzip(const std::string& path) {
+// The last 8 bytes of a gzip file: the CRC-32 and the length (mod 2^32) of what it holds.
+struct GzipTrailer {
+  std::uint32_t crc = 0;
+  std::uint32_t size = 0;
+};
+
+// nullopt when the file is not gzip (or cannot be read).
+std::optional<GzipTrailer> gzip_trailer(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char magic[2] = {};
-  return in.read(magic, 2) && static_cast<unsigned char>(magic[0]) == 0x1f &&
-         static_cast<unsigned char>(magic[1]) == 0x8b;
+  unsigned char magic[2] = {}, tail[8] = {};
+  if (!in.read(reinterpret_cast<char*>(magic), 2) || magic[0] != 0x1f || magic[1] != 0x8b) return std::nullopt;
+  if (!in.seekg(-8, std::ios::end) || !in.read(reinterpret_cast<char*>(tail), 8)) return std::nullopt;
+  auto le32 = [&](int at) {
+    return std::uint32_t{tail[at]} | std::uint32_t{tail[at + 1]} << 8 | std::uint32_t{tail[at + 2]} << 16 |
+           std::uint32_t{tail[at + 3]} << 24;
+  };
+  return GzipTrailer{le32(0), le32(4)};
 }
 
-// The cached copy of a gzip file: named after the file's absolute path, size and write
-// time, so a file replaced or touched is read afresh. "" when the file cannot be stat'ed.
-std::string cached_name(const std::string& cache_dir, const std::string& path) {
-  std::error_code error;
-  const auto absolute = std::filesystem::absolute(path, error);
-  const auto size = std::filesystem::file_size(path, error);
-  if (error) return "";
-  const auto written = std::filesystem::last_write_time(path, error);
-  if (error) return "";
-  std::string stem = absolute.filename().string();
-  if (stem.ends_with(".gz")) stem.resize(stem.size() - 3);
-  const std::uint64_t key = fnv1a(str(absolute.string(), "\n", size, "\n", written.time_since_epoch().count()));
-  return str(cache_dir, "/idx/", stem, "-", std::hex, key);
+// An IDX header: the magic number and the dimensions, big-endian.
+std::vector<std::uint8_t> idx_header(std::uint32_t magic, std::initializer_list<std::uint32_t> dims) {
+  std::vector<std::uint8_t> out;
+  auto put = [&](std::uint32_t word) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(word >> shift));
+  };
+  put(magic);
+  for (std::uint32_t d : dims) put(d);
+  return out;
 }
 
-void put_u32(std::ofstream& out, std::uint32_t v) {
-  const char bytes[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-                         static_cast<char>(v)};
-  out.write(bytes, 4);
-}
+// An IDX file's contents, rebuilt from what was read, against a gzip trailer.
+struct IdxContents {
+  std::vector<std::uint8_t> header;
+  std::span<const std::uint8_t> data;
+  bool matches(const GzipTrailer& t) const {
+    const auto crc = crc32_z(crc32_z(0, header.data(), header.size()), data.data(), data.size());
+    return crc == t.crc && static_cast<std::uint32_t>(header.size() + data.size()) == t.size;
+  }
+};
 
-// Writes `file` as a plain IDX file through a temporary name and a rename, so that peers
-// starting together never read a half-written copy. A cache that cannot be written costs
-// the next run the decompression again, nothing more.
-void write_cached(const std::string& file, std::uint32_t magic, std::initializer_list<std::uint32_t> dims,
-                  std::span<const std::uint8_t> bytes) {
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), error);
-  const std::string partial = str(file, ".", ::getpid(), ".partial");
-  {
-    std::ofstream out(partial, std::ios::binary);
-    put_u32(out, magic);
-    for (std::uint32_t d : dims) put_u32(out, d);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
+// The decompressed copies of a gzip IDX pair in the cache, named after each file's gzip
+// trailer, and used only when their own CRC-32 and length match that trailer: a replaced
+// file gets a new name, and a damaged or half-written copy is never taken for the data.
+// A labels file that is not gzip is read where it is.
+class DecompressedCopies {
+ public:
+  DecompressedCopies(const std::string& cache_dir, const std::string& images, const std::string& labels)
+      : images_trailer_(gzip_trailer(images)), labels_trailer_(gzip_trailer(labels)) {
+    if (!images_trailer_) return;  // nothing to save: the images are read where they are
+    images_ = name(cache_dir, images, *images_trailer_);
+    labels_ = labels_trailer_ ? name(cache_dir, labels, *labels_trailer_) : labels;
+  }
+  bool apply() const { return !images_.empty(); }
+
+  // The pair from the copies; nullopt when there are none, or they do not match.
+  std::optional<IdxBytes> read(const IdxOptions& options) const {
+    std::error_code error;
+    if (!std::filesystem::exists(images_, error) || !std::filesystem::exists(labels_, error)) return std::nullopt;
+    IdxBytes data = read_idx_files(images_, labels_, options);
+    std::vector<std::uint8_t> label_bytes;
+    if (!images_of(data).matches(*images_trailer_) ||
+        (labels_trailer_ && !labels_of(data, label_bytes).matches(*labels_trailer_))) {
+      log::warn(images_, ": the cached copy does not match its original; reading the original again");
+      return std::nullopt;
+    }
+    return data;
+  }
+
+  // Saves the pair read from the originals. Nothing is saved from a file whose trailer
+  // does not describe what was read (a gzip of several members).
+  void write(const IdxBytes& data) const {
+    if (const IdxContents images = images_of(data); images.matches(*images_trailer_)) save(images_, images);
+    std::vector<std::uint8_t> label_bytes;
+    if (const IdxContents labels = labels_of(data, label_bytes); labels_trailer_ && labels.matches(*labels_trailer_))
+      save(labels_, labels);
+  }
+
+ private:
+  static std::string name(const std::string& cache_dir, const std::string& path, const GzipTrailer& t) {
+    std::string stem = std::filesystem::path(path).filename().string();
+    if (stem.ends_with(".gz")) stem.resize(stem.size() - 3);
+    return str(cache_dir, "/idx/", stem, "-", std::hex, t.crc, "-", t.size);
+  }
+
+  // What the pair's two files held, rebuilt from what was read.
+  static IdxContents images_of(const IdxBytes& data) {
+    const auto rows = static_cast<std::uint32_t>(data.rows);
+    return {idx_header(kImagesMagic, {static_cast<std::uint32_t>(data.size()), rows,
+                                      static_cast<std::uint32_t>(data.features) / rows}),
+            data.pixels};
+  }
+  static IdxContents labels_of(const IdxBytes& data, std::vector<std::uint8_t>& bytes) {
+    bytes.assign(data.labels.begin(), data.labels.end());
+    return {idx_header(kLabelsMagic, {static_cast<std::uint32_t>(data.size())}), bytes};
+  }
+
+  // Through a unique temporary name and a rename, so that a reader finds the whole copy or
+  // none. A copy that cannot be written costs the next run the decompression, nothing more.
+  static void save(const std::string& file, const IdxContents& contents) {
+    std::error_code error;
+    std::filesystem::create_directories(std::filesystem::path(file).parent_path(), error);
+    std::string partial = file + ".partial.XXXXXX";
+    const int fd = ::mkstemp(partial.data());
+    if (fd < 0) return log::debug(file, ": cannot write the decompressed copy: ", std::strerror(errno));
+    bool written = true;
+    for (std::span<const std::uint8_t> part : {std::span<const std::uint8_t>(contents.header), contents.data})
+      while (written && !part.empty()) {
+        const ssize_t n = ::write(fd, part.data(), part.size());
+        written = n > 0;
+        if (written) part = part.subspan(static_cast<std::size_t>(n));
+      }
+    written = (::close(fd) == 0) && written;
+    if (written) std::filesystem::rename(partial, file, error);
+    if (!written || error) {
       std::filesystem::remove(partial, error);
       log::debug(file, ": cannot write the decompressed copy; the next run decompresses again");
-      return;
     }
   }
-  std::filesystem::rename(partial, file, error);
-  if (error) std::filesystem::remove(partial, error);
-}
+
+  std::optional<GzipTrailer> images_trailer_, labels_trailer_;
+  std::string images_, labels_;
+};
 
 }  // namespace
 
@@ -232,39 +302,37 @@ IdxBytes read_idx(const std::string& images_path, const std::string& labels_path
     throw Error(ErrorKind::kInvalidArgument,
                 str("IDX options: classes ", options.classes, " must be in [1, 256] and std ", options.std, " > 0"));
   // zlib costs a peer 0.45 s on Fashion-MNIST's training images, and every peer of every
-  // launch reads the same files: decompress them once, into the cache.
-  std::string cached_images, cached_labels;
-  if (!options.cache_dir.empty() && is_gzip(images_path)) {
-    cached_images = cached_name(options.cache_dir, images_path);
-    cached_labels = is_gzip(labels_path) ? cached_name(options.cache_dir, labels_path) : labels_path;
-  }
-  const bool cached = !cached_images.empty() && !cached_labels.empty();
-  if (cached && std::filesystem::exists(cached_images) && std::filesystem::exists(cached_labels)) {
+  // launch reads the same files: the decompressed copies cost 40 ms to check. The cache
+  // never fails a run: whatever goes wrong with it, the originals are read.
+  std::optional<DecompressedCopies> copies;
+  if (!options.cache_dir.empty()) {
     try {
-      return read_idx_files(cached_images, cached_labels, options);
-    } catch (const Error& e) {  // a damaged copy: read the originals and write it again
+      copies.emplace(options.cache_dir, images_path, labels_path);
+      if (copies->apply())
+        if (auto data = copies->read(options)) return std::move(*data);
+    } catch (const std::exception& e) {
       log::warn("ignoring the cached copy of ", images_path, ": ", e.what());
     }
   }
   IdxBytes data = read_idx_files(images_path, labels_path, options);
-  if (cached) {
-    const auto count = static_cast<std::uint32_t>(data.size());
-    const auto rows = static_cast<std::uint32_t>(data.rows);
-    write_cached(cached_images, kImagesMagic, {count, rows, static_cast<std::uint32_t>(data.features) / rows},
-                 data.pixels);
-    if (cached_labels != labels_path) {
-      std::vector<std::uint8_t> label_bytes(data.labels.begin(), data.labels.end());
-      write_cached(cached_labels, kLabelsMagic, {count}, label_bytes);
+  if (copies && copies->apply()) {
+    try {
+      copies->write(data);
+    } catch (const std::exception& e) {
+      log::debug("cannot keep a decompressed copy of ", images_path, ": ", e.what());
     }
   }
   return data;
 }
 
 Dataset to_dataset(const IdxBytes& bytes, std::span<const int> examples, const IdxOptions& options) {
+  const auto features = static_cast<std::size_t>(bytes.features);
+  if (bytes.features < 1 || bytes.pixels.size() != static_cast<std::size_t>(bytes.size()) * features)
+    throw Error(ErrorKind::kInvalidArgument, str("IDX data: ", bytes.pixels.size(), " pixels for ", bytes.size(),
+                                                 " examples of ", bytes.features, " features"));
   Dataset data;
   data.features = bytes.features;
-  data.classes = options.classes;
-  const auto features = static_cast<std::size_t>(bytes.features);
+  data.classes = bytes.classes;
   data.inputs.resize(examples.size() * features);
   data.labels.resize(examples.size());
   const float scale = 1.0f / (255.0f * options.std);

@@ -89,6 +89,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::vector<int> bytes_;
 };
 
+std::uint64_t fnv1a(std::string_view text, std::uint64_t h = 1469598103934665603ULL) {
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
 // Holds an exclusive lock on a file while it lives.
 class FileLock {
  public:

@@ -5,10 +5,10 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -136,11 +136,12 @@ TEST_F(IdxFiles, EachBrokenFileIsReportedWithItsName) {
 }
 
 // The cache holds the decompressed copy of a gzip pair, is what the next read returns, and
-// never outlives a change to the original or survives damage.
-TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyUntilTheyChange) {
+// is never taken for the data once it no longer matches the original's gzip trailer.
+TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyWhileItMatches) {
   IdxOptions options;
   options.cache_dir = (dir_ / "cache").string();
-  const std::string images = write("images.gz", image_file(2051, 3, 2, 2, 12), true);
+  const Bytes pixels = image_file(2051, 3, 2, 2, 12);
+  const std::string images = write("images.gz", pixels, true);
   const std::string labels = write("labels.gz", label_file(2049, 3, {4, 0, 9}), true);
   const IdxBytes first = read_idx(images, labels, options);
   std::vector<fs::path> copies;
@@ -148,26 +149,35 @@ TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyUntilTheyChange) {
   ASSERT_EQ(copies.size(), 2u);
   std::sort(copies.begin(), copies.end());  // images-…, then labels-…
   ASSERT_EQ(copies[0].filename().string().rfind("images-", 0), 0u) << copies[0];
-  // The copy is a plain IDX file: reading it directly gives the same bytes.
-  const IdxBytes direct = read_idx(copies[0].string(), copies[1].string());
-  EXPECT_EQ(direct.pixels, first.pixels);
-  EXPECT_EQ(direct.labels, first.labels);
+  // The copy is the plain IDX file the gzip held, byte for byte.
+  std::ifstream copy(copies[0], std::ios::binary);
+  EXPECT_EQ(Bytes(std::istreambuf_iterator<char>(copy), {}), pixels);
 
-  // What is read next comes from the copy: change the copy's pixels and the read shows it.
-  Bytes altered = image_file(2051, 3, 2, 2, 12);
+  // The next read comes from the copy: with the original's compressed bytes spoiled (its
+  // size and trailer kept), the original no longer reads, but the pair still does.
+  {
+    std::fstream spoil(images, std::ios::binary | std::ios::in | std::ios::out);
+    spoil.seekp(12);
+    spoil.write("\xff\xff\xff\xff", 4);
+  }
+  EXPECT_THROW(read_idx(images, labels), Error);
+  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  write("images.gz", pixels, true);
+
+  // A copy that no longer matches the trailer is read around, and written again: a changed
+  // pixel, then a truncated file.
+  Bytes altered = pixels;
   altered[16] = 200;
   std::ofstream(copies[0], std::ios::binary).write(reinterpret_cast<const char*>(altered.data()), altered.size());
-  EXPECT_EQ(read_idx(images, labels, options).pixels[0], 200);
-
-  // A damaged copy is read around, and written again.
+  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  std::ifstream rewritten(copies[0], std::ios::binary);
+  EXPECT_EQ(Bytes(std::istreambuf_iterator<char>(rewritten), {}), pixels);
   fs::resize_file(copies[0], 10);
-  const IdxBytes repaired = read_idx(images, labels, options);
-  EXPECT_EQ(repaired.pixels, first.pixels);
-  EXPECT_EQ(fs::file_size(copies[0]), altered.size());
+  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  EXPECT_EQ(fs::file_size(copies[0]), pixels.size());
 
   // A changed original is another file: its own copy, its own bytes.
   const std::string changed = write("images.gz", image_file(2051, 3, 1, 4, 12), true);
-  fs::last_write_time(changed, fs::last_write_time(changed) + std::chrono::seconds(5));
   const IdxBytes again = read_idx(changed, labels, options);
   EXPECT_EQ(again.rows, 1);
   EXPECT_EQ(again.features, 4);
@@ -175,11 +185,43 @@ TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyUntilTheyChange) {
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx")) ++entries;
   EXPECT_EQ(entries, 3u);
 
-  // A broken original leaves nothing behind.
+  // A broken original leaves nothing behind, and its error names it.
   const std::string broken = write("broken.gz", image_file(2051, 3, 2, 2, 11), true);
-  EXPECT_THROW(read_idx(broken, labels, options), Error);
+  try {
+    read_idx(broken, labels, options);
+    ADD_FAILURE() << "a truncated file was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.gz: truncated"), std::string::npos) << e.what();
+  }
   for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx"))
     EXPECT_EQ(entry.path().filename().string().find("broken"), std::string::npos) << entry.path();
+}
+
+TEST_F(IdxFiles, PlainLabelsBesideGzipImagesAreReadWhereTheyAre) {
+  IdxOptions options;
+  options.cache_dir = (dir_ / "cache").string();
+  const std::string images = write("images.gz", image_file(2051, 3, 2, 2, 12), true);
+  const std::string labels = write("labels", label_file(2049, 3, {4, 0, 9}), false);
+  for (int read = 0; read < 2; ++read)
+    EXPECT_EQ(read_idx(images, labels, options).labels, (std::vector<std::int32_t>{4, 0, 9}));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx")) names.push_back(entry.path().filename());
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(names[0].rfind("images-", 0), 0u) << names[0];
+}
+
+// A cache that cannot be used costs the decompression, never the read.
+TEST_F(IdxFiles, ACacheThatCannotBeUsedNeverFailsARead) {
+  const std::string images = write("images.gz", image_file(2051, 3, 2, 2, 12), true);
+  const std::string labels = write("labels.gz", label_file(2049, 3, {4, 0, 9}), true);
+  write("a-file", Bytes{1, 2, 3}, false);
+  for (const std::string& cache : {(dir_ / "a-file").string(),  // a regular file where a folder belongs
+                                   (dir_ / std::string(5000, 'x')).string()}) {  // a name too long for the system
+    IdxOptions options;
+    options.cache_dir = cache;
+    for (int read = 0; read < 2; ++read)
+      EXPECT_EQ(read_idx(images, labels, options).labels, (std::vector<std::int32_t>{4, 0, 9})) << cache.size();
+  }
 }
 
 TEST_F(IdxFiles, AShardBecomesInputsOfItsOwnExamplesOnly) {

@@ -29,14 +29,17 @@ struct IdxOptions {
   float mean = 0.2860f;
   float std = 0.3530f;
   // Where a gzip file's decompressed copy is kept for the next reader ("": nowhere). The
-  // copy is named after the file's path, size and write time, and written only once the
-  // file has passed every check; a damaged copy is read around and written again.
+  // copy is named after the file's gzip trailer (the CRC-32 and length of its contents),
+  // written only once the file has passed every check, and read only while its own CRC-32
+  // and length match that trailer; otherwise the original is read and the copy rewritten.
+  // Nothing that goes wrong with the cache fails a read.
   std::string cache_dir;
 };
 
 // An IDX pair as read, before its pixels become floats, so that a peer converts only its
 // own shard.
 struct IdxBytes {
+  int classes = 0;                   // labels lie in [0, classes)
   int rows = 0;                      // of each image
   int features = 0;                  // pixels of each image
   std::vector<std::uint8_t> pixels;  // size() × features, example-major
