@@ -218,13 +218,18 @@ struct IdxContents {
 // A labels file that is not gzip is read where it is.
 class DecompressedCopies {
  public:
-  DecompressedCopies(const std::string& cache_dir, const std::string& images, const std::string& labels)
-      : images_trailer_(gzip_trailer(images)), labels_trailer_(gzip_trailer(labels)) {
-    if (!images_trailer_) return;  // nothing to save: the images are read where they are
-    images_ = name(cache_dir, images, *images_trailer_);
-    labels_ = labels_trailer_ ? name(cache_dir, labels, *labels_trailer_) : labels;
+  // nullopt when the images are not gzip: there is nothing to save.
+  static std::optional<DecompressedCopies> of(const std::string& cache_dir, const std::string& images,
+                                              const std::string& labels) {
+    const std::optional<GzipTrailer> images_trailer = gzip_trailer(images);
+    if (!images_trailer) return std::nullopt;
+    DecompressedCopies copies;
+    copies.images_trailer_ = *images_trailer;
+    copies.labels_trailer_ = gzip_trailer(labels);
+    copies.images_ = name(cache_dir, images, *images_trailer);
+    copies.labels_ = copies.labels_trailer_ ? name(cache_dir, labels, *copies.labels_trailer_) : labels;
+    return copies;
   }
-  bool apply() const { return !images_.empty(); }
 
   // The pair from the copies; nullopt when there are none, or they do not match.
   std::optional<IdxBytes> read(const IdxOptions& options) const {
@@ -232,7 +237,7 @@ class DecompressedCopies {
     if (!std::filesystem::exists(images_, error) || !std::filesystem::exists(labels_, error)) return std::nullopt;
     IdxBytes data = read_idx_files(images_, labels_, options);
     std::vector<std::uint8_t> label_bytes;
-    if (!images_of(data).matches(*images_trailer_) ||
+    if (!images_of(data).matches(images_trailer_) ||
         (labels_trailer_ && !labels_of(data, label_bytes).matches(*labels_trailer_))) {
       log::warn(images_, ": the cached copy does not match its original; reading the original again");
       return std::nullopt;
@@ -243,7 +248,7 @@ class DecompressedCopies {
   // Saves the pair read from the originals. Nothing is saved from a file whose trailer
   // does not describe what was read (a gzip of several members).
   void write(const IdxBytes& data) const {
-    if (const IdxContents images = images_of(data); images.matches(*images_trailer_)) save(images_, images);
+    if (const IdxContents images = images_of(data); images.matches(images_trailer_)) save(images_, images);
     std::vector<std::uint8_t> label_bytes;
     if (const IdxContents labels = labels_of(data, label_bytes); labels_trailer_ && labels.matches(*labels_trailer_))
       save(labels_, labels);
@@ -291,7 +296,10 @@ class DecompressedCopies {
     }
   }
 
-  std::optional<GzipTrailer> images_trailer_, labels_trailer_;
+  DecompressedCopies() = default;
+
+  GzipTrailer images_trailer_;
+  std::optional<GzipTrailer> labels_trailer_;  // nullopt: the labels are read where they are
   std::string images_, labels_;
 };
 
@@ -307,15 +315,15 @@ IdxBytes read_idx(const std::string& images_path, const std::string& labels_path
   std::optional<DecompressedCopies> copies;
   if (!options.cache_dir.empty()) {
     try {
-      copies.emplace(options.cache_dir, images_path, labels_path);
-      if (copies->apply())
+      copies = DecompressedCopies::of(options.cache_dir, images_path, labels_path);
+      if (copies)
         if (auto data = copies->read(options)) return std::move(*data);
     } catch (const std::exception& e) {
       log::warn("ignoring the cached copy of ", images_path, ": ", e.what());
     }
   }
   IdxBytes data = read_idx_files(images_path, labels_path, options);
-  if (copies && copies->apply()) {
+  if (copies) {
     try {
       copies->write(data);
     } catch (const std::exception& e) {
