@@ -214,15 +214,14 @@ class Member final : public Group {
       state->complete();
       return Work(std::move(state));
     }
-    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what);
-    cudaEvent_t event =
-        is_send ? enqueue(state->what, "ncclSend",
-                          [&](ncclComm_t comm, cudaStream_t stream) {
-                            return ncclSend(data, count, ncclFloat, peer, comm, stream);
-                          })
-                : enqueue(state->what, "ncclRecv", [&](ncclComm_t comm, cudaStream_t stream) {
-                    return ncclRecv(data, count, ncclFloat, peer, comm, stream);
-                  });
+    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what());
+    cudaEvent_t event = is_send ? enqueue(state->what(), "ncclSend",
+                                          [&](ncclComm_t comm, cudaStream_t stream) {
+                                            return ncclSend(data, count, ncclFloat, peer, comm, stream);
+                                          })
+                                : enqueue(state->what(), "ncclRecv", [&](ncclComm_t comm, cudaStream_t stream) {
+                                    return ncclRecv(data, count, ncclFloat, peer, comm, stream);
+                                  });
     state->cancel = make_cancel(state.get());
     hub_->track(me_, {state}, event);
     return Work(std::move(state));
@@ -233,7 +232,7 @@ class Member final : public Group {
   // posting like NCCL's, and moves it by one device-to-device copy on the stream.
   Work post_self(StatePtr state, bool is_send, float* data, std::size_t count) {
     if (hub_->aborted) return hub_->failed(std::move(state));
-    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what);
+    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what());
     state->cancel = make_cancel(state.get());
     return hub_->post_self(me_, std::move(state), is_send, data, count);
   }

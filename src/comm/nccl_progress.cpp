@@ -49,7 +49,7 @@ void Hub::fail_in_flight(RankState& r) {
     (void)cudaEventDestroy(op.event);  // released once the stream passes it
     for (auto& state : op.states)
       if (std::find(skip.begin(), skip.end(), state.get()) == skip.end())
-        state->complete(std::make_exception_ptr(aborted_error(state->what, why)));
+        state->complete(std::make_exception_ptr(aborted_error(state->what(), why)));
   }
 }
 
@@ -70,7 +70,7 @@ void Hub::abort_group(const std::string& reason, int blocking_rank) {
   }
   const std::string why = this->reason();
   for (auto& message : unmatched)
-    message.state->complete(std::make_exception_ptr(aborted_error(message.state->what, why)));
+    message.state->complete(std::make_exception_ptr(aborted_error(message.state->what(), why)));
   for (auto& r : ranks) abort_comm(*r, r->rank == blocking_rank);
   progress_cv.notify_all();
 }
@@ -118,14 +118,14 @@ bool Hub::cancel(int rank, const Work::State* state) {
   }
   // Blocking for this rank: its entry has left in_flight when this returns, so the
   // pointer can leave `withdrawn` before its address could be reused.
-  abort_group(str(state->what, " timed out, and NCCL cannot withdraw an operation from the GPU"), rank);
+  abort_group(str(state->what(), " timed out, and NCCL cannot withdraw an operation from the GPU"), rank);
   std::lock_guard lock(mutex);
   withdrawn.erase(std::find(withdrawn.begin(), withdrawn.end(), state));
   return true;
 }
 
 Work Hub::failed(StatePtr state) {
-  state->complete(std::make_exception_ptr(aborted_error(state->what, reason())));
+  state->complete(std::make_exception_ptr(aborted_error(state->what(), reason())));
   return Work(std::move(state));
 }
 
@@ -188,10 +188,10 @@ Work Hub::post_self(RankState& me, StatePtr state, bool is_send, float* data, st
     return Work(std::move(state));
   }
   lock.unlock();
-  const std::string message = str(state->what, ": ", failure);
+  const std::string message = str(state->what(), ": ", failure);
   // The partner left its queue above, so the abort cannot reach it: fail it here.
   abort_group(message, me.rank);
-  partner.state->complete(std::make_exception_ptr(aborted_error(partner.state->what, message)));
+  partner.state->complete(std::make_exception_ptr(aborted_error(partner.state->what(), message)));
   throw Error(ErrorKind::kInternal, message);
 }
 
@@ -206,7 +206,7 @@ void Hub::track(RankState& r, std::vector<StatePtr> states, cudaEvent_t event) {
   }
   (void)cudaEventDestroy(event);
   const std::string why = reason();
-  for (auto& state : states) state->complete(std::make_exception_ptr(aborted_error(state->what, why)));
+  for (auto& state : states) state->complete(std::make_exception_ptr(aborted_error(state->what(), why)));
 }
 
 void Hub::sweep() {

@@ -97,11 +97,11 @@ struct Hub {
     abort_reason = reason;
     for (auto& [key, channel] : channels) {
       for (auto& send : channel.sends)
-        send.state->complete(std::make_exception_ptr(
-            Error(ErrorKind::kPeerLost, str(send.state->what, ": group aborted: ", reason))));
+        send.state->complete(
+            std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(send.state->what(), ": group aborted: ", reason))));
       for (auto& recv : channel.recvs)
-        recv.state->complete(std::make_exception_ptr(
-            Error(ErrorKind::kPeerLost, str(recv.state->what, ": group aborted: ", reason))));
+        recv.state->complete(
+            std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(recv.state->what(), ": group aborted: ", reason))));
     }
     channels.clear();
     barrier_cv.notify_all();
@@ -140,9 +140,7 @@ class Member final : public Group {
 
   Work isend(int peer, int tag, std::span<const float> data) override {
     check_peer(peer, "isend");
-    auto state = std::make_shared<Work::State>(
-        str("thread group '", hub_->name, "': rank ", rank_, " isend to rank ", peer, " (tag ", tag, ", ",
-            data.size(), " floats)"));
+    auto state = std::make_shared<Work::State>(describe_operation("isend to", peer, tag, data.size()));
     const auto key = std::make_tuple(rank_, peer, tag);
     PendingSend send{state, data.data(), data.size()};
     std::unique_lock lock(hub_->mutex);
@@ -162,9 +160,7 @@ class Member final : public Group {
 
   Work irecv(int peer, int tag, std::span<float> data) override {
     check_peer(peer, "irecv");
-    auto state = std::make_shared<Work::State>(
-        str("thread group '", hub_->name, "': rank ", rank_, " irecv from rank ", peer, " (tag ", tag, ", ",
-            data.size(), " floats)"));
+    auto state = std::make_shared<Work::State>(describe_operation("irecv from", peer, tag, data.size()));
     const auto key = std::make_tuple(peer, rank_, tag);
     PendingRecv recv{state, data.data(), data.size()};
     std::unique_lock lock(hub_->mutex);
@@ -264,7 +260,7 @@ class Member final : public Group {
     const std::string reason = hub_->abort_reason;
     lock.unlock();
     state->complete(
-        std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(state->what, ": group aborted: ", reason))));
+        std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(state->what(), ": group aborted: ", reason))));
     return Work(std::move(state));
   }
 
@@ -386,6 +382,16 @@ class Member final : public Group {
       finish(slots);
       arrive(slot.kind, deadline, timeout_s);
     }
+  }
+
+  // What a timeout or an abort names, built only then. The hub is held weakly: a pending
+  // operation's state sits in the hub's channels, and a strong hold would make a cycle.
+  Work::State::Describe describe_operation(const char* verb, int peer, int tag, std::size_t floats) const {
+    return [hub = std::weak_ptr<Hub>(hub_), rank = rank_, verb, peer, tag, floats] {
+      const auto alive = hub.lock();
+      return str("thread group '", alive ? alive->name : std::string("(gone)"), "': rank ", rank, " ", verb, " rank ",
+                 peer, " (tag ", tag, ", ", floats, " floats)");
+    };
   }
 
   std::shared_ptr<Hub> hub_;

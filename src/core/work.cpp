@@ -47,7 +47,8 @@ void Work::wait(double timeout_s) {
   if (!s.cv.wait_for(lock, limit, [&] { return s.done; })) {
     lock.unlock();
     if (s.cancel && s.cancel())
-      s.complete(std::make_exception_ptr(Error(ErrorKind::kTimeout, str(s.what, " did not finish within ", timeout_s, " s"))));
+      s.complete(std::make_exception_ptr(
+          Error(ErrorKind::kTimeout, str(s.what(), " did not finish within ", timeout_s, " s"))));
     lock.lock();
     s.cv.wait(lock, [&] { return s.done; });
   }

@@ -638,7 +638,7 @@ class TcpTransport final : public Transport {
       if (!core || !me) return true;  // the transport is gone: its I/O thread with it
       auto done = std::make_shared<std::promise<void>>();
       asio::post(core->io, [c = core.get(), &l, me, done] {
-        const std::string why = str(me->what, " did not finish in time; closing the link to ", l.name);
+        const std::string why = str(me->what(), " did not finish in time; closing the link to ", l.name);
         me->complete(std::make_exception_ptr(Error(ErrorKind::kTimeout, why)));
         c->fail_link(l, why);
         done->set_value();

@@ -14,7 +14,7 @@ configure_sanitized() {
     fuzz=ON
   fi
   cmake -S "$root" -B "$build" "${compiler[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -march=native" -DPEERTRAIN_SANITIZE=address,undefined -DPEERTRAIN_FUZZ=$fuzz \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -march=native" -DPEERTRAIN_SANITIZE=address,undefined -DPEERTRAIN_FUZZ=$fuzz \
     -DPEERTRAIN_CUDA=OFF -DPEERTRAIN_BENCHMARKS=OFF -DPEERTRAIN_NATIVE=OFF -DPEERTRAIN_PYTHON=OFF >"$build.configure.log" 2>&1 ||
     { cat "$build.configure.log"; return 1; }
 }
