@@ -18,6 +18,7 @@
 #include "model_flags.h"
 #include "options.h"
 #include "random_batch.h"
+#include "training_options.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
@@ -39,19 +40,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-std::vector<int> parse_widths(const std::string& text) {
-  std::vector<int> widths;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    int width = 0;
-    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), width);
-    if (ec != std::errc() || ptr != item.data() + item.size() || width < 1)
-      throw UsageError("--hidden '" + text + "' is not a list of positive widths like 512,512");
-    widths.push_back(width);
-  }
-  return widths;
 }
 
 // GFLOP/s of Eigen's float GEMM on kGemmSize³ with the current thread count: the median of

@@ -74,20 +74,6 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "time-budget",
                                                  "momentum-form"};
 
-std::vector<int> parse_widths(const std::string& text) {
-  std::vector<int> widths;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    int w = 0;
-    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), w);
-    if (ec != std::errc() || ptr != item.data() + item.size() || w < 1 || w > 1 << 16)
-      throw UsageError("--hidden '" + text + "' must be a comma-separated list of layer widths, e.g. 512,512");
-    widths.push_back(w);
-  }
-  return widths;
-}
-
 template <typename T>
 T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_ok = false) {
   const T value = number_flag<T>(args, name);
@@ -250,6 +236,20 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
 }
 
 }  // namespace
+
+std::vector<int> parse_widths(const std::string& text) {
+  std::vector<int> widths;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int w = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), w);
+    if (ec != std::errc() || ptr != item.data() + item.size() || w < 1 || w > 1 << 16)
+      throw UsageError("--hidden '" + text + "' must be a comma-separated list of layer widths, e.g. 512,512");
+    widths.push_back(w);
+  }
+  return widths;
+}
 
 void add_training_options(cxxopts::Options& options) {
   options.add_options("training")("algorithm",

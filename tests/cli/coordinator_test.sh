@@ -34,7 +34,7 @@ base=$((25000 + ($$ * 16) % 9000))
   echo "peers:"
   for ((i = 0; i < 8; i++)); do echo "  - {id: $i, host: 127.0.0.1, port: $((base + i))}"; done
 } >"$work/ring8.yaml"
-flags=(--topology "$work/ring8.yaml" --hidden 32 --batch 16 --epochs 40 --max-steps 12000 --eval-every 2000
+flags=(--topology "$work/ring8.yaml" --hidden 32 --batch 16 --epochs 40 --eval-every 2000
        --connect-timeout 30 --peer-timeout 10 --mixing-trace)
 
 field() { grep -o "\"$2\": [^,}]*" "$1/summary.json" | head -1 | sed 's/.*: //'; }
@@ -46,8 +46,9 @@ wait_for_step() {
   done
   return 1
 }
-launch() {  # launch NAME: runs in the background, exit code in $work/NAME.code
-  (timeout 240 "$bin" launch "${flags[@]}" --out "$work/$1" >"$work/$1.log" 2>&1; echo $? >"$work/$1.code") &
+launch() {  # launch NAME [STEPS]: runs in the background, exit code in $work/NAME.code
+  (timeout 240 "$bin" launch "${flags[@]}" --max-steps "${2:-12000}" --out "$work/$1" >"$work/$1.log" 2>&1
+   echo $? >"$work/$1.code") &
 }
 peer0() { pgrep -f "peertrain peer --rank 0 .*--out $work/$1( |$)"; }
 
@@ -71,7 +72,9 @@ awk -v a="$(field "$work/kill" test_accuracy)" -v b="$calm_acc" 'BEGIN { exit !(
   fail "kill: accuracy $(field "$work/kill" test_accuracy) against $calm_acc undisturbed"
 
 # --- stall the coordinator past --peer-timeout, then let it go on ----------------------
-launch stall
+# 20,000 steps: the survivors must still be training when peer 0 wakes, 13 s after step
+# 4,000 and about 3 s after they dropped it, however fast this machine runs them.
+launch stall 20000
 wait_for_step stall 4000 || fail "stall: the run never reached step 4000"
 victim=$(peer0 stall)
 kill -STOP "$victim"
