@@ -214,12 +214,13 @@ class Member final : public Group {
       state->complete();
       return Work(std::move(state));
     }
-    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", state->what());
-    cudaEvent_t event = is_send ? enqueue(state->what(), "ncclSend",
+    const std::string what = state->what();  // a copy: State builds it on demand
+    check_device_span(data, count, is_send ? "the send buffer" : "the receive buffer", what);
+    cudaEvent_t event = is_send ? enqueue(what, "ncclSend",
                                           [&](ncclComm_t comm, cudaStream_t stream) {
                                             return ncclSend(data, count, ncclFloat, peer, comm, stream);
                                           })
-                                : enqueue(state->what(), "ncclRecv", [&](ncclComm_t comm, cudaStream_t stream) {
+                                : enqueue(what, "ncclRecv", [&](ncclComm_t comm, cudaStream_t stream) {
                                     return ncclRecv(data, count, ncclFloat, peer, comm, stream);
                                   });
     state->cancel = make_cancel(state.get());
