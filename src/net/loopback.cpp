@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "mailbox.h"
 #include "peertrain/core/error.h"
@@ -27,6 +28,7 @@ struct LoopbackFabric::State {
   std::map<std::pair<int, int>, Side> sides;  // (owner, peer)
   std::vector<int> generation;              // of each peer's process
   std::map<int, Clock::time_point> stalled_since;
+  std::vector<std::pair<int, int>> lost_order;  // (owner, peer) of each side killed, in order
 
   Side& side(int owner, int peer) {
     auto it = sides.find({owner, peer});
@@ -39,9 +41,15 @@ struct LoopbackFabric::State {
   void kill(int owner, int peer, const std::string& why_here) {
     Side& mine = side(owner, peer);
     Side& theirs = side(peer, owner);
-    if (!mine.dead) mine.death = why_here;
+    if (!mine.dead) {
+      mine.death = why_here;
+      lost_order.emplace_back(owner, peer);
+    }
     mine.dead = true;
-    if (!theirs.dead) theirs.death = str(name(owner), " closed the connection (it exited or crashed)");
+    if (!theirs.dead) {
+      theirs.death = str(name(owner), " closed the connection (it exited or crashed)");
+      lost_order.emplace_back(peer, owner);
+    }
     theirs.dead = true;
     changed.notify_all();
   }
@@ -160,6 +168,18 @@ class LoopbackTransport final : public Transport {
     s_->side(rank_, peer);
     auto it = s_->stalled_since.find(peer);
     return it == s_->stalled_since.end() ? 0.0 : std::chrono::duration<double>(Clock::now() - it->second).count();
+  }
+
+  std::vector<std::string> lost_links() override {
+    std::lock_guard lock(s_->mutex);
+    std::vector<std::string> lost;
+    std::set<int> named;  // a link lost, rejoined and lost again is named once
+    for (const auto& [owner, peer] : s_->lost_order) {
+      if (owner != rank_) continue;
+      const auto& l = s_->side(rank_, peer);
+      if (l.dead && !l.left && named.insert(peer).second) lost.push_back(l.death);
+    }
+    return lost;
   }
 
   void close() override {

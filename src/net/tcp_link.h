@@ -115,9 +115,11 @@ struct TcpCore {
   WireClock ingress_wire;   // the shared ingress cap (I/O thread only)
   std::string fatal;        // a refusal that ends connect()
   std::string last_refusal;
+  std::vector<int> lost_order;  // the peers whose links failed, in the order they did
   bool closed = false;
 
   Link& link(int peer);
+  const Link* first_lost() const;  // the earliest link still lost (not one that said goodbye); mutex held
   std::string name_of(int peer) const;
 
   // tcp_transport.cpp: failing, reading, writing.

@@ -2,12 +2,21 @@
 // the Transport interface over them. Dialing, accepting and the handshake are in
 // tcp_connect.cpp; the handshake's decisions in handshake.cpp.
 #include <future>
+#include <set>
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "tcp_link.h"
 
 namespace peertrain::net {
+
+const Link* TcpCore::first_lost() const {
+  for (int peer : lost_order) {
+    const Link& l = *links.at(peer);
+    if (l.dead && !l.left) return &l;
+  }
+  return nullptr;
+}
 
 Link& TcpCore::link(int peer) {
   auto it = links.find(peer);
@@ -32,6 +41,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
     if (!already_dead) {
       l.dead = true;
       l.death = why;
+      lost_order.push_back(l.peer);
     }
     death = l.death;
   }
@@ -489,6 +499,10 @@ class TcpTransport final : public Transport {
       const std::string waiting = str(to_string(type), " for step ", step, tag ? str(" (part ", tag, ")") : "");
       if (l.dead) throw Error(ErrorKind::kPeerLost, str(l.death, "; peer ", m.options.self, " was waiting for ", waiting));
       if (l.left) throw Error(ErrorKind::kPeerLost, str(l.name, " finished and left before sending ", waiting));
+      if (m.options.every_link_needed)
+        if (const Link* lost = m.first_lost())
+          throw Error(ErrorKind::kPeerLost, str(lost->death, "; peer ", m.options.self, " stops waiting for ", waiting,
+                                                " from ", l.name, ": this run needs every peer"));
       if (m.changed.wait_until(lock, deadline) == std::cv_status::timeout && !m.mailbox.has(key))
         throw Error(ErrorKind::kTimeout,
                     str(l.name, " sent no ", waiting, " within ", timeout_s, " s",
@@ -570,6 +584,25 @@ class TcpTransport final : public Transport {
   double silence_s(int peer) const override {
     std::lock_guard lock(core_->mutex);
     return std::chrono::duration<double>(Clock::now() - core_->link(peer).last_heard).count();
+  }
+  std::vector<std::string> lost_links() override {
+    TcpCore& m = *core_;
+    // The reactor queues the handlers of every event one poll found before a handler
+    // posted now, so once this one has run, a loss the kernel reported alongside the one
+    // the caller saw has been handled too. A stopped I/O thread never runs it: the wait
+    // is bounded.
+    auto drained = std::make_shared<std::promise<void>>();
+    auto done = drained->get_future();
+    asio::post(m.io, [drained] { drained->set_value(); });
+    done.wait_for(std::chrono::seconds(1));
+    std::lock_guard lock(m.mutex);
+    std::vector<std::string> lost;
+    std::set<int> named;  // a link lost, rejoined and lost again is named once
+    for (int peer : m.lost_order) {
+      const Link& l = m.link(peer);
+      if (l.dead && !l.left && named.insert(peer).second) lost.push_back(l.death);
+    }
+    return lost;
   }
   void recycle(Payload payload) override {
     std::lock_guard lock(core_->mutex);

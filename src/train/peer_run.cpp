@@ -114,6 +114,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
   options.run_id = match_.run_id ^ (resume_step * 0x9e3779b97f4a7c15ULL);
   check_fault_options(config_, t_, rank_);  // --rejoin, --max-staleness: before waiting for anyone
   options.rejoin = config_.rejoin;
+  options.every_link_needed = !tolerant_;
   options.connect_timeout_s = config_.connect_timeout_s;
   options.peer_timeout_s = config_.peer_timeout_s;
   // Gradient tracking's message carries x and y.
@@ -232,6 +233,27 @@ void PeerRun::emulate_straggler(double gradient_s) const {
 
 void PeerRun::train() {
   if (config_.algorithm == Algorithm::kAdpsgd) return train_async();
+  if (tolerant_) return train_steps();
+  try {
+    train_steps();
+  } catch (const Error& e) {
+    throw naming_every_lost_peer(e);
+  }
+}
+
+// A ring all-reduce that loses peer 2 stops everyone, but peer 1, waiting on peer 0, may
+// hear first that peer 0 stopped (of the same loss): its error would name only peer 0.
+Error PeerRun::naming_every_lost_peer(const Error& e) const {
+  if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) return e;
+  const std::string said = e.what();
+  std::string also;
+  for (const std::string& why : network_->lost_links())
+    if (said.find(why) == std::string::npos) also += str(also.empty() ? "" : "; ", why);
+  if (also.empty()) return e;
+  return Error(ErrorKind::kPeerLost, str(said, "; lost as well: ", also));
+}
+
+void PeerRun::train_steps() {
   const float base_lr = config_.optimizer == OptimizerKind::kAdam ? config_.adam.lr : config_.sgd.lr;
   auto last_progress = Clock::now();
   for (long long step = first_step_; step < total_steps_; ++step) {

@@ -13,6 +13,7 @@
 
 #include "membership.h"
 #include "peertrain/algo/gossip.h"
+#include "peertrain/core/error.h"
 #include "peertrain/net/transport.h"
 #include "peertrain/train/checkpoint.h"
 #include "peertrain/train/optimizer.h"
@@ -31,6 +32,10 @@ class PeerRun {
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  void train_steps();
+  // A centralized baseline's error, naming every peer lost by then (Transport::lost_links).
+  Error naming_every_lost_peer(const Error& e) const;
 
   std::uint64_t find_resume_step() const;
   void connect(std::uint64_t resume_step);

@@ -48,6 +48,8 @@ TEST(Loopback, ALostPeerIsNamedAndAGoodbyeIsNot) {
   c->close();
   EXPECT_ERROR_MENTIONS(a->receive(2, MessageType::kParameters, 0, 0), "finished and left");
   EXPECT_FALSE(a->try_receive(2, MessageType::kParameters, 0, 0).has_value());  // a goodbye is not a loss
+  EXPECT_EQ(a->lost_links(),
+            std::vector<std::string>{"peer 1 (loopback) closed the connection (it exited or crashed)"});
   const auto start = Clock::now();
   LoopbackFabric quiet(pair_options(0.3));
   auto q = quiet.transport(0), r = quiet.transport(1);

@@ -124,6 +124,59 @@ TEST(TcpTransport, AVanishedPeerIsNamedNotWaitedFor) {
   EXPECT_NE(error.find("peer 1 (127.0.0.1:"), std::string::npos) << error;
 }
 
+// What a centralized run's error lists (PeerRun::train): the crashed peer, not the one that
+// finished and said goodbye.
+TEST(TcpTransport, LostLinksNameTheCrashedPeersOnly) {
+  const auto endpoints = loopback_endpoints(3);
+  std::vector<std::string> lost;
+  run_peers(3, [&](int rank) {
+    std::vector<int> others;
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) others.push_back(p);
+    auto net = make_tcp_transport(options_for(rank, endpoints, others));
+    net->connect();
+    if (rank == 1) return net->abort();  // as if killed
+    if (rank == 2) return net->close();
+    EXPECT_THROW(net->receive(1, MessageType::kParameters, 0, 0), Error);
+    EXPECT_THROW(net->receive(2, MessageType::kParameters, 0, 0), Error);
+    lost = net->lost_links();
+  });
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_NE(lost[0].find("peer 1 (127.0.0.1:"), std::string::npos) << lost[0];
+}
+
+// A centralized baseline (every_link_needed): peer 0 waits on peer 1, which is alive but
+// will never send, because peer 2 is gone; the wait ends at once, naming peer 2.
+TEST(TcpTransport, InARunThatNeedsEveryPeerALossEndsEveryWait) {
+  const auto endpoints = loopback_endpoints(3);
+  std::string error = "no error";
+  std::atomic<bool> done{false};
+  run_peers(3, [&](int rank) {
+    std::vector<int> others;
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) others.push_back(p);
+    auto o = options_for(rank, endpoints, others);
+    o.every_link_needed = true;
+    o.peer_timeout_s = 10;  // without the option, the wait would end only here, as a timeout
+    auto net = make_tcp_transport(o);
+    net->connect();
+    if (rank == 2) return net->abort();  // as if killed
+    if (rank == 1) {
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return net->close();
+    }
+    try {
+      net->receive(1, MessageType::kParameters, 3, 0);
+    } catch (const Error& e) {
+      error = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kPeerLost);
+    }
+    done = true;
+  });
+  EXPECT_NE(error.find("peer 2 (127.0.0.1:"), std::string::npos) << error;
+  EXPECT_NE(error.find("stops waiting for parameters for step 3 from peer 1"), std::string::npos) << error;
+}
+
 TEST(TcpTransport, ASilentPeerTimesOut) {
   const auto endpoints = loopback_endpoints(2);
   std::string error;
@@ -253,7 +306,9 @@ TEST(TcpTransport, AnIdleLinkSavesNoBurstForASmallMessage) {
         net.send(0, MessageType::kParameters, round, 1, as_bytes(x)).wait(20);
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (rank == 0) EXPECT_GE(seconds, 0.9 * 2 * (1 << 14) / 1e6) << "round " << round << ": " << seconds;
+      if (rank == 0) {
+        EXPECT_GE(seconds, 0.9 * 2 * (1 << 14) / 1e6) << "round " << round << ": " << seconds;
+      }
     }
     net.close();
   });

@@ -57,6 +57,10 @@ struct TcpOptions {
   // only the higher ids, and says so in its hello. A neighbour accepts it only once it has
   // itself dropped the old link (drop()), and otherwise answers "not yet", which is retried.
   bool rejoin = false;
+  // A centralized baseline: no collective finishes without every peer, so a lost link ends
+  // every wait at once, named as the cause, rather than each peer waiting on a neighbour
+  // that will stop only later, of the same loss.
+  bool every_link_needed = false;
 };
 
 // Binds the listening socket (Error(kIo) if the port is taken) and starts the I/O thread;

@@ -124,6 +124,12 @@ class Transport {
   // come from the transport's own thread, so a peer blocked waiting for someone else still
   // sounds alive, while a stopped or cut-off one falls silent.
   virtual double silence_s(int peer) const = 0;
+  // Why each lost link was lost (not those whose peer finished and said goodbye), in the
+  // order they were, once the transport's own thread has handled every event it had already seen. A
+  // centralized run stops at its first loss, and one loss brings others soon after (a
+  // neighbour that stops on it closes its own links); two seen in one batch cannot be
+  // ordered, so its error names every peer lost by then (PeerRun::train).
+  virtual std::vector<std::string> lost_links() = 0;
 
   // Hands a received payload back so a later message can reuse its memory.
   virtual void recycle(Payload payload) { (void)payload; }
