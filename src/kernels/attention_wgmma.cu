@@ -32,15 +32,15 @@
 namespace peertrain::kernels::detail {
 namespace {
 
-constexpr int kKeyTile = 64;
-static_assert(kOperandKeyTile % kKeyTile == 0, "the key padding must hold whole tiles");
+constexpr int kWgmmaKeyTile = 64;
+static_assert(kOperandKeyTile % kWgmmaKeyTile == 0, "the key padding must hold whole tiles");
 constexpr int kStages = 3;  // tile j computed while j + 1 and j + 2 are in flight
 
 // K and Vᵀ tiles, three deep: 48 KB at D 64, the most a block may hold statically.
 template <int D>
 struct alignas(128) WgmmaTiles {
-  std::uint32_t keys[kStages][kKeyTile * D / 2];    // K, N = keys, K = dimensions
-  std::uint32_t values[kStages][D * kKeyTile / 2];  // Vᵀ, N = dimensions, K = keys
+  std::uint32_t keys[kStages][kWgmmaKeyTile * D / 2];    // K, N = keys, K = dimensions
+  std::uint32_t values[kStages][D * kWgmmaKeyTile / 2];  // Vᵀ, N = dimensions, K = keys
 };
 
 // Starts the copy of key tile k0 into buffer `stage` as one cp.async group. Chunk c is row
@@ -49,12 +49,12 @@ template <int D, int kThreads>
 __device__ __forceinline__ void load_tile(WgmmaTiles<D>& tiles, int stage, int k0, const AttentionOperands& ops,
                                           const std::uint32_t* k_row, const std::uint32_t* vt_row) {
   const int tid = static_cast<int>(threadIdx.x);
-  for (int c = tid; c < kKeyTile * D / 8; c += kThreads) {
+  for (int c = tid; c < kWgmmaKeyTile * D / 8; c += kThreads) {
     const int matrix = c / 8, key = matrix / (D / 8) * 8 + c % 8, part = matrix % (D / 8);
     copy_async_16(&tiles.keys[stage][4 * c], k_row + static_cast<std::size_t>(k0 + key) * (D / 2) + part * 4);
   }
-  for (int c = tid; c < D * kKeyTile / 8; c += kThreads) {
-    const int matrix = c / 8, d = matrix / (kKeyTile / 8) * 8 + c % 8, part = matrix % (kKeyTile / 8);
+  for (int c = tid; c < D * kWgmmaKeyTile / 8; c += kThreads) {
+    const int matrix = c / 8, d = matrix / (kWgmmaKeyTile / 8) * 8 + c % 8, part = matrix % (kWgmmaKeyTile / 8);
     copy_async_16(&tiles.values[stage][4 * c],
                   vt_row + static_cast<std::size_t>(d) * (ops.padded / 2) + k0 / 2 + part * 4);
   }
@@ -64,12 +64,12 @@ __device__ __forceinline__ void load_tile(WgmmaTiles<D>& tiles, int stage, int k
 // The key tiles the block's queries see: all of them, or (causal) those whose first key is
 // at or before the block's last query (positions ascend; the padding is INT_MAX).
 __device__ __forceinline__ int tiles_seen(int tk, bool causal, int horizon, const int* key_positions) {
-  const int tiles = (tk + kKeyTile - 1) / kKeyTile;
+  const int tiles = (tk + kWgmmaKeyTile - 1) / kWgmmaKeyTile;
   if (!causal) return tiles;
   int lo = 0, hi = tiles;  // the first tile past the horizon, by bisection
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (key_positions[mid * kKeyTile] <= horizon)
+    if (key_positions[mid * kWgmmaKeyTile] <= horizon)
       lo = mid + 1;
     else
       hi = mid;
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(G * 128, (G >= 3 ? 1 : 2))
     attention_forward_wgmma_kernel(int tq, int tk, bool causal, AttentionOperands ops, const int* q_positions,
                                    float* out, float* lse) {
   constexpr int kQueryTile = G * 64, kThreads = G * 128;
-  constexpr unsigned kKeyStride = D / 8 * 128, kValueStride = kKeyTile / 8 * 128;  // bytes between N core matrices
+  constexpr unsigned kKeyStride = D / 8 * 128, kValueStride = kWgmmaKeyTile / 8 * 128;  // bytes between N core matrices
   __shared__ WgmmaTiles<D> tiles;
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32, lane = tid % 32, group = lane / 4, pair = lane % 4;
@@ -107,28 +107,30 @@ __global__ void __launch_bounds__(G * 128, (G >= 3 ? 1 : 2))
   SoftmaxRows state;
   for (int t = 0; t < kStages - 1; ++t)  // one group per tile, empty past the last
     if (t < tiles_to_see)
-      load_tile<D, kThreads>(tiles, t, t * kKeyTile, ops, k_row, vt_row);
+      load_tile<D, kThreads>(tiles, t, t * kWgmmaKeyTile, ops, k_row, vt_row);
     else
       copy_async_commit();
   for (int j = 0; j < tiles_to_see; ++j) {
-    const int k0 = j * kKeyTile, stage = j % kStages;
+    const int k0 = j * kWgmmaKeyTile, stage = j % kStages;
     // No query of the block loses a key of this tile: skip the per-score mask.
-    const bool unmasked = k0 + kKeyTile <= tk && (!causal || ops.key_positions[k0 + kKeyTile - 1] <= earliest);
+    const bool unmasked =
+        k0 + kWgmmaKeyTile <= tk && (!causal || ops.key_positions[k0 + kWgmmaKeyTile - 1] <= earliest);
     copy_async_wait<kStages - 2>();  // tile j has landed; j + 1 may still be in flight
     fence_async_shared();            // this thread's copies, visible to the tensor cores' reads
     __syncthreads();
     if (j + kStages - 1 < tiles_to_see)
-      load_tile<D, kThreads>(tiles, (j + kStages - 1) % kStages, k0 + (kStages - 1) * kKeyTile, ops, k_row, vt_row);
+      load_tile<D, kThreads>(tiles, (j + kStages - 1) % kStages, k0 + (kStages - 1) * kWgmmaKeyTile, ops, k_row,
+                             vt_row);
     else
       copy_async_commit();
 
     // S = Q·Kᵀ: D/16 products, each over 16 dimensions (two core matrices along K).
-    float s[kKeyTile / 8][4];  // written whole by the first product (accumulate off)
+    float s[kWgmmaKeyTile / 8][4];  // written whole by the first product (accumulate off)
     wgmma_fence();
     PT_UNROLL
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_bf16<kKeyTile>(s, rows.a[ks], wgmma_descriptor(&tiles, &tiles.keys[stage][ks * 64], 128, kKeyStride),
-                           ks > 0);
+      wgmma_bf16<kWgmmaKeyTile>(s, rows.a[ks], wgmma_descriptor(&tiles, &tiles.keys[stage][ks * 64], 128, kKeyStride),
+                                ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
     keep_registers(s);
@@ -137,14 +139,14 @@ __global__ void __launch_bounds__(G * 128, (G >= 3 ? 1 : 2))
     rescale_rows(o, online_softmax(s, state));
 
     // O += P·V: 4 products, each over 16 keys.
-    std::uint32_t p[kKeyTile / 16][4];
+    std::uint32_t p[kWgmmaKeyTile / 16][4];
     PT_UNROLL
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) pack_probabilities(s, kk, p[kk]);
+    for (int kk = 0; kk < kWgmmaKeyTile / 16; ++kk) pack_probabilities(s, kk, p[kk]);
     keep_registers(o);
     keep_registers(p);
     wgmma_fence();
     PT_UNROLL
-    for (int kk = 0; kk < kKeyTile / 16; ++kk)
+    for (int kk = 0; kk < kWgmmaKeyTile / 16; ++kk)
       wgmma_bf16<D>(o, p[kk], wgmma_descriptor(&tiles, &tiles.values[stage][kk * 64], 128, kValueStride), true);
     wgmma_commit();
     wgmma_wait<0>();

@@ -7,7 +7,7 @@
 namespace peertrain::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kEmbeddingThreads = 256;
 
 __global__ void embedding_forward_kernel(int d, int tokens, std::size_t count, const std::int32_t* ids,
                                          const int* positions, const float* wte, const float* wpe, float* out) {
@@ -39,8 +39,8 @@ void token_embedding_forward(Stream stream, int d, int batch, int tokens, const 
                              const float* wte, const float* wpe, float* out) {
   const std::size_t count = static_cast<std::size_t>(d) * batch * tokens;
   if (count == 0) return;
-  PT_LAUNCH(embedding_forward_kernel, detail::grid_for(count, kThreads), kThreads, 0, stream, d, tokens, count, ids,
-            positions, wte, wpe, out);
+  PT_LAUNCH(embedding_forward_kernel, detail::grid_for(count, kEmbeddingThreads), kEmbeddingThreads, 0, stream, d,
+            tokens, count, ids, positions, wte, wpe, out);
   detail::check_launch("token_embedding_forward");
 }
 
@@ -48,8 +48,8 @@ void token_embedding_backward(Stream stream, int d, int batch, int tokens, const
                               const int* positions, const float* dout, float* dwte, float* dwpe) {
   const std::size_t count = static_cast<std::size_t>(d) * batch * tokens;
   if (count == 0) return;
-  PT_LAUNCH(embedding_backward_kernel, detail::grid_for(count, kThreads), kThreads, 0, stream, d, tokens, count, ids,
-            positions, dout, dwte, dwpe);
+  PT_LAUNCH(embedding_backward_kernel, detail::grid_for(count, kEmbeddingThreads), kEmbeddingThreads, 0, stream, d,
+            tokens, count, ids, positions, dout, dwte, dwpe);
   detail::check_launch("token_embedding_backward");
 }
 

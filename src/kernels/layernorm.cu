@@ -9,7 +9,7 @@ namespace peertrain::kernels {
 namespace {
 
 constexpr float kEps = 1e-5f;  // torch.nn.LayerNorm's default, as in model/layers.h
-constexpr int kThreads = 128;  // four columns per block
+constexpr int kLayerNormThreads = 128;  // four columns per block
 // Columns per block of the parameters' gradient: 32 gives 256 blocks for the GPT's 8,192
 // columns (256 gave 32 blocks, 49 µs per call on an H200).
 constexpr int kColumnsPerChunk = 32;
@@ -61,7 +61,7 @@ __global__ void layernorm_backward_input_kernel(int d, int n, const float* x, co
   }
 }
 
-// grid.x: features in blocks of kThreads; grid.y: chunks of kColumnsPerChunk columns.
+// grid.x: features in blocks of kLayerNormThreads; grid.y: chunks of kColumnsPerChunk columns.
 __global__ void layernorm_backward_params_kernel(int d, int n, const float* x, const float* mean, const float* rstd,
                                                  const float* dy, float* dgamma, float* dbeta) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -79,7 +79,7 @@ __global__ void layernorm_backward_params_kernel(int d, int n, const float* x, c
 }
 
 int column_blocks(int n) {
-  const int per_block = kThreads / detail::kWarp;
+  const int per_block = kLayerNormThreads / detail::kWarp;
   return (n + per_block - 1) / per_block;
 }
 
@@ -88,7 +88,8 @@ int column_blocks(int n) {
 void layernorm_forward(Stream stream, int d, int n, const float* x, const float* gamma, const float* beta, float* y,
                        float* mean, float* rstd) {
   if (n == 0) return;
-  PT_LAUNCH(layernorm_forward_kernel, column_blocks(n), kThreads, 0, stream, d, n, x, gamma, beta, y, mean, rstd);
+  PT_LAUNCH(layernorm_forward_kernel, column_blocks(n), kLayerNormThreads, 0, stream, d, n, x, gamma, beta, y, mean,
+            rstd);
   detail::check_launch("layernorm_forward");
 }
 
@@ -96,11 +97,13 @@ void layernorm_backward(Stream stream, int d, int n, const float* x, const float
                         const float* gamma, const float* dy, const float* residual, float* dx, float* dgamma,
                         float* dbeta) {
   if (n == 0) return;
-  const dim3 params_grid((d + kThreads - 1) / kThreads, (n + kColumnsPerChunk - 1) / kColumnsPerChunk);
-  PT_LAUNCH(layernorm_backward_params_kernel, params_grid, kThreads, 0, stream, d, n, x, mean, rstd, dy, dgamma, dbeta);
+  const dim3 params_grid((d + kLayerNormThreads - 1) / kLayerNormThreads,
+                         (n + kColumnsPerChunk - 1) / kColumnsPerChunk);
+  PT_LAUNCH(layernorm_backward_params_kernel, params_grid, kLayerNormThreads, 0, stream, d, n, x, mean, rstd, dy,
+            dgamma, dbeta);
   detail::check_launch("layernorm_backward (parameters)");
-  PT_LAUNCH(layernorm_backward_input_kernel, column_blocks(n), kThreads, 0, stream, d, n, x, mean, rstd, gamma, dy,
-            residual, dx);
+  PT_LAUNCH(layernorm_backward_input_kernel, column_blocks(n), kLayerNormThreads, 0, stream, d, n, x, mean, rstd, gamma,
+            dy, residual, dx);
   detail::check_launch("layernorm_backward (input)");
 }
 

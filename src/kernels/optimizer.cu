@@ -8,7 +8,7 @@
 namespace peertrain::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kOptimizerThreads = 256;
 
 __global__ void sgd_kernel(std::size_t count, float* params, const float* grads, float* velocity, float* update,
                            float lr, float momentum, float weight_decay) {
@@ -45,8 +45,8 @@ __global__ void adamw_kernel(std::size_t count, float* params, const float* grad
 void sgd_update(Stream stream, std::size_t count, float* params, const float* grads, float* velocity, float* update,
                 float lr, float momentum, float weight_decay) {
   if (count == 0) return;
-  PT_LAUNCH(sgd_kernel, detail::grid_for(count, kThreads), kThreads, 0, stream, count, params, grads, velocity, update,
-            lr, momentum, weight_decay);
+  PT_LAUNCH(sgd_kernel, detail::grid_for(count, kOptimizerThreads), kOptimizerThreads, 0, stream, count, params, grads,
+            velocity, update, lr, momentum, weight_decay);
   detail::check_launch("sgd_update");
 }
 
@@ -55,8 +55,8 @@ void adamw_update(Stream stream, std::size_t count, float* params, const float* 
   if (count == 0) return;
   // The bias corrections on the host, in float, exactly as the CPU Adam computes them.
   const float c1 = 1.0f / (1.0f - std::pow(beta1, step)), c2 = 1.0f / (1.0f - std::pow(beta2, step));
-  PT_LAUNCH(adamw_kernel, detail::grid_for(count, kThreads), kThreads, 0, stream, count, params, grads, m, v, update,
-            lr, beta1, beta2, eps, weight_decay, c1, c2);
+  PT_LAUNCH(adamw_kernel, detail::grid_for(count, kOptimizerThreads), kOptimizerThreads, 0, stream, count, params,
+            grads, m, v, update, lr, beta1, beta2, eps, weight_decay, c1, c2);
   detail::check_launch("adamw_update");
 }
 

@@ -6,7 +6,7 @@
 namespace peertrain::kernels {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kSoftmaxThreads = 128;
 
 __global__ void softmax_cross_entropy_kernel(int classes, int n, float* logits, const std::int32_t* targets,
                                              float grad_scale, float* loss, int* correct) {
@@ -51,9 +51,9 @@ __global__ void softmax_cross_entropy_kernel(int classes, int n, float* logits, 
 void softmax_cross_entropy(Stream stream, int classes, int n, float* logits, const std::int32_t* targets,
                            float grad_scale, float* loss, int* correct) {
   if (n == 0) return;
-  const int per_block = kThreads / detail::kWarp;
-  PT_LAUNCH(softmax_cross_entropy_kernel, (n + per_block - 1) / per_block, kThreads, 0, stream, classes, n, logits,
-            targets, grad_scale, loss, correct);
+  const int per_block = kSoftmaxThreads / detail::kWarp;
+  PT_LAUNCH(softmax_cross_entropy_kernel, (n + per_block - 1) / per_block, kSoftmaxThreads, 0, stream, classes, n,
+            logits, targets, grad_scale, loss, correct);
   detail::check_launch("softmax_cross_entropy");
 }
 

@@ -22,7 +22,7 @@ namespace {
 using boost::asio::ip::tcp;
 
 // Milliseconds to three significant figures (whole ones from a second up), for the explanations.
-std::string ms(double seconds) {
+std::string ms_3g(double seconds) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, seconds < 1.0 ? "%.3g" : "%.0f", seconds * 1e3);
   return buffer;
@@ -329,8 +329,8 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
     if (cpu / shared_cores > out.step_s) {
       out.step_s = cpu / shared_cores;
       out.where =
-          str("the ", n, " peers sharing ", shared_cores, " cores (", ms(cpu), " ms of CPU a step",
-              tests > 0 ? str(", ", ms(tests), " of it the other peers' tests every ", evaluation.every, " steps")
+          str("the ", n, " peers sharing ", shared_cores, " cores (", ms_3g(cpu), " ms of CPU a step",
+              tests > 0 ? str(", ", ms_3g(tests), " of it the other peers' tests every ", evaluation.every, " steps")
                         : std::string(),
               ")");
     }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "peertrain/topology/topology.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::topology {
@@ -49,8 +50,6 @@ double to_real(std::string_view field, const std::string& origin, int line) {
     parse_error(origin, line, str("expected a number, got '", field, "'"));
   return value;
 }
-
-constexpr long long kMaxPeers = 10'000'000;
 
 int checked_peer(long long id, const std::string& origin, int line) {
   if (id < 0 || id >= kMaxPeers)

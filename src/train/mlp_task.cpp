@@ -19,12 +19,6 @@ Shard load_shard(const TrainConfig& config, int peers, int rank) {
 
 namespace {
 
-std::vector<int> all_positions(int size) {
-  std::vector<int> positions(size);
-  std::iota(positions.begin(), positions.end(), 0);
-  return positions;
-}
-
 class MlpTask final : public Task {
  public:
   MlpTask(const TrainConfig& config, int peers, int rank)

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <numeric>
+#include <vector>
 
 #include "peertrain/train/task.h"
 #include "peertrain/train/trainer.h"
@@ -15,6 +17,13 @@ struct Shard {
   int full_size = 0;  // examples of the whole training set
 };
 Shard load_shard(const TrainConfig& config, int peers, int rank);
+
+// 0, 1, ..., size - 1: every example of a shard, the order a sampler starts from.
+inline std::vector<int> all_positions(int size) {
+  std::vector<int> positions(size);
+  std::iota(positions.begin(), positions.end(), 0);
+  return positions;
+}
 
 std::unique_ptr<Task> make_mlp_task(const TrainConfig& config, int peers, int rank);
 std::unique_ptr<Task> make_transformer_task(const TrainConfig& config, int peers, int rank);

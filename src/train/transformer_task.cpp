@@ -19,12 +19,6 @@
 namespace peertrain::train {
 namespace {
 
-std::vector<int> all_positions(int size) {
-  std::vector<int> positions(size);
-  std::iota(positions.begin(), positions.end(), 0);
-  return positions;
-}
-
 model::TransformerConfig transformer_config(const TrainConfig& config) {
   model::TransformerConfig c = config.transformer;
   c.kind = config.model == ModelKind::kVit ? model::TransformerKind::kVit : model::TransformerKind::kGpt;

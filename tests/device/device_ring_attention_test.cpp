@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/device/device_ring_attention.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/comm/thread_group.h"
@@ -23,15 +24,6 @@ std::vector<float> random_floats(std::size_t count, unsigned seed) {
   std::vector<float> v(count);
   for (float& x : v) x = normal(rng);
   return v;
-}
-
-double normalized_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 TEST(DeviceRingAttention, EqualsWholeSequenceAttention) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/device/device_transformer.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/core/error.h"
@@ -18,16 +19,6 @@
 
 namespace peertrain::device {
 namespace {
-
-double normalized_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  EXPECT_GT(norm, 0);
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 // Parameters perturbed away from the initialisation (which leaves LayerNorm at 1/0 and
 // biases at 0, special points for a gradient check) and a batch of random bytes.
@@ -142,7 +133,9 @@ TEST(DeviceTransformer, TheOptimizerOnTheDeviceGivesTheHostOptimizersUpdate) {
       EXPECT_LT(normalized_error(got, u_host), 1e-4) << "step " << step;
       const std::span<const float> want_state = host->state(), got_state = device_update->state();
       ASSERT_EQ(got_state.size(), want_state.size());
-      EXPECT_LT(normalized_error({got_state.begin(), got_state.end()}, {want_state.begin(), want_state.end()}), 1e-4);
+      EXPECT_LT(normalized_error(std::vector<float>(got_state.begin(), got_state.end()),
+                                 std::vector<float>(want_state.begin(), want_state.end())),
+                1e-4);
       for (std::size_t i = 0; i < size; ++i) params[i] -= u_host[i];
     }
     device_update->set_learning_rate(0.0f);  // the schedule reaches the device's rule

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "../../src/model/layers.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/kernels/ops.h"
@@ -31,17 +32,6 @@ std::vector<float> random_floats(std::size_t count, std::uint32_t seed, float sc
   std::vector<float> v(count);
   for (float& x : v) x = normal(rng);
   return v;
-}
-
-double normalized_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  EXPECT_GT(norm, 0) << "a comparison against zeros proves nothing";
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 // A device copy of a host vector, and back.

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "../../src/model/attention_blocks.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/attention.h"
@@ -71,16 +72,6 @@ Reference direct_attention(const AttentionShape& s, const std::vector<int>& pos,
     }
   }
   return r;
-}
-
-double normalized_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    diff += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  // One key per query makes dq and dk exactly zero: then the absolute error is the measure.
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 struct Inputs {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "../../src/model/gemm.h"
 #include "transformer_test_util.h"
 
@@ -61,15 +62,6 @@ std::vector<double> oracle(const Shape& s, const Case& c, const std::vector<floa
       if (c.gelu_forward && activation != nullptr) (*activation)[at] = gelu(sum);
     }
   return out;
-}
-
-double normalized_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(den > 0 ? num / den : num);  // a ReLU can zero a small C: then the absolute error
 }
 
 std::string name(const Shape& s, const Case& c) {

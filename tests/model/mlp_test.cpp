@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/parameter_store.h"
 #include "peertrain/core/rng.h"
@@ -28,15 +29,6 @@ std::vector<std::int32_t> random_labels(int n, int classes, std::uint64_t seed) 
   std::vector<std::int32_t> labels(n);
   for (auto& y : labels) y = static_cast<std::int32_t>(rng.uniform_below(classes));
   return labels;
-}
-
-double normalized_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    diff += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 TEST(Mlp, LayoutMatchesTheParameterStore) {

@@ -8,10 +8,13 @@
 #include <numeric>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/transformer.h"
 
 namespace peertrain::model::test {
+
+using peertrain::normalized_error;  // test::normalized_error, as the tests of this folder call it
 
 inline std::vector<float> normal_vector(std::size_t n, std::uint64_t seed, double scale = 1.0) {
   Rng rng(seed);
@@ -25,17 +28,6 @@ inline std::vector<std::int32_t> random_ids(std::size_t n, int bound, std::uint6
   std::vector<std::int32_t> v(n);
   for (auto& x : v) x = static_cast<std::int32_t>(rng.uniform_below(bound));
   return v;
-}
-
-template <typename A, typename B>
-double normalized_error(const A& got, const B& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], w = want[i];
-    diff += (g - w) * (g - w);
-    norm += w * w;
-  }
-  return std::sqrt(diff / norm);
 }
 
 // Central differences of loss() with respect to every element of x, in double from float

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
@@ -103,15 +104,6 @@ inline Reference unsplit(const model::TransformerConfig& c, std::span<const floa
   ref.grads.assign(model.num_parameters(), 0.0f);
   ref.loss = model.forward_backward(params, tb, ref.grads);
   return ref;
-}
-
-inline double normalized_error(std::span<const float> got, std::span<const float> want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff) / std::sqrt(norm);
 }
 
 struct Case {

@@ -4,6 +4,7 @@
 // ≤ 1e-5, on fresh random inputs. Sweeps SP = 1, 2, 3, 4, 8 × causal or not × zigzag or
 // contiguous × online softmax or RSA, with batch and heads > 1, and small blocks so that
 // every rank has several query tiles and travelling units (a partial last one included).
+#include "../normalized_error.h"
 #include "peertrain/parallel/ring_attention.h"
 
 #include <gtest/gtest.h>
@@ -51,15 +52,6 @@ std::vector<float> random_vector(std::size_t n, Rng& rng) {
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(rng.normal());
   return v;
-}
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
 }
 
 // Rows of `full` ([bh][T][width]) at the given positions, and back.

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../normalized_error.h"
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
@@ -25,15 +26,6 @@ std::vector<float> random_vector(Rng& rng, std::size_t n, double scale = 1) {
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(scale * rng.normal());
   return v;
-}
-
-double normalized_error(std::span<const float> got, std::span<const float> want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 struct BlockResult {

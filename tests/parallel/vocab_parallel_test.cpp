@@ -7,6 +7,7 @@
 // already silences. It is reported where the intrinsics header is read, so this comes first.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "../normalized_error.h"
 #include "peertrain/parallel/vocab_parallel.h"
 
 #include <gtest/gtest.h>
@@ -22,15 +23,6 @@
 
 namespace peertrain::parallel {
 namespace {
-
-double normalized_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 struct Problem {
   int vocab, d, n;

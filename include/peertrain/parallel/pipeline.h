@@ -73,13 +73,13 @@ struct EngineConfig {
   int tp = 1;            // tensor ranks per stage (--tp)
   int pp = 1;            // pipeline stages (--pp)
   // Each stage's own mesh (--stage-mesh), pp of them; empty: every stage sp × tp.
-  std::vector<StageMesh> stage_meshes;
+  std::vector<StageMesh> stage_meshes{};
   int max_workers = 0;  // the workers this peer has (--workers): the meshes must fit; 0: no limit
   // How a boundary tensor crosses between two stages' meshes (--reshard).
   ReshardStrategy reshard = ReshardStrategy::kSendRecv;
   // Emulated links between the workers (reshard_exchange.h's LinkEmulator), for the
   // boundary tensors: fast inside a stage's mesh, slow between meshes. Off (free) by default.
-  std::optional<LinkModel> links;
+  std::optional<LinkModel> links{};
   int microbatches = 1;  // M: micro-batches per step (--microbatches); must divide the batch
   Schedule schedule = Schedule::kOneFOneB;
   // gpt: the input embedding and the output layer with its loss split over the pp stages,
@@ -89,7 +89,7 @@ struct EngineConfig {
   int chunks = 2;  // interleaved: chunks per stage (--chunks); zb-v and v-half have 2, the others 1
   // First unit of each virtual stage, pp · chunks of them in the model's order (--stages);
   // empty: profile the units and partition them.
-  std::vector<int> stage_first_units;
+  std::vector<int> stage_first_units{};
   SequenceSplit split = SequenceSplit::kZigzag;
   RingMode ring = RingMode::kOnlineSoftmax;
   double timeout_s = 60;        // any one wait of a worker for another
