@@ -550,13 +550,13 @@ class TcpTransport final : public Transport {
         if (!l.dead) {
           l.dead = true;
           l.death = why;
+          m.lost_order.push_back(l.peer);  // as the loopback twin counts it
         }
         l.dropped = true;
       }
       boost::system::error_code ignored;
       l.socket.close(ignored);
       l.timer.cancel();
-      l.read_timer.cancel();
       l.read_timer.cancel();
       const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, why));
       for (Outgoing& out : l.queue) out.state->complete(lost);
