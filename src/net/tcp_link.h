@@ -119,6 +119,8 @@ struct TcpCore {
   bool closed = false;
 
   Link& link(int peer);
+  // Marks a link lost, once, in lost_order; false if it was already dead. Mutex held.
+  bool mark_lost(Link& l, const std::string& why);
   const Link* first_lost() const;  // the earliest link still lost (not one that said goodbye); mutex held
   std::string name_of(int peer) const;
 

@@ -10,6 +10,14 @@
 
 namespace peertrain::net {
 
+bool TcpCore::mark_lost(Link& l, const std::string& why) {
+  if (l.dead) return false;
+  l.dead = true;
+  l.death = why;
+  lost_order.push_back(l.peer);
+  return true;
+}
+
 const Link* TcpCore::first_lost() const {
   for (int peer : lost_order) {
     const Link& l = *links.at(peer);
@@ -37,12 +45,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
   std::string death;
   {
     std::lock_guard lock(mutex);
-    already_dead = l.dead;
-    if (!already_dead) {
-      l.dead = true;
-      l.death = why;
-      lost_order.push_back(l.peer);
-    }
+    already_dead = !mark_lost(l, why);
     death = l.death;
   }
   const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, death));
@@ -458,8 +461,8 @@ class TcpTransport final : public Transport {
     if (m.fatal.empty() && !all_connected() && settled())
       for (auto& [peer, link] : m.links)
         if (gone(*link)) {
-          link->dead = link->dropped = true;  // dropped: a restarted process for it may rejoin us
-          link->death = str("nobody listens at ", link->name, " (its process is gone; found while rejoining)");
+          m.mark_lost(*link, str("nobody listens at ", link->name, " (its process is gone; found while rejoining)"));
+          link->dropped = true;  // a restarted process for it may rejoin us
           log::warn(link->name, " refuses every connection: its process is gone; rejoining without it");
         }
     if (!m.fatal.empty()) throw Error(ErrorKind::kPeerLost, str("peer ", m.options.self, ": ", m.fatal));
@@ -547,11 +550,7 @@ class TcpTransport final : public Transport {
     asio::post(m.io, [&m, &l, why, done] {
       {
         std::lock_guard lock(m.mutex);
-        if (!l.dead) {
-          l.dead = true;
-          l.death = why;
-          m.lost_order.push_back(l.peer);  // as the loopback twin counts it
-        }
+        m.mark_lost(l, why);
         l.dropped = true;
       }
       boost::system::error_code ignored;
