@@ -143,6 +143,25 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
   std::vector<int> reserved(p, 0), held(p, 0);
   const std::size_t per_stage = static_cast<std::size_t>(3 * m * v);
   auto ended = [&](PassKind kind, int vs, int i, long t) { return end[static_cast<int>(kind)][vs][i] <= t; };
+  // open[kind][vs]: the lowest micro-batch whose pass is not yet placed. Passes are only
+  // ever placed, so the scans below start there and skip a prefix they would pass over
+  // anyway: the same picks, without rescanning every finished micro-batch at every step
+  // (the ZB-V search runs this 780 times a shape).
+  std::vector<std::vector<int>> open(3, std::vector<int>(V, 0));
+  auto lowest_open = [&](int kind, int st) {
+    int lo = m;
+    for (int c = 0; c < v; ++c) lo = std::min(lo, open[kind][s.virtual_stage(st, c)]);
+    return lo;
+  };
+  // Each virtual stage places its F's in micro-batch order (the lowest ready one first,
+  // and the one before's F ended earlier), so its B's and then its W's too: a B or a W
+  // past the highest placed pass it waits on cannot be ready, and the scan stops there.
+  auto highest_placed = [&](int kind, int st) {
+    int hi = 0;
+    for (int c = 0; c < v; ++c) hi = std::max(hi, open[kind][s.virtual_stage(st, c)]);
+    return hi;
+  };
+  std::vector<char> has_backward(p, 0);
   std::uint64_t state = knobs.seed;
   auto coin = [&](int sides) {  // xorshift64
     state ^= state << 13;
@@ -155,13 +174,14 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
     for (int st = 0; st < p; ++st) done = done && ops[st].size() == per_stage;
     if (done) break;
     if (t > 4L * (m + p) * v * 3) return {};  // stalled: memory full of half-done micro-batches
+    bool placed = false;
     for (int st = 0; st < p; ++st) {
       if (free_at[st] > t || ops[st].size() == per_stage) continue;
       std::optional<PipelineOp> pick;
       const int deviation = knobs.seed != 0 ? coin(8) : -1;  // 0: W first, 1: F first, 2: the other chunk's F first
       auto backward = [&] {
         // B: a micro-batch's backward of chunk c once the virtual stage after has sent it.
-        for (int i = 0; i < m && !pick; ++i)
+        for (int i = lowest_open(1, st), hi = highest_placed(0, st); i < hi && !pick; ++i)
           for (int c = v; c-- > 0 && !pick;) {
             const int vs = s.virtual_stage(st, c);
             if (end[1][vs][i] != kNotYet || !ended(PassKind::kForward, vs, i, t)) continue;
@@ -173,12 +193,10 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
       // The first B reaches stage j after the first micro-batch's forward went down to the
       // last virtual stage and its backward came back: 2(V − k) − 1 chunk passes after
       // the stage started, k its first virtual stage; F's beyond that only add memory.
-      const bool before_first_b =
-          ops[st].empty() || std::none_of(ops[st].begin(), ops[st].end(),
-                                          [](const PipelineOp& o) { return o.kind == PassKind::kBackward; });
+      const bool before_first_b = !has_backward[st];
       const int warmup_cap = 2 * (V - s.virtual_stage(st, 0)) - 1;
       auto weight = [&] {
-        for (int i = 0; i < m && !pick; ++i)
+        for (int i = lowest_open(2, st), hi = highest_placed(1, st); i < hi && !pick; ++i)
           for (int c = v; c-- > 0 && !pick;) {
             const int vs = s.virtual_stage(st, c);
             if (end[2][vs][i] == kNotYet && ended(PassKind::kBackward, vs, i, t))
@@ -187,18 +205,16 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
       };
       const bool capped = knobs.cap_warmup && before_first_b && static_cast<int>(ops[st].size()) >= warmup_cap;
       auto forward = [&] {
-        for (int n = 0; n < v && !pick && !capped; ++n)
-          for (int i = 0; i < m && !pick; ++i) {
-            const int c = deviation == 2 ? n : v - 1 - n;
-            const int vs = s.virtual_stage(st, c);
-            if (end[0][vs][i] != kNotYet) continue;
-            if (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t)) continue;
-            const bool full = knobs.reserve == GreedyKnobs::Reserve::kAll   ? c == 0 && reserved[st] + v > limit
-                              : knobs.reserve == GreedyKnobs::Reserve::kOne ? held[st] + (c == 0 ? v : 1) > limit
-                                                                            : held[st] + 1 > limit;
-            if (full) continue;
-            pick = PipelineOp{PassKind::kForward, i, c};
-          }
+        // F's go in micro-batch order, so each chunk's one candidate is its lowest open F.
+        for (int n = 0; n < v && !pick && !capped; ++n) {
+          const int c = deviation == 2 ? n : v - 1 - n;
+          const int vs = s.virtual_stage(st, c), i = open[0][vs];
+          if (i == m || (vs > 0 && !ended(PassKind::kForward, vs - 1, i, t))) continue;
+          const bool full = knobs.reserve == GreedyKnobs::Reserve::kAll   ? c == 0 && reserved[st] + v > limit
+                            : knobs.reserve == GreedyKnobs::Reserve::kOne ? held[st] + (c == 0 ? v : 1) > limit
+                                                                          : held[st] + 1 > limit;
+          if (!full) pick = PipelineOp{PassKind::kForward, i, c};
+        }
       };
       if (deviation == 0) weight();
       if (deviation == 1) forward();
@@ -208,13 +224,20 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
       weight();
       if (!pick) continue;
       const int vs = s.virtual_stage(st, pick->chunk);
-      end[static_cast<int>(pick->kind)][vs][pick->microbatch] = t + 1;
+      const int kind = static_cast<int>(pick->kind);
+      end[kind][vs][pick->microbatch] = t + 1;
+      while (open[kind][vs] < m && end[kind][vs][open[kind][vs]] != kNotYet) ++open[kind][vs];
+      if (pick->kind == PassKind::kBackward) has_backward[st] = 1;
       if (pick->kind == PassKind::kForward && pick->chunk == 0) reserved[st] += v;
       if (pick->kind == PassKind::kWeight) --reserved[st];
       held[st] += pick->kind == PassKind::kForward ? 1 : pick->kind == PassKind::kWeight ? -1 : 0;
       free_at[st] = t + 1;
       ops[st].push_back(*pick);
+      placed = true;
     }
+    // Every pass takes one step, so a step that placed nothing leaves the next one the same
+    // state: stalled for good (the coin only reorders the same three scans).
+    if (!placed) return {};
   }
   return ops;
 }
