@@ -1,17 +1,32 @@
 #include "emulator.h"
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <array>
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "peertrain/core/error.h"
+
+// GCC says __SANITIZE_ADDRESS__; Clang, __has_feature(address_sanitizer).
+#if defined(__SANITIZE_ADDRESS__)
+#define PEERTRAIN_EMULATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PEERTRAIN_EMULATOR_ASAN 1
+#endif
+#endif
+#ifdef PEERTRAIN_EMULATOR_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace peertrain::kernels::emulator {
 namespace {
@@ -19,21 +34,59 @@ namespace {
 constexpr unsigned kWarp = 32;
 constexpr unsigned kWarpgroup = 128;
 
+// Every CUDA thread of a block is a fiber (a ucontext with its own stack) on the host
+// thread that launched the kernel. A fiber runs until it waits (a barrier, a shuffle, an
+// mma) or ends, then the next one runs, round robin. Context switches inside one host
+// thread cost a fraction of the kernel's time, where a host thread per CUDA thread spent
+// most of it in the operating system's scheduler (a 256-thread block on 2 cores: every barrier
+// woke 256 threads). Running each thread until it blocks is also the harshest order for
+// a missing barrier: the first thread races through before any other has written.
+struct Fiber;
+thread_local Fiber* self = nullptr;  // the fiber running now on this host thread
+thread_local ucontext_t scheduler_context;
+// Bumped by every arrival at a barrier and every fiber that ends: a round of the
+// scheduler that leaves it unchanged is a deadlock.
+thread_local std::uint64_t progress = 0;
+
+struct FiberBarrier;
+// Switches back to the scheduler until `barrier` has left phase `phase`.
+void waiting_on(const FiberBarrier* barrier, std::uint64_t phase);
+
+// A barrier of `expected` fibers: the last to arrive opens it and runs on; the others wait.
+struct FiberBarrier {
+  explicit FiberBarrier(unsigned expected_) : expected(expected_) {}
+  void arrive_and_wait() {
+    ++progress;
+    const std::uint64_t mine = phase;
+    if (++arrived == expected) {
+      arrived = 0;
+      ++phase;
+      return;
+    }
+    waiting_on(this, mine);
+  }
+  unsigned expected, arrived = 0;
+  std::uint64_t phase = 0;
+};
+
 // What the threads of the block now running share.
 struct BlockState {
   explicit BlockState(unsigned threads, std::size_t shared_bytes)
       : block_barrier(threads), slots(threads), mma_slots(threads), dynamic(shared_bytes) {
     for (unsigned first = 0; first < threads; first += kWarp)
-      warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(kWarp, threads - first)));
+      warp_barriers.emplace_back(std::min(kWarp, threads - first));
     for (unsigned first = 0; first + kWarpgroup <= threads; first += kWarpgroup)
-      warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(kWarpgroup));
+      warpgroup_barriers.emplace_back(kWarpgroup);
   }
-  std::barrier<> block_barrier;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  FiberBarrier block_barrier;
+  std::deque<FiberBarrier> warp_barriers;  // a deque: barriers stay where they were made
   std::vector<std::uint32_t> slots;  // one per thread, for shuffles
   std::vector<std::array<std::uint32_t, 6>> mma_slots;  // one per thread: its a and b fragments
-  std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barriers;
+  std::deque<FiberBarrier> warpgroup_barriers;
   std::vector<std::byte> dynamic;
+  // The launch: every fiber runs body once per block of the grid.
+  dim3 grid, block;
+  const std::function<void()>* body = nullptr;
 };
 
 thread_local BlockState* current = nullptr;
@@ -65,8 +118,6 @@ struct PendingCopy {
   const void* from;
   std::size_t bytes;
 };
-thread_local AsyncGroups<PendingCopy> copies;
-thread_local unsigned linear_thread = 0;
 
 struct PendingWgmma {
   float* d;
@@ -76,8 +127,158 @@ struct PendingWgmma {
   const std::byte* shared_base;
   bool accumulate;
 };
-thread_local const std::byte* wgmma_base = nullptr;
-thread_local AsyncGroups<PendingWgmma> products;
+
+// Kernels keep small arrays in registers; a sanitized build's frames are several times
+// larger. The pages are only touched as the stack grows.
+constexpr std::size_t kStackBytes = std::size_t{1} << 20;
+
+// One CUDA thread: its stack and context, and what a device keeps per thread.
+struct Fiber {
+  unsigned linear = 0;  // threadIdx flattened, x fastest
+  dim3 thread_idx, block_idx;
+  AsyncGroups<PendingCopy> copies;
+  AsyncGroups<PendingWgmma> products;
+  const std::byte* wgmma_base = nullptr;
+  ucontext_t context{};
+  void* stack = nullptr;
+  bool done = false;
+  std::exception_ptr error;
+  // The barrier this thread waits at, and its phase then: the scheduler resumes the
+  // thread only once the barrier has opened, so a wait costs two switches, not a round each.
+  const FiberBarrier* barrier = nullptr;
+  std::uint64_t barrier_phase = 0;
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  void* fake_stack = nullptr;
+  const void* scheduler_bottom = nullptr;
+  std::size_t scheduler_size = 0;
+#endif
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber() {
+    if (stack != nullptr) munmap(stack, kStackBytes);
+  }
+};
+
+// The switches, told to AddressSanitizer where it runs, so that it follows the stacks.
+void enter_fiber(Fiber& f) {
+  self = &f;
+  threadIdx = f.thread_idx;
+  blockIdx = f.block_idx;
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
+  swapcontext(&scheduler_context, &f.context);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  swapcontext(&scheduler_context, &f.context);
+#endif
+  self = nullptr;
+}
+
+void yield() {
+  Fiber& f = *self;
+  f.block_idx = blockIdx;
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(&f.fake_stack, f.scheduler_bottom, f.scheduler_size);
+  swapcontext(&f.context, &scheduler_context);
+  __sanitizer_finish_switch_fiber(f.fake_stack, &f.scheduler_bottom, &f.scheduler_size);
+#else
+  swapcontext(&f.context, &scheduler_context);
+#endif
+}
+
+void waiting_on(const FiberBarrier* barrier, std::uint64_t phase) {
+  self->barrier = barrier;
+  self->barrier_phase = phase;
+  yield();
+  self->barrier = nullptr;
+}
+
+bool runnable(const Fiber& f) { return !f.done && (f.barrier == nullptr || f.barrier->phase != f.barrier_phase); }
+
+// The fiber's last switch: it is never resumed. (A swap, not setcontext in a noreturn
+// function: AddressSanitizer hooks noreturn calls and would look for the wrong stack.)
+void leave_fiber(Fiber& f) {
+  f.done = true;
+  ++progress;
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(nullptr, f.scheduler_bottom, f.scheduler_size);  // this stack ends
+#endif
+  swapcontext(&f.context, &scheduler_context);
+}
+
+void fiber_main() {
+  Fiber& f = *self;
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &f.scheduler_bottom, &f.scheduler_size);
+#endif
+  const BlockState& launch = *current;
+  try {
+    for (unsigned z = 0; z < launch.grid.z; ++z)
+      for (unsigned y = 0; y < launch.grid.y; ++y)
+        for (unsigned x = 0; x < launch.grid.x; ++x) {
+          blockIdx = f.block_idx = dim3(x, y, z);
+          (*launch.body)();
+          PEERTRAIN_CHECK(f.copies.empty(), "a thread ended its block with cp.async copies it never waited for");
+          PEERTRAIN_CHECK(f.products.empty(), "a thread ended its block with wgmma operations it never waited for");
+          // Every thread, also one that returned early, waits here for the block to end.
+          current->block_barrier.arrive_and_wait();
+        }
+  } catch (...) {
+    f.error = std::current_exception();
+  }
+  leave_fiber(f);
+}
+
+// Each host thread keeps its fibers, stacks mapped, from launch to launch: a test launches
+// thousands of kernels of a few block sizes, and a sanitized build maps and unmaps every
+// large allocation (a 256-thread block's fibers are 300 KB).
+thread_local std::deque<Fiber> fiber_pool;
+
+// Readies fiber t of a block for a launch.
+void prepare(Fiber& f, unsigned t, dim3 block) {
+  if (f.stack == nullptr) {
+    f.stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (f.stack == MAP_FAILED) {
+      f.stack = nullptr;
+      PEERTRAIN_CHECK(false, "the emulator could not map a ", kStackBytes, "-byte thread stack");
+    }
+  }
+  f.linear = t;
+  f.thread_idx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+  f.copies = {};
+  f.products = {};
+  f.wgmma_base = nullptr;
+  f.done = false;
+  f.error = nullptr;
+  f.barrier = nullptr;
+  getcontext(&f.context);
+  f.context.uc_stack = {.ss_sp = f.stack, .ss_flags = 0, .ss_size = kStackBytes};
+  f.context.uc_link = nullptr;
+  makecontext(&f.context, fiber_main, 0);
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  // AddressSanitizer's swapcontext clears the shadow of the stack named here at every
+  // switch (128 KiB for 1 MiB), which made switches cost more than the kernels: the
+  // annotations tell it the stacks instead, and makecontext has used the field. (It still
+  // warns once that it does not fully support swapcontext.)
+  f.context.uc_stack = {};
+#endif
+}
+
+// After a launch. A fiber that finished unwound every frame but fiber_main's, at the top;
+// one left waiting (its launch failed) leaves redzones anywhere. (Unpoisoning all of every
+// stack makes AddressSanitizer remap its shadow each launch.)
+void release([[maybe_unused]] Fiber& f) {
+#ifdef PEERTRAIN_EMULATOR_ASAN
+  constexpr std::size_t kTop = 16 * 1024;
+  if (f.done)
+    __asan_unpoison_memory_region(static_cast<std::byte*>(f.stack) + kStackBytes - kTop, kTop);
+  else
+    __asan_unpoison_memory_region(f.stack, kStackBytes);
+#endif
+}
 
 // BF16 k of a register holding a pair: the even k in the low half, the odd in the high.
 float bf16_of_pair(std::uint32_t bits, unsigned k) {
@@ -97,8 +298,9 @@ float a_fragment_element(const std::array<std::uint32_t, 6>* warp_slots, unsigne
 // One wgmma, performed by every thread of the warpgroup together: each posts its A
 // fragment, then computes its own accumulators.
 void perform_wgmma(const PendingWgmma& op) {
+  const unsigned linear_thread = self->linear;
   const unsigned warpgroup = linear_thread / kWarpgroup, first = warpgroup * kWarpgroup;
-  std::barrier<>& barrier = *current->warpgroup_barriers[warpgroup];
+  FiberBarrier& barrier = current->warpgroup_barriers[warpgroup];
   current->mma_slots[linear_thread] = {op.a[0], op.a[1], op.a[2], op.a[3], 0u, 0u};  // A as it is now
   barrier.arrive_and_wait();
   // The descriptor: start address, leading (along K) and stride (along N) byte offsets,
@@ -132,10 +334,11 @@ void perform_wgmma(const PendingWgmma& op) {
 std::mutex launch_mutex;
 
 std::uint32_t exchange(std::uint32_t bits, int lane_mask) {
-  PEERTRAIN_CHECK(current != nullptr, "a warp shuffle outside a kernel");
+  PEERTRAIN_CHECK(current != nullptr && self != nullptr, "a warp shuffle outside a kernel");
+  const unsigned linear_thread = self->linear;
   const unsigned warp = linear_thread / kWarp, lane = linear_thread % kWarp;
   const unsigned first = warp * kWarp;
-  std::barrier<>& barrier = *current->warp_barriers[warp];
+  FiberBarrier& barrier = current->warp_barriers[warp];
   current->slots[linear_thread] = bits;
   barrier.arrive_and_wait();
   const unsigned source = first + (lane ^ static_cast<unsigned>(lane_mask));
@@ -159,15 +362,16 @@ int shfl_xor(int value, int lane_mask) {
 }
 
 void syncwarp() {
-  PEERTRAIN_CHECK(current != nullptr, "__syncwarp outside a kernel");
-  current->warp_barriers[linear_thread / kWarp]->arrive_and_wait();
+  PEERTRAIN_CHECK(current != nullptr && self != nullptr, "__syncwarp outside a kernel");
+  current->warp_barriers[self->linear / kWarp].arrive_and_wait();
 }
 
 void mma_m16n8k16_bf16(float c[4], const std::uint32_t a[4], const std::uint32_t b[2]) {
-  PEERTRAIN_CHECK(current != nullptr, "mma outside a kernel");
+  PEERTRAIN_CHECK(current != nullptr && self != nullptr, "mma outside a kernel");
+  const unsigned linear_thread = self->linear;
   const unsigned warp = linear_thread / kWarp, lane = linear_thread % kWarp, first = warp * kWarp;
   PEERTRAIN_CHECK(first + kWarp <= current->mma_slots.size(), "mma needs a whole warp");
-  std::barrier<>& barrier = *current->warp_barriers[warp];
+  FiberBarrier& barrier = current->warp_barriers[warp];
   current->mma_slots[linear_thread] = {a[0], a[1], a[2], a[3], b[0], b[1]};
   barrier.arrive_and_wait();
   // A: a_fragment_element. B (16×8, column-major): row k, column n in lane n·4 + (k % 8)/2,
@@ -186,64 +390,75 @@ void mma_m16n8k16_bf16(float c[4], const std::uint32_t a[4], const std::uint32_t
 }
 
 void copy_async(void* shared, const void* global, std::size_t bytes) {
-  PEERTRAIN_CHECK(current != nullptr, "cp.async outside a kernel");
-  copies.open.push_back({shared, global, bytes});
+  PEERTRAIN_CHECK(current != nullptr && self != nullptr, "cp.async outside a kernel");
+  self->copies.open.push_back({shared, global, bytes});
 }
 
-void copy_async_commit() { copies.commit(); }
+void copy_async_commit() { self->copies.commit(); }
 
 void copy_async_wait(int in_flight) {
-  copies.wait(in_flight, [](const PendingCopy& c) { std::memcpy(c.to, c.from, c.bytes); });
+  self->copies.wait(in_flight, [](const PendingCopy& c) { std::memcpy(c.to, c.from, c.bytes); });
 }
 
-void wgmma_shared_base(const void* base) { wgmma_base = static_cast<const std::byte*>(base); }
+void wgmma_shared_base(const void* base) { self->wgmma_base = static_cast<const std::byte*>(base); }
 
 void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descriptor, bool accumulate) {
-  PEERTRAIN_CHECK(current != nullptr && wgmma_base != nullptr, "wgmma outside a kernel or without a shared base");
-  PEERTRAIN_CHECK(linear_thread / kWarpgroup < current->warpgroup_barriers.size(), "wgmma needs a whole warpgroup");
+  PEERTRAIN_CHECK(current != nullptr && self != nullptr && self->wgmma_base != nullptr,
+                  "wgmma outside a kernel or without a shared base");
+  PEERTRAIN_CHECK(self->linear / kWarpgroup < current->warpgroup_barriers.size(), "wgmma needs a whole warpgroup");
   PEERTRAIN_CHECK(n % 8 == 0 && n >= 8 && n <= 256, "wgmma: n ", n);
-  products.open.push_back({d, n, a, descriptor, wgmma_base, accumulate});
+  self->products.open.push_back({d, n, a, descriptor, self->wgmma_base, accumulate});
 }
 
-void wgmma_commit() { products.commit(); }
+void wgmma_commit() { self->products.commit(); }
 
-void wgmma_wait(int in_flight) { products.wait(in_flight, perform_wgmma); }
+void wgmma_wait(int in_flight) { self->products.wait(in_flight, perform_wgmma); }
 
 void* dynamic_shared() { return current != nullptr ? current->dynamic.data() : nullptr; }
 
 void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
   const unsigned threads = block.x * block.y * block.z;
   PEERTRAIN_CHECK(threads > 0 && threads <= 1024, "emulated launch of ", threads, " threads per block");
+  PEERTRAIN_CHECK(self == nullptr, "a kernel launched from inside an emulated kernel");
   std::lock_guard lock(launch_mutex);
   BlockState state(threads, shared_bytes);
-  std::vector<std::thread> workers;
-  workers.reserve(threads);
-  for (unsigned t = 0; t < threads; ++t)
-    workers.emplace_back([&, t] {
-      current = &state;
-      linear_thread = t;
-      threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-      blockDim = block;
-      gridDim = grid;
-      for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-          for (unsigned x = 0; x < grid.x; ++x) {
-            blockIdx = dim3(x, y, z);
-            body();
-            PEERTRAIN_CHECK(copies.empty(), "a thread ended its block with cp.async copies it never waited for");
-            PEERTRAIN_CHECK(products.empty(), "a thread ended its block with wgmma operations it never waited for");
-            // Every thread, also one that returned early, waits here for the block to end.
-            state.block_barrier.arrive_and_wait();
-          }
-      current = nullptr;
-    });
-  for (std::thread& w : workers) w.join();
+  state.grid = grid;
+  state.block = block;
+  state.body = &body;
+  current = &state;
+  blockDim = block;
+  gridDim = grid;
+  while (fiber_pool.size() < threads) fiber_pool.emplace_back();
+  for (unsigned t = 0; t < threads; ++t) prepare(fiber_pool[t], t, block);
+  std::exception_ptr error;
+  for (unsigned live = threads; live > 0 && !error;) {
+    const std::uint64_t before = progress;
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = fiber_pool[t];
+      if (!runnable(f)) continue;
+      enter_fiber(f);
+      if (f.done) {
+        --live;
+        if (f.error) {
+          error = f.error;  // the first thread to fail stops the launch; the others are left where they wait
+          break;
+        }
+      }
+    }
+    if (!error && live > 0 && progress == before)
+      error = std::make_exception_ptr(
+          Error(ErrorKind::kInternal, str("emulated kernel deadlocked: its ", live, " unfinished threads of a ",
+                                          threads, "-thread block each wait at a barrier the others never reach")));
+  }
+  for (unsigned t = 0; t < threads; ++t) release(fiber_pool[t]);
+  current = nullptr;
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace peertrain::kernels::emulator
 
 void __syncthreads() {
-  PEERTRAIN_CHECK(peertrain::kernels::emulator::current != nullptr, "__syncthreads outside a kernel");
+  PEERTRAIN_CHECK(peertrain::kernels::emulator::self != nullptr, "__syncthreads outside a kernel");
   peertrain::kernels::emulator::current->block_barrier.arrive_and_wait();
 }
 

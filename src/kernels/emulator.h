@@ -1,11 +1,13 @@
 // A CPU emulator of the CUDA execution model, for running the kernels where there is no
-// GPU (CI, this project's development machines). Each block runs with one host thread per
-// CUDA thread, so __syncthreads is a real barrier, warp shuffles exchange values between
-// the 32 threads of a warp, and a kernel that races or forgets a barrier can fail here as
-// it would on a device. Blocks run one after another, which is why `__shared__` may map
-// to a function-static variable. Only what the kernels in this folder use is provided.
+// GPU (CI, this project's development machines). Each CUDA thread of a block is a fiber
+// on the launching host thread, run until it waits at a barrier (__syncthreads, a warp
+// shuffle, an mma) or ends: barriers are real, warp shuffles exchange values between the
+// 32 threads of a warp, and a kernel that forgets a barrier reads stale shared memory on
+// every run. Blocks run one after another, which is why `__shared__` may map to a
+// function-static variable. Only what the kernels in this folder use is provided.
 //
-// Slow by design (a thread per CUDA thread): for tests on small shapes, never for speed.
+// Slow by design (every CUDA thread in turn on one core): for tests on small shapes,
+// never for speed.
 #pragma once
 
 #include <cmath>
@@ -72,7 +74,9 @@ void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descrip
 void wgmma_commit();
 void wgmma_wait(int in_flight);
 
-// Runs body once per CUDA thread of every block of the grid. shared_bytes of dynamic
+// Runs body once per CUDA thread of every block of the grid. Throws the first error a
+// thread throws, and Error(kInternal) when every unfinished thread waits at a barrier
+// that cannot open (a deadlock on a device). shared_bytes of dynamic
 // shared memory are reachable through dynamic_shared().
 void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body);
 void* dynamic_shared();

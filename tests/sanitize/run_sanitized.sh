@@ -17,7 +17,6 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 cd "$build"
 # Left out here, run unsanitized in the main suite: the dense-eigensolver spectrum check,
-# 54 s under ASan. (The emulated device model's end-to-end tests are not even built here:
-# tests/CMakeLists.txt.) This keeps the whole suite near its 40-minute budget.
+# 54 s under ASan. This keeps the whole suite within its 40-minute budget.
 ctest --output-on-failure -j"$(nproc)" --timeout 900 \
   -E "^(long|fuzz|sanitize|experiments|cli|python|install|format)\.|^Spectrum\.LanczosSpectraAndDenseAgreeOnRandomRegularGraphs$"

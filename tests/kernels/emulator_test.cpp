@@ -1,0 +1,114 @@
+// The CPU emulator of the CUDA execution model (src/kernels/emulator.h) on small kernels of
+// its own: __syncthreads and warp shuffles against the serial answer, the order that
+// exposes a missing barrier, and the launches that must fail rather than hang or abort:
+// a thread whose check fails, and threads that wait at a barrier the others never reach.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "../../src/kernels/emulator.h"
+#include "peertrain/core/error.h"
+
+namespace peertrain::kernels::emulator {
+namespace {
+
+constexpr unsigned kThreads = 96;  // three warps
+
+// Each thread writes its value to shared memory and reads its right neighbour's; with the
+// barrier every read sees the write, without it the first threads read what was there.
+void rotate(const int* in, int* out, bool barrier) {
+  __shared__ int slots[kThreads];
+  const unsigned t = threadIdx.x;
+  slots[t] = -1;
+  if (barrier) __syncthreads();
+  slots[t] = in[blockIdx.x * kThreads + t];
+  if (barrier) __syncthreads();
+  out[blockIdx.x * kThreads + t] = slots[(t + 1) % kThreads];
+  if (barrier) __syncthreads();
+}
+
+TEST(Emulator, SyncthreadsMakesEveryWriteVisibleAcrossBlocks) {
+  constexpr unsigned blocks = 3;
+  std::vector<int> in(blocks * kThreads), out(in.size(), 0);
+  std::iota(in.begin(), in.end(), 1000);
+  launch(dim3(blocks), dim3(kThreads), 0, rotate, in.data(), out.data(), true);
+  for (unsigned b = 0; b < blocks; ++b)
+    for (unsigned t = 0; t < kThreads; ++t)
+      EXPECT_EQ(out[b * kThreads + t], in[b * kThreads + (t + 1) % kThreads]) << "block " << b << " thread " << t;
+}
+
+// Each thread runs until it waits, so a kernel that forgets its barrier reads before its
+// neighbours wrote, every time: the race shows here instead of one run in a thousand.
+TEST(Emulator, AMissingBarrierIsSeenEveryTime) {
+  std::vector<int> in(kThreads), out(kThreads, 0);
+  std::iota(in.begin(), in.end(), 1000);
+  launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), out.data(), false);
+  // Thread 0 read its neighbour's slot before thread 1 had run: whatever was there (a
+  // previous launch's value, or zero), never in[1].
+  EXPECT_NE(out[0], in[1]);
+  EXPECT_EQ(out[kThreads - 1], in[0]);  // the last thread ran after thread 0 wrote
+}
+
+// A butterfly sum over each warp with shfl_xor, against the serial sums.
+void warp_sums(const float* in, float* out) {
+  float v = in[threadIdx.x];
+  for (int mask = 16; mask > 0; mask /= 2) v += shfl_xor(v, mask);
+  out[threadIdx.x] = v;
+}
+
+TEST(Emulator, WarpShufflesSumEachWarp) {
+  std::vector<float> in(kThreads), out(kThreads, 0.0f);
+  for (unsigned t = 0; t < kThreads; ++t) in[t] = static_cast<float>((t * 37) % 11) - 5.0f;
+  launch(dim3(1), dim3(kThreads), 0, warp_sums, in.data(), out.data());
+  for (unsigned t = 0; t < kThreads; ++t) {
+    const unsigned first = t / 32 * 32;
+    const float want = std::accumulate(in.begin() + first, in.begin() + first + 32, 0.0f);
+    EXPECT_EQ(out[t], want) << "thread " << t;
+  }
+}
+
+// Thread 5 fails a check while the others wait at the barrier: the launch throws the
+// check's error (no abort, no hang), and the next launch runs normally.
+void failing(int* out) {
+  if (threadIdx.x == 5) PEERTRAIN_CHECK(false, "thread 5 of block ", blockIdx.x, " found a bad input");
+  __syncthreads();
+  out[threadIdx.x] = static_cast<int>(threadIdx.x);
+}
+
+TEST(Emulator, AFailedCheckInOneThreadFailsTheLaunchAndTheNextOneRuns) {
+  std::vector<int> out(kThreads, -1);
+  try {
+    launch(dim3(2), dim3(kThreads), 0, failing, out.data());
+    FAIL() << "the launch did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("thread 5 of block 0 found a bad input"), std::string::npos) << e.what();
+  }
+  std::vector<int> in(kThreads), rotated(kThreads);
+  std::iota(in.begin(), in.end(), 0);
+  launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), rotated.data(), true);
+  EXPECT_EQ(rotated[kThreads - 1], 0);
+}
+
+// The even threads wait at a second __syncthreads that the odd ones never reach: on a
+// device, undefined; here a named error instead of a hang.
+void uneven_barriers() {
+  __syncthreads();
+  if (threadIdx.x % 2 == 0) {
+    __syncthreads();
+    __syncthreads();
+  }
+}
+
+TEST(Emulator, ThreadsWaitingForABarrierOthersNeverReachAreADeadlockNotAHang) {
+  try {
+    launch(dim3(1), dim3(64), 0, uneven_barriers);
+    FAIL() << "the launch did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlocked"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace peertrain::kernels::emulator
