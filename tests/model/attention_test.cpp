@@ -18,15 +18,16 @@
 namespace peertrain::model {
 namespace {
 
-struct Reference {
+struct AttentionReference {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
 // One (sequence, head) block at a time, every score held: the serial twin.
-Reference direct_attention(const AttentionShape& s, const std::vector<int>& pos, const std::vector<float>& q,
-                           const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& dout) {
+AttentionReference direct_attention(const AttentionShape& s, const std::vector<int>& pos, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    const std::vector<float>& dout) {
   const int T = s.tokens, d = s.head_dim;
-  Reference r;
+  AttentionReference r;
   r.out.assign(q.size(), 0);
   r.dq.assign(q.size(), 0);
   r.dk.assign(q.size(), 0);
@@ -95,7 +96,7 @@ void check(AttentionShape s, std::vector<int> pos, unsigned seed) {
   attention.forward(s, pos, q.data(), k.data(), v.data(), out.data(), lse.data());
   attention.backward(s, pos, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
                      dv.data());
-  const Reference r = direct_attention(s, pos, q, k, v, dout);
+  const AttentionReference r = direct_attention(s, pos, q, k, v, dout);
   EXPECT_LT(normalized_or_absolute_error(out, r.out), 1e-5);
   EXPECT_LT(normalized_or_absolute_error(lse, r.lse), 1e-5);
   EXPECT_LT(normalized_or_absolute_error(dq, r.dq), 1e-5);
@@ -155,7 +156,7 @@ void check_kernels(const Kernels& kernels, AttentionShape s, const std::vector<i
                                   &pos[k0], s.causal, &lse[row], delta.data(), &dout[at], &dq[at], &dk[at + k0 * d],
                                   &dv[at + k0 * d], Strides::contiguous(d));
   }
-  const Reference r = direct_attention(s, pos, q, k, v, dout);
+  const AttentionReference r = direct_attention(s, pos, q, k, v, dout);
   const std::string where = "d " + std::to_string(d) + " T " + std::to_string(T) + " unit " + std::to_string(unit) +
                             (s.causal ? " causal" : " full");
   EXPECT_LT(normalized_or_absolute_error(out, r.out), 1e-5) << where;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../normalized_error.h"
+#include "transformer_test_util.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/parameter_store.h"
 #include "peertrain/core/rng.h"
@@ -17,12 +18,7 @@
 namespace peertrain::model {
 namespace {
 
-std::vector<float> normal_vector(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.normal());
-  return v;
-}
+using test::normal_vector;
 
 std::vector<std::int32_t> random_labels(int n, int classes, std::uint64_t seed) {
   Rng rng(seed);
@@ -101,7 +97,7 @@ TEST(Mlp, GradientMatchesFiniteDifferences) {
   EXPECT_LT(normalized_error(analytic, numeric), 1e-4);
 }
 
-struct Reference {
+struct MlpReference {
   std::vector<int> widths;
   int batch = 0;
   std::vector<float> inputs, params;
@@ -110,10 +106,10 @@ struct Reference {
   std::vector<double> grads;
 };
 
-Reference read_reference(const std::string& path) {
+MlpReference read_mlp_reference(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(ErrorKind::kIo, str(path, ": cannot open"));
-  Reference r;
+  MlpReference r;
   std::string key;
   std::size_t count = 0;
   auto read_section = [&](const char* name, auto& values) {
@@ -141,7 +137,7 @@ Reference read_reference(const std::string& path) {
 // than the gradient's scale is compared against that scale instead (cancellation makes its
 // own relative error meaningless).
 TEST(Mlp, MatchesPyTorchLossAndEveryGradient) {
-  const Reference ref = read_reference(std::string(PEERTRAIN_SOURCE_DIR) + "/tests/data/mlp_reference.txt");
+  const MlpReference ref = read_mlp_reference(std::string(PEERTRAIN_SOURCE_DIR) + "/tests/data/mlp_reference.txt");
   ASSERT_EQ(ref.widths.size(), 4u);
   Mlp mlp({.inputs = ref.widths[0], .hidden = {ref.widths[1], ref.widths[2]}, .classes = ref.widths[3]});
   ASSERT_EQ(ref.params.size(), mlp.num_parameters());

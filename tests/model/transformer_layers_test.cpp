@@ -13,13 +13,8 @@ namespace {
 
 using namespace test;
 
-// Each kernel's output is contracted with a fixed random r; the float32 forward limits the
-// differences to ~1e-7·|loss|/step, so the step is 1e-2 on O(1) inputs and the tolerance
-// 2e-3 normalized error. A missing term or a wrong transpose shows up as an error of order
-// 1e-1 and above.
-
-constexpr float kLayerStep = 1e-2f;
-constexpr double kLayerTolerance = 2e-3;
+// Each kernel against central differences, with kLayerStep and kLayerTolerance
+// (transformer_test_util.h).
 
 TEST(TransformerLayers, LinearBackwardMatchesFiniteDifferences) {
   const int in = 5, out = 4, n = 6;

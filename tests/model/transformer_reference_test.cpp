@@ -22,7 +22,7 @@ namespace {
 
 using namespace test;
 
-struct Reference {
+struct TorchReference {
   std::map<std::string, std::vector<double>> sections;
   const std::vector<double>& operator[](const std::string& name) const {
     const auto it = sections.find(name);
@@ -31,11 +31,11 @@ struct Reference {
   }
 };
 
-Reference read_reference(const std::string& name) {
+TorchReference read_reference(const std::string& name) {
   const std::string path = std::string(PEERTRAIN_SOURCE_DIR) + "/tests/data/" + name;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorKind::kIo, str(path, ": cannot open"));
-  Reference r;
+  TorchReference r;
   for (std::uint32_t length; in.read(reinterpret_cast<char*>(&length), 4);) {
     std::string section(length, '\0');
     std::uint8_t type = 0;
@@ -67,7 +67,7 @@ Reference read_reference(const std::string& name) {
 // logits, loss (1e-5 relative), each parameter tensor's gradient (normalized error 1e-5),
 // and the losses of ten SGD steps (1e-5 relative).
 void expect_matches_pytorch(const std::string& file) {
-  const Reference ref = read_reference(file);
+  const TorchReference ref = read_reference(file);
   const auto& c = ref["config"];
   ASSERT_EQ(c.size(), 13u);
   TransformerConfig config{.kind = c[0] == 0 ? TransformerKind::kGpt : TransformerKind::kVit,

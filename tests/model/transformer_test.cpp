@@ -25,11 +25,9 @@ namespace {
 
 using namespace test;
 
-// Finite differences through one unit, as for the kernels (transformer_layers_test.cpp):
-// measured ~3e-5 through a whole block, up to 6e-4 through the head, whose loss is a float
-// mean.
-constexpr float kLayerStep = 1e-2f;
-constexpr double kLayerTolerance = 2e-3;
+// Finite differences through one unit use the kernels' step and tolerance
+// (transformer_test_util.h): measured ~3e-5 through a whole block, up to 6e-4 through the
+// head, whose loss is a float mean.
 
 TEST(Transformer, LayoutUnitsAndNames) {
   const TransformerConfig c{.kind = TransformerKind::kGpt, .d_model = 8, .layers = 3, .heads = 2, .seq = 5, .vocab = 7};

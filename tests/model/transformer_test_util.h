@@ -16,6 +16,13 @@ namespace peertrain::model::test {
 
 using peertrain::normalized_error;  // test::normalized_error, as the tests of this folder call it
 
+// Finite differences through one unit: each kernel's output is contracted with a fixed
+// random r; the float32 forward limits the differences to ~1e-7·|loss|/step, so the step
+// is 1e-2 on O(1) inputs and the tolerance 2e-3 normalized error. A missing term or a
+// wrong transpose shows up as an error of order 1e-1 and above.
+constexpr float kLayerStep = 1e-2f;
+constexpr double kLayerTolerance = 2e-3;
+
 inline std::vector<float> normal_vector(std::size_t n, std::uint64_t seed, double scale = 1.0) {
   Rng rng(seed);
   std::vector<float> v(n);

@@ -35,7 +35,7 @@ void for_each_index(const Box& box, const std::function<void(const std::vector<s
   }
 }
 
-struct Case {
+struct ReshardCase {
   Mesh source, destination;
   Layout source_layout, destination_layout;
   std::vector<std::int64_t> shape;
@@ -70,8 +70,8 @@ std::int64_t elements(const std::vector<Box>& boxes) {
   return n;
 }
 
-Case random_case(Rng& rng) {
-  Case k;
+ReshardCase random_case(Rng& rng) {
+  ReshardCase k;
   k.source = random_mesh(rng);
   k.destination = random_mesh(rng);
   const int rank = 1 + static_cast<int>(rng.uniform_below(3));
@@ -91,7 +91,7 @@ Case random_case(Rng& rng) {
 TEST(Reshard, EveryDestinationElementOnceFromASourceThatHoldsIt) {
   Rng rng(11);
   for (int trial = 0; trial < 300; ++trial) {
-    const Case k = random_case(rng);
+    const ReshardCase k = random_case(rng);
     SCOPED_TRACE(str("trial ", trial, ": ", to_string(k.source_layout), " -> ", to_string(k.destination_layout)));
     const auto tasks = plan_reshard(k.source, k.source_layout, k.destination, k.destination_layout, k.shape);
     // Brute force over every element of the tensor: a destination that holds it receives it
@@ -143,7 +143,7 @@ TEST(Reshard, ZigzagTilesAreSequenceParallelismsPieces) {
 TEST(Reshard, EveryStrategyDeliversEachTileAndBroadcastSendsLess) {
   Rng rng(12);
   for (int trial = 0; trial < 200; ++trial) {
-    const Case k = random_case(rng);
+    const ReshardCase k = random_case(rng);
     SCOPED_TRACE(str("trial ", trial));
     const auto tasks = plan_reshard(k.source, k.source_layout, k.destination, k.destination_layout, k.shape);
     std::int64_t sent[3] = {};
@@ -239,7 +239,7 @@ std::vector<float> packed_from_global(const std::vector<Box>& boxes, std::span<c
 TEST(Reshard, ExchangeOverThreadsDeliversEveryTileForEveryStrategy) {
   Rng rng(13);
   for (int trial = 0; trial < 60; ++trial) {
-    const Case k = random_case(rng);
+    const ReshardCase k = random_case(rng);
     const int S = k.source.workers(), D = k.destination.workers();
     for (ReshardStrategy strategy :
          {ReshardStrategy::kSendRecv, ReshardStrategy::kBroadcast, ReshardStrategy::kLocalAllGather}) {

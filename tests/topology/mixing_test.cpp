@@ -11,7 +11,7 @@
 namespace peertrain::topology {
 namespace {
 
-GeneratorParams peers(int n) {
+GeneratorParams random_peers(int n) {
   GeneratorParams p;
   p.n = n;
   p.degree = 3;
@@ -23,9 +23,9 @@ TEST(Mixing, EverySchemeIsSymmetricDoublyStochasticOnItsGraphs) {
   GeneratorParams torus;
   torus.rows = 3;
   torus.cols = 5;
-  const std::vector<Graph> graphs = {generate("ring", peers(9)), generate("star", peers(6)),
-                                     generate("random-regular", peers(30)), generate("torus", torus),
-                                     generate("exponential", peers(12))};
+  const std::vector<Graph> graphs = {generate("ring", random_peers(9)), generate("star", random_peers(6)),
+                                     generate("random-regular", random_peers(30)), generate("torus", torus),
+                                     generate("exponential", random_peers(12))};
   for (const Graph& g : graphs)
     for (auto scheme : {WeightScheme::kMetropolis, WeightScheme::kMaxDegree}) {
       const SparseMatrix w = build_mixing_matrix(g, scheme);
@@ -36,7 +36,7 @@ TEST(Mixing, EverySchemeIsSymmetricDoublyStochasticOnItsGraphs) {
 }
 
 TEST(Mixing, MetropolisUsesTheLargerDegree) {
-  const Graph star = generate("star", peers(5));  // hub degree 4, leaves degree 1
+  const Graph star = generate("star", random_peers(5));  // hub degree 4, leaves degree 1
   const SparseMatrix w = build_mixing_matrix(star, WeightScheme::kMetropolis);
   EXPECT_DOUBLE_EQ(w.coeff(0, 1), 1.0 / 5);
   EXPECT_DOUBLE_EQ(w.coeff(1, 1), 1.0 - 1.0 / 5);
@@ -45,7 +45,7 @@ TEST(Mixing, MetropolisUsesTheLargerDegree) {
 
 TEST(Mixing, BestConstantMatchesTheRingClosedForm) {
   const int n = 10;
-  const Graph ring = generate("ring", peers(n));
+  const Graph ring = generate("ring", random_peers(n));
   // Ring Laplacian eigenvalues 2 − 2cos(2πk/n): λ_1 = 4 for even n, λ_{n−1} = 2 − 2cos(2π/n).
   const double alpha = 2.0 / (4.0 + 2.0 - 2.0 * std::cos(2 * std::numbers::pi / n));
   const SparseMatrix w = build_mixing_matrix(ring, WeightScheme::kBestConstant);
@@ -54,9 +54,9 @@ TEST(Mixing, BestConstantMatchesTheRingClosedForm) {
 }
 
 TEST(Mixing, UniformNeighborsNeedsARegularGraph) {
-  const SparseMatrix w = build_mixing_matrix(generate("ring", peers(6)), WeightScheme::kUniformNeighbors);
+  const SparseMatrix w = build_mixing_matrix(generate("ring", random_peers(6)), WeightScheme::kUniformNeighbors);
   EXPECT_DOUBLE_EQ(w.coeff(2, 3), 1.0 / 3);
-  EXPECT_ERROR_MENTIONS(build_mixing_matrix(generate("star", peers(4)), WeightScheme::kUniformNeighbors),
+  EXPECT_ERROR_MENTIONS(build_mixing_matrix(generate("star", random_peers(4)), WeightScheme::kUniformNeighbors),
                         "regular", "peer 1", "peer 0", "degree 3");
 }
 

@@ -60,14 +60,14 @@ CheckpointState peer_state(std::uint32_t peer, std::uint32_t peers, std::uint64_
   return s;
 }
 
-using Bytes = std::vector<char>;
+using FileBytes = std::vector<char>;
 
-Bytes read_bytes(const std::string& path) {
+FileBytes read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(in), {});
+  return FileBytes(std::istreambuf_iterator<char>(in), {});
 }
 
-void write_bytes(const std::string& path, const Bytes& bytes) {
+void write_bytes(const std::string& path, const FileBytes& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
@@ -122,37 +122,37 @@ TEST_F(Checkpoints, OverwritingAStepReplacesTheFileWhole) {
 
 TEST_F(Checkpoints, EachBrokenFileIsRejectedWithItsNameAndWhatWasWrong) {
   const std::string good = write_checkpoint(dir_, random_state(1, 3, 77, 501, 9));
-  const Bytes bytes = read_bytes(good);
+  const FileBytes bytes = read_bytes(good);
   ASSERT_EQ(bytes.size(), kCheckpointHeaderBytes + 8 * 501 + 8);
 
   struct Case {
     std::string name;
-    Bytes bytes;
+    FileBytes bytes;
     std::string expect;
   };
   auto patched = [&](std::size_t at, std::uint64_t value) {
-    Bytes b = bytes;
+    FileBytes b = bytes;
     std::memcpy(b.data() + at, &value, sizeof value);
     return b;
   };
   auto flipped = [&](std::size_t at) {
-    Bytes b = bytes;
+    FileBytes b = bytes;
     b[at] = static_cast<char>(b[at] ^ 0x10);
     return b;
   };
-  Bytes wrong_magic = bytes;
+  FileBytes wrong_magic = bytes;
   wrong_magic[7] = '2';
-  Bytes longer = bytes;
+  FileBytes longer = bytes;
   longer.push_back(0);
   const std::vector<Case> cases = {
       {"empty", {}, "empty"},
-      {"three_bytes", Bytes(bytes.begin(), bytes.begin() + 3), "truncated"},
-      {"half_header", Bytes(bytes.begin(), bytes.begin() + 60), "truncated"},
-      {"header_only", Bytes(bytes.begin(), bytes.begin() + kCheckpointHeaderBytes), "truncated"},
-      {"one_byte_short", Bytes(bytes.begin(), bytes.end() - 1), "truncated"},
+      {"three_bytes", FileBytes(bytes.begin(), bytes.begin() + 3), "truncated"},
+      {"half_header", FileBytes(bytes.begin(), bytes.begin() + 60), "truncated"},
+      {"header_only", FileBytes(bytes.begin(), bytes.begin() + kCheckpointHeaderBytes), "truncated"},
+      {"one_byte_short", FileBytes(bytes.begin(), bytes.end() - 1), "truncated"},
       {"trailing_byte", longer, "trailing bytes"},
       {"wrong_magic", wrong_magic, "bad magic"},
-      {"text", Bytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '\n'}, "bad magic"},
+      {"text", FileBytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '\n'}, "bad magic"},
       {"version_2", patched(8, 2 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 2"},
       {"flipped_parameter", flipped(kCheckpointHeaderBytes + 100), "checksum mismatch"},
       {"flipped_momentum", flipped(bytes.size() - 9), "checksum mismatch"},
@@ -227,7 +227,7 @@ TEST_F(Checkpoints, LatestCompleteStepIsTheNewestEveryPeerHasValid) {
   EXPECT_EQ(latest_complete_step(dir_, kPeers), std::optional<std::uint64_t>(60));
 
   const std::string corrupt = checkpoint_path(dir_, 2, 40);
-  Bytes bytes = read_bytes(corrupt);
+  FileBytes bytes = read_bytes(corrupt);
   bytes[kCheckpointHeaderBytes + 3] ^= 1;
   write_bytes(corrupt, bytes);
   write_bytes(checkpoint_path(dir_, 0, 50), read_bytes(write_checkpoint(dir_, peer_state(0, kPeers, 49))));
