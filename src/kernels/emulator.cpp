@@ -39,8 +39,10 @@ constexpr unsigned kWarpgroup = 128;
 // mma) or ends, then the next one runs, round robin. Context switches inside one host
 // thread cost a fraction of the kernel's time, where a host thread per CUDA thread spent
 // most of it in the operating system's scheduler (a 256-thread block on 2 cores: every barrier
-// woke 256 threads). Running each thread until it blocks is also the harshest order for
-// a missing barrier: the first thread races through before any other has written.
+// woke 256 threads). The order is fixed: a missing barrier shows on every run where a
+// reader runs before its writer (thread t reading t + 1's slot, before the first barrier),
+// and never where the writer runs first (t reading t − 1's), which host threads caught now
+// and then.
 struct Fiber;
 thread_local Fiber* self = nullptr;  // the fiber running now on this host thread
 thread_local ucontext_t scheduler_context;
@@ -131,6 +133,7 @@ struct PendingWgmma {
 // Kernels keep small arrays in registers; a sanitized build's frames are several times
 // larger. The pages are only touched as the stack grows.
 constexpr std::size_t kStackBytes = std::size_t{1} << 20;
+constexpr std::size_t kGuardBytes = 4096;
 
 // One CUDA thread: its stack and context, and what a device keeps per thread.
 struct Fiber {
@@ -156,7 +159,7 @@ struct Fiber {
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
   ~Fiber() {
-    if (stack != nullptr) munmap(stack, kStackBytes);
+    if (stack != nullptr) munmap(static_cast<std::byte*>(stack) - kGuardBytes, kGuardBytes + kStackBytes);
   }
 };
 
@@ -239,12 +242,16 @@ thread_local std::deque<Fiber> fiber_pool;
 // Readies fiber t of a block for a launch.
 void prepare(Fiber& f, unsigned t, dim3 block) {
   if (f.stack == nullptr) {
-    f.stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-    if (f.stack == MAP_FAILED) {
-      f.stack = nullptr;
-      PEERTRAIN_CHECK(false, "the emulator could not map a ", kStackBytes, "-byte thread stack");
+    // A guard page below the stack: stacks mapped one after another would otherwise let an
+    // overflow write into the next fiber's, unseen even by AddressSanitizer.
+    void* base = mmap(nullptr, kGuardBytes + kStackBytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    PEERTRAIN_CHECK(base != MAP_FAILED, "the emulator could not map a ", kStackBytes, "-byte thread stack");
+    if (mprotect(base, kGuardBytes, PROT_NONE) != 0) {
+      munmap(base, kGuardBytes + kStackBytes);
+      PEERTRAIN_CHECK(false, "the emulator could not protect a thread stack's guard page");
     }
+    f.stack = static_cast<std::byte*>(base) + kGuardBytes;
   }
   f.linear = t;
   f.thread_idx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
@@ -394,13 +401,20 @@ void copy_async(void* shared, const void* global, std::size_t bytes) {
   self->copies.open.push_back({shared, global, bytes});
 }
 
-void copy_async_commit() { self->copies.commit(); }
+void copy_async_commit() {
+  PEERTRAIN_CHECK(self != nullptr, "cp.async.commit_group outside a kernel");
+  self->copies.commit();
+}
 
 void copy_async_wait(int in_flight) {
+  PEERTRAIN_CHECK(self != nullptr, "cp.async.wait_group outside a kernel");
   self->copies.wait(in_flight, [](const PendingCopy& c) { std::memcpy(c.to, c.from, c.bytes); });
 }
 
-void wgmma_shared_base(const void* base) { self->wgmma_base = static_cast<const std::byte*>(base); }
+void wgmma_shared_base(const void* base) {
+  PEERTRAIN_CHECK(self != nullptr, "wgmma's shared base outside a kernel");
+  self->wgmma_base = static_cast<const std::byte*>(base);
+}
 
 void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descriptor, bool accumulate) {
   PEERTRAIN_CHECK(current != nullptr && self != nullptr && self->wgmma_base != nullptr,
@@ -410,9 +424,15 @@ void wgmma_bf16(float* d, int n, const std::uint32_t a[4], std::uint64_t descrip
   self->products.open.push_back({d, n, a, descriptor, self->wgmma_base, accumulate});
 }
 
-void wgmma_commit() { self->products.commit(); }
+void wgmma_commit() {
+  PEERTRAIN_CHECK(self != nullptr, "wgmma.commit_group outside a kernel");
+  self->products.commit();
+}
 
-void wgmma_wait(int in_flight) { self->products.wait(in_flight, perform_wgmma); }
+void wgmma_wait(int in_flight) {
+  PEERTRAIN_CHECK(self != nullptr, "wgmma.wait_group outside a kernel");
+  self->products.wait(in_flight, perform_wgmma);
+}
 
 void* dynamic_shared() { return current != nullptr ? current->dynamic.data() : nullptr; }
 
@@ -425,11 +445,11 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
   state.grid = grid;
   state.block = block;
   state.body = &body;
-  current = &state;
-  blockDim = block;
-  gridDim = grid;
   while (fiber_pool.size() < threads) fiber_pool.emplace_back();
   for (unsigned t = 0; t < threads; ++t) prepare(fiber_pool[t], t, block);
+  current = &state;  // only now: nothing below throws until it is reset
+  blockDim = block;
+  gridDim = grid;
   std::exception_ptr error;
   for (unsigned live = threads; live > 0 && !error;) {
     const std::uint64_t before = progress;
