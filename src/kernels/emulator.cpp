@@ -39,16 +39,17 @@ constexpr unsigned kWarpgroup = 128;
 // mma) or ends, then the next one runs, round robin. Context switches inside one host
 // thread cost a fraction of the kernel's time, where a host thread per CUDA thread spent
 // most of it in the operating system's scheduler (a 256-thread block on 2 cores: every barrier
-// woke 256 threads). The order is fixed: a missing barrier shows on every run where a
-// reader runs before its writer (thread t reading t + 1's slot, before the first barrier),
-// and never where the writer runs first (t reading t − 1's), which host threads caught now
-// and then.
+// woke 256 threads). Running each thread until it blocks makes a missing barrier show
+// wherever a reader runs before its writer; the rounds go up the threads in one launch
+// and down in the next, so a read of a later thread's write (t reading t + 1's slot) is
+// stale in one launch of every two, and a read of an earlier thread's in the other.
 struct Fiber;
 thread_local Fiber* self = nullptr;  // the fiber running now on this host thread
 thread_local ucontext_t scheduler_context;
 // Bumped by every arrival at a barrier and every fiber that ends: a round of the
 // scheduler that leaves it unchanged is a deadlock.
 thread_local std::uint64_t progress = 0;
+thread_local std::uint64_t launches = 0;  // odd launches run their rounds from the last thread down
 
 struct FiberBarrier;
 // Switches back to the scheduler until `barrier` has left phase `phase`.
@@ -450,11 +451,12 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
   current = &state;  // only now: nothing below throws until it is reset
   blockDim = block;
   gridDim = grid;
+  const bool downward = launches++ % 2 == 1;
   std::exception_ptr error;
   for (unsigned live = threads; live > 0 && !error;) {
     const std::uint64_t before = progress;
-    for (unsigned t = 0; t < threads; ++t) {
-      Fiber& f = fiber_pool[t];
+    for (unsigned i = 0; i < threads; ++i) {
+      Fiber& f = fiber_pool[downward ? threads - 1 - i : i];
       if (!runnable(f)) continue;
       enter_fiber(f);
       if (f.done) {

@@ -2,8 +2,8 @@
 // GPU (CI, this project's development machines). Each CUDA thread of a block is a fiber
 // on the launching host thread, run until it waits at a barrier (__syncthreads, a warp
 // shuffle, an mma) or ends: barriers are real, warp shuffles exchange values between the
-// 32 threads of a warp, and a kernel that forgets a barrier before reading a later
-// thread's write reads stale shared memory on every run (emulator.cpp). Blocks run one after another, which is why `__shared__` may map to a
+// 32 threads of a warp, and a kernel that forgets a barrier reads stale shared memory in
+// one launch of every two (emulator.cpp). Blocks run one after another, which is why `__shared__` may map to a
 // function-static variable. Only what the kernels in this folder use is provided.
 //
 // Slow by design (every CUDA thread in turn on one core): for tests on small shapes,

@@ -16,16 +16,22 @@ namespace {
 
 constexpr unsigned kThreads = 96;  // three warps
 
-// Each thread writes its value to shared memory and reads its right neighbour's; with the
-// barrier every read sees the write, without it the first threads read what was there.
-void rotate(const int* in, int* out, bool barrier) {
+// The thread whose slot thread t reads: `step` threads on, or its own at the block's ends.
+unsigned neighbour(unsigned t, int step) {
+  const int n = static_cast<int>(t) + step;
+  return n < 0 || n >= static_cast<int>(kThreads) ? t : static_cast<unsigned>(n);
+}
+
+// Each thread writes its value to shared memory and reads its neighbour's; with the
+// barrier every read sees the write, without it some read what was there.
+void rotate(const int* in, int* out, bool barrier, int step = 1) {
   __shared__ int slots[kThreads];
   const unsigned t = threadIdx.x;
   slots[t] = -1;
   if (barrier) __syncthreads();
   slots[t] = in[blockIdx.x * kThreads + t];
   if (barrier) __syncthreads();
-  out[blockIdx.x * kThreads + t] = slots[(t + 1) % kThreads];
+  out[blockIdx.x * kThreads + t] = slots[neighbour(t, step)];
   if (barrier) __syncthreads();
 }
 
@@ -33,22 +39,32 @@ TEST(Emulator, SyncthreadsMakesEveryWriteVisibleAcrossBlocks) {
   constexpr unsigned blocks = 3;
   std::vector<int> in(blocks * kThreads), out(in.size(), 0);
   std::iota(in.begin(), in.end(), 1000);
-  launch(dim3(blocks), dim3(kThreads), 0, rotate, in.data(), out.data(), true);
-  for (unsigned b = 0; b < blocks; ++b)
-    for (unsigned t = 0; t < kThreads; ++t)
-      EXPECT_EQ(out[b * kThreads + t], in[b * kThreads + (t + 1) % kThreads]) << "block " << b << " thread " << t;
+  for (int launch_twice = 0; launch_twice < 2; ++launch_twice)  // one round up the threads, one down
+    for (int step : {1, -1}) {
+      launch(dim3(blocks), dim3(kThreads), 0, rotate, in.data(), out.data(), true, step);
+      for (unsigned b = 0; b < blocks; ++b)
+        for (unsigned t = 0; t < kThreads; ++t)
+          EXPECT_EQ(out[b * kThreads + t], in[b * kThreads + neighbour(t, step)])
+              << "block " << b << " thread " << t << " step " << step;
+    }
 }
 
-// Each thread runs until it waits, so a kernel that forgets its barrier reads before its
-// neighbours wrote, every time: the race shows here instead of one run in a thousand.
-TEST(Emulator, AMissingBarrierIsSeenEveryTime) {
+// Each thread runs until it waits, up the threads in one launch and down in the next: a
+// kernel that forgets its barrier reads before its neighbour wrote in one launch of every
+// two, whichever neighbour it reads, instead of one run in a thousand.
+TEST(Emulator, AMissingBarrierShowsInOneLaunchOfEveryTwo) {
   std::vector<int> in(kThreads), out(kThreads, 0);
-  std::iota(in.begin(), in.end(), 1000);
-  launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), out.data(), false);
-  // Thread 0 read its neighbour's slot before thread 1 had run: whatever was there (a
-  // previous launch's value, or zero), never in[1].
-  EXPECT_NE(out[0], in[1]);
-  EXPECT_EQ(out[kThreads - 1], in[0]);  // the last thread ran after thread 0 wrote
+  for (int step : {1, -1}) {
+    int stale_launches = 0;
+    for (int launch_twice = 0; launch_twice < 2; ++launch_twice) {
+      std::iota(in.begin(), in.end(), 1000 + 1000 * (2 * launch_twice + (step > 0)));  // never what a slot held
+      launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), out.data(), false, step);
+      bool stale = false;
+      for (unsigned t = 0; t < kThreads; ++t) stale = stale || out[t] != in[neighbour(t, step)];
+      stale_launches += stale;
+    }
+    EXPECT_EQ(stale_launches, 1) << "step " << step;
+  }
 }
 
 // A butterfly sum over each warp with shfl_xor, against the serial sums.
@@ -87,8 +103,8 @@ TEST(Emulator, AFailedCheckInOneThreadFailsTheLaunchAndTheNextOneRuns) {
   }
   std::vector<int> in(kThreads), rotated(kThreads);
   std::iota(in.begin(), in.end(), 0);
-  launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), rotated.data(), true);
-  EXPECT_EQ(rotated[kThreads - 1], 0);
+  launch(dim3(1), dim3(kThreads), 0, rotate, in.data(), rotated.data(), true, 1);
+  EXPECT_EQ(rotated[kThreads - 2], kThreads - 1);
 }
 
 // The even threads wait at a second __syncthreads that the odd ones never reach: on a
