@@ -46,9 +46,6 @@ constexpr unsigned kWarpgroup = 128;
 struct Fiber;
 thread_local Fiber* self = nullptr;  // the fiber running now on this host thread
 thread_local ucontext_t scheduler_context;
-// Bumped by every arrival at a barrier and every fiber that ends: a round of the
-// scheduler that leaves it unchanged is a deadlock.
-thread_local std::uint64_t progress = 0;
 thread_local std::uint64_t launches = 0;  // odd launches run their rounds from the last thread down
 
 struct FiberBarrier;
@@ -59,7 +56,6 @@ void waiting_on(const FiberBarrier* barrier, std::uint64_t phase);
 struct FiberBarrier {
   explicit FiberBarrier(unsigned expected_) : expected(expected_) {}
   void arrive_and_wait() {
-    ++progress;
     const std::uint64_t mine = phase;
     if (++arrived == expected) {
       arrived = 0;
@@ -82,13 +78,13 @@ struct BlockState {
       warpgroup_barriers.emplace_back(kWarpgroup);
   }
   FiberBarrier block_barrier;
-  std::deque<FiberBarrier> warp_barriers;  // a deque: barriers stay where they were made
+  std::vector<FiberBarrier> warp_barriers;
   std::vector<std::uint32_t> slots;  // one per thread, for shuffles
   std::vector<std::array<std::uint32_t, 6>> mma_slots;  // one per thread: its a and b fragments
-  std::deque<FiberBarrier> warpgroup_barriers;
+  std::vector<FiberBarrier> warpgroup_barriers;
   std::vector<std::byte> dynamic;
   // The launch: every fiber runs body once per block of the grid.
-  dim3 grid, block;
+  dim3 grid;
   const std::function<void()>* body = nullptr;
 };
 
@@ -205,7 +201,6 @@ bool runnable(const Fiber& f) { return !f.done && (f.barrier == nullptr || f.bar
 // function: AddressSanitizer hooks noreturn calls and would look for the wrong stack.)
 void leave_fiber(Fiber& f) {
   f.done = true;
-  ++progress;
 #ifdef PEERTRAIN_EMULATOR_ASAN
   __sanitizer_start_switch_fiber(nullptr, f.scheduler_bottom, f.scheduler_size);  // this stack ends
 #endif
@@ -444,7 +439,6 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
   std::lock_guard lock(launch_mutex);
   BlockState state(threads, shared_bytes);
   state.grid = grid;
-  state.block = block;
   state.body = &body;
   while (fiber_pool.size() < threads) fiber_pool.emplace_back();
   for (unsigned t = 0; t < threads; ++t) prepare(fiber_pool[t], t, block);
@@ -454,10 +448,13 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
   const bool downward = launches++ % 2 == 1;
   std::exception_ptr error;
   for (unsigned live = threads; live > 0 && !error;) {
-    const std::uint64_t before = progress;
+    // A fiber that runs arrives at a barrier, ends or fails before it yields: a round in
+    // which none could run is a deadlock.
+    bool ran = false;
     for (unsigned i = 0; i < threads; ++i) {
       Fiber& f = fiber_pool[downward ? threads - 1 - i : i];
       if (!runnable(f)) continue;
+      ran = true;
       enter_fiber(f);
       if (f.done) {
         --live;
@@ -467,7 +464,7 @@ void run(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<vo
         }
       }
     }
-    if (!error && live > 0 && progress == before)
+    if (!error && live > 0 && !ran)
       error = std::make_exception_ptr(
           Error(ErrorKind::kInternal, str("emulated kernel deadlocked: its ", live, " unfinished threads of a ",
                                           threads, "-thread block each wait at a barrier the others never reach")));
