@@ -3,8 +3,8 @@
 # strategies the engine runs here — sequence, tensor and pipeline parallelism, micro-batch
 # counts, the schedules, a stage-mesh pair — measures the step time with `peertrain bench
 # pipeline` and predicts it with `peertrain plan --strategy` (the same stage boundaries),
-# then lets `peertrain plan` search 2 and 4 workers and measures its pick against the
-# grid's best. Writes DIR/grid.tsv, search.tsv, a plot and README.md (report.py).
+# then lets `peertrain plan` search 2 and 4 workers, by the simulator alone and with
+# --measure 3, and measures its picks against the grid's best. Writes DIR/grid.tsv, search.tsv, a plot and README.md (report.py).
 set -euo pipefail
 
 PT_SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -158,44 +158,69 @@ for ((i = 0; i < ${#grid[@]}; i++)); do
     "${r_replayed[i]}" "${r_predicted[i]}" "${r_simulate[i]}" "${r_stages[i]}" "${r_steps[i]}" >> "$out/grid.tsv"
 done
 read -r -a model <<< "$base_model"
-# The search's pick for 2 and 4 workers, measured like the grid.
-printf 'workers\tpick\tflags\tpredicted_s\tmeasured_s\tstages\n' > "$out/search.tsv"
+# The search's pick for 2 and 4 workers, measured like the grid: the simulator's alone
+# (`plan`), and with its best 3 run on the engine (`plan --measure 3`).
+printf 'workers\tmode\tpick\tflags\tpredicted_s\tmeasured_s\tstages\n' > "$out/search.tsv"
 for workers in 2 4; do
-  pick=$("$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" --format json)
-  name=$(json 'd["strategy"]' <<< "$pick")
-  pflags=$(json 'd["flags"]' <<< "$pick")
-  pstep=$(json 'd["step_s"]' <<< "$pick")
-  stages=$(json 'd["stages"]' <<< "$pick")
-  read -r -a flags <<< "$pflags"
-  measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$stages" --steps "$steps" --format json)
-  step=$(json 'd["step_s"]' <<< "$measured")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$name" "$pflags" "$pstep" "$step" "$stages" >> "$out/search.tsv"
-  echo "  plan --workers $workers picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms, measured $(json 'd*1e3' <<< "$step") ms"
+  for mode in simulator measured; do
+    extra=()
+    [[ $mode == measured ]] && extra=(--measure 3)
+    pick=$("$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" "${extra[@]}" --format json)
+    name=$(json 'd["strategy"]' <<< "$pick")
+    pflags=$(json 'd["flags"]' <<< "$pick")
+    pstep=$(json 'd["step_s"]' <<< "$pick")
+    stages=$(json 'd["stages"]' <<< "$pick")
+    read -r -a flags <<< "$pflags"
+    measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$stages" --steps "$steps" --format json)
+    step=$(json 'd["step_s"]' <<< "$measured")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$mode" "$name" "$pflags" "$pstep" "$step" "$stages" \
+      >> "$out/search.tsv"
+    echo "  plan --workers $workers${extra[*]:+ ${extra[*]}} picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms," \
+      "measured $(json 'd*1e3' <<< "$step") ms"
+  done
 done
 # The grid's best is the least of a dozen measurements, each ±3-10 % here, so it is
-# biased low (the winner's curse) against the pick's one measurement. Measure the pick and
-# the grid's three best of its worker count again, side by side, in alternating rounds;
-# report.py compares their medians.
+# biased low (the winner's curse) against the pick's one measurement. Measure the picks and
+# the grid's three best of its worker count again, side by side, in rounds whose order
+# rotates (the first run of a round is not always the same one); report.py compares their
+# medians. A strategy named twice (a pick that is one of the grid's three, say) is
+# measured once, under all its names: measuring one configuration twice would only compare
+# the machine's noise with itself.
 printf 'workers\tround\tcandidate\tflags\tstages\tmeasured_s\n' > "$out/sidebyside.tsv"
 for workers in 2 4; do
   candidate_lines=$(
     /usr/bin/python3 - "$out/grid.tsv" "$out/search.tsv" "$workers" "$base_model" <<'PY'
 import csv, sys
 grid, search, workers, base = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+DEFAULTS = {"--sp": "1", "--tp": "1", "--pp": "1", "--microbatches": "1", "--schedule": "1f1b", "--chunks": "2",
+            "--vocab-parallel": "none", "--reshard": "send-recv"}
+def key(flags, stages):
+    words = flags.split()
+    named = dict(DEFAULTS, **dict(zip(words[0::2], words[1::2])))
+    if named["--schedule"] != "interleaved":
+        named.pop("--chunks")
+    return tuple(sorted(named.items())), stages
+candidates = {}  # key -> [names, flags, stages], in first-seen order
+def add(name, flags, stages):
+    entry = candidates.setdefault(key(flags, stages), [[], flags, stages])
+    if name not in entry[0]:
+        entry[0].append(name)
 for r in csv.DictReader(open(search), delimiter="\t"):
     if r["workers"] == workers:
-        print(f"pick\t{r['flags']}\t{r['stages']}")
+        add("pick" if r.get("mode", "simulator") == "simulator" else "measured-pick", r["flags"], r["stages"])
 rows = [r for r in csv.DictReader(open(grid), delimiter="\t") if r["workers"] == workers and r["model"] == base]
 for r in sorted(rows, key=lambda r: float(r["measured_s"]))[:3]:
-    print(f"grid\t{r['flags']}\t{r['stages']}")
+    add("grid", r["flags"], r["stages"])
+for names, flags, stages in candidates.values():
+    print(f"{'+'.join(names)}\t{flags}\t{stages}")
 PY
   )
   mapfile -t candidates <<< "$candidate_lines"
-  ((${#candidates[@]} >= 2)) ||
-    { echo "error: no pick or no grid strategy of $workers workers to measure side by side" >&2; exit 1; }
+  ((${#candidates[@]} >= 1)) || { echo "error: no pick or grid strategy of $workers workers to measure" >&2; exit 1; }
+  n=${#candidates[@]}
   for ((round = 1; round <= rounds; round++)); do
-    for candidate in "${candidates[@]}"; do
-      IFS=$'\t' read -r kind cflags cstages <<< "$candidate"
+    for ((j = 0; j < n; j++)); do
+      IFS=$'\t' read -r kind cflags cstages <<< "${candidates[(j + round - 1) % n]}"
       strategy_flags "$cflags"
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$cstages" --steps "$steps" \
         --format json)
@@ -203,7 +228,7 @@ PY
         "$(json 'd["step_s"]' <<< "$measured")" >> "$out/sidebyside.tsv"
     done
   done
-  echo "  $workers workers: the pick and the grid's 3 best measured again side by side, $rounds rounds"
+  echo "  $workers workers: the picks and the grid's 3 best ($n strategies) measured again side by side, $rounds rounds"
 done
 fi
 # Across peers: every run of the lian2017 experiment with seed 1, predicted from its

@@ -270,6 +270,13 @@ int run_plan(int argc, char** argv) {
       "(added by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
+      "measure",
+      "then run the best K predicted on the engine here (real steps, in rotated rounds) and pick the fastest "
+      "measured: the simulator's near-ties are a few percent apart, within its error (0: the simulator alone)",
+      cxxopts::value<std::string>()->default_value("0"))("measure-rounds", "with --measure: rounds over the K",
+                                                         cxxopts::value<std::string>()->default_value("3"))(
+      "measure-steps", "with --measure: timed steps a run (their median; after one warm-up step)",
+      cxxopts::value<std::string>()->default_value("5"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
       "topology", "with --run: the topology to launch", cxxopts::value<std::string>())(
       "max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
@@ -317,7 +324,16 @@ int run_plan(int argc, char** argv) {
       throw UsageError("--contention and --no-contention: choose one");
     if (args.count("eval-every") && !across)
       throw UsageError("--eval-every is for plan --topology FILE without --run (across peers)");
-    if (across) return plan_network(args, model_name, config, batch, format);
+    if (across) {
+      if (args.count("measure")) throw UsageError("--measure is for one peer's strategies, not with --topology");
+      return plan_network(args, model_name, config, batch, format);
+    }
+    const int measure = number_flag<int>(args, "measure");
+    const plan::MeasureOptions mo{.best = measure,
+                                  .rounds = number_flag<int>(args, "measure-rounds"),
+                                  .steps = number_flag<int>(args, "measure-steps")};
+    if (measure < 0) throw UsageError("--measure must be 0 (the simulator alone) or more");
+    if (mo.rounds < 1 || mo.steps < 1) throw UsageError("--measure-rounds and --measure-steps must be at least 1");
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
     sim.contention = args.count("no-contention") == 0;
@@ -371,6 +387,24 @@ int run_plan(int argc, char** argv) {
       candidates = plan::search(config, space, profiler, sim);
     }
     profiler.save();
+    if (measure > 0) {
+      // Progress on stderr: a line rewritten in place on a terminal, else a line a round.
+      const bool tty = isatty(STDERR_FILENO) != 0;
+      int last_round = -1;
+      plan::MeasureProgress progress;
+      if (format == "table")
+        progress = [&](int round, int index) {
+          if (tty)
+            std::fprintf(stderr, "\r\033[Kmeasuring the %d best predicted on the engine: round %d of %d, candidate %d",
+                         measure, round + 1, mo.rounds, index + 1);
+          else if (round != last_round)
+            std::fprintf(stderr, "measuring the %d best predicted on the engine: round %d of %d\n", measure, round + 1,
+                         mo.rounds);
+          last_round = round;
+        };
+      plan::measure_best(config, candidates, mo, progress);
+      if (tty && last_round >= 0) std::fprintf(stderr, "\n");
+    }
 
     if (format == "json") {
       std::string rows = "[";
@@ -388,6 +422,12 @@ int run_plan(int argc, char** argv) {
             .add("peak_worker_bytes", c.prediction.peak_bytes())
             .add("stages", parallel::format_stage_sizes(c.prediction.first_units, config.layers + 2));
         if (!c.loses_because.empty()) o.add("loses_because", c.loses_because);
+        if (c.measured_s > 0) {
+          std::string rounds = "[";
+          for (std::size_t r = 0; r < c.measured_rounds_s.size(); ++r)
+            rounds += (r ? ", " : "") + str(c.measured_rounds_s[r]);
+          o.add("measured_s", c.measured_s).add_raw("measured_rounds_s", rounds + "]");
+        }
         if (simulate_s > 0) o.add("simulate_s", simulate_s);
         std::string flags;
         for (const auto& f : c.strategy.flags()) flags += (flags.empty() ? "" : " ") + f;
@@ -400,14 +440,24 @@ int run_plan(int argc, char** argv) {
                   model_name.c_str(), config.d_model, config.layers, config.heads, config.tokens(), batch,
                   sim.cores > 0 ? std::to_string(sim.cores).c_str() : "this machine's", profiler.measured(),
                   cache.empty() ? "none" : cache.c_str());
-      std::printf("%4s %-34s %10s %8s %12s  %s\n", "rank", "strategy", "step ms", "bubble", "memory/wkr", "");
+      const bool measured = measure > 0;
+      std::printf("%4s %-34s %10s %s%8s %12s  %s\n", "rank", "strategy", "step ms", measured ? "measured ms " : "",
+                  "bubble", "memory/wkr", "");
       int shown = 0;
       for (const auto& c : candidates) {
         if (!c.prediction.feasible) continue;
         if (shown++ >= top) break;
-        std::printf("%4d %-34s %10.2f %8.3f %12s  %s\n", shown, c.strategy.describe().c_str(),
-                    c.prediction.step_s * 1e3, c.prediction.bubble, mib(c.prediction.peak_bytes()).c_str(),
-                    shown == 1 ? "the winner" : c.loses_because.c_str());
+        char measured_ms[32] = "";  // the column, when --measure ran
+        if (measured) {
+          if (c.measured_s > 0)
+            std::snprintf(measured_ms, sizeof measured_ms, "%11.2f ", c.measured_s * 1e3);
+          else
+            std::snprintf(measured_ms, sizeof measured_ms, "%11s ", "-");
+        }
+        std::printf(
+            "%4d %-34s %10.2f %s%8.3f %12s  %s\n", shown, c.strategy.describe().c_str(), c.prediction.step_s * 1e3,
+            measured_ms, c.prediction.bubble, mib(c.prediction.peak_bytes()).c_str(),
+            shown == 1 ? (c.measured_s > 0 ? "the winner: fastest measured" : "the winner") : c.loses_because.c_str());
       }
       int refused = 0;
       for (const auto& c : candidates) refused += !c.prediction.feasible;

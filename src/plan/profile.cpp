@@ -267,19 +267,13 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
   return slowest;
 }
 
-// The statistics of `steps` engine steps of model `c` on a batch of these token ids (the
-// targets: `targets`, or the same ids).
+// The statistics of `steps` engine steps of model `c` on this batch.
 std::vector<parallel::StepStats> engine_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
-                                              int batch, int steps, std::vector<std::int32_t> bytes,
-                                              std::vector<std::int32_t> targets = {}) {
+                                              const parallel::GlobalBatch& global, int steps) {
   model::Transformer model(c);
   parallel::PipelineEngine engine(model, e);
   std::vector<float> params(model.num_parameters()), grads(params.size());
   model.initialize(params, 1);
-  parallel::GlobalBatch global;
-  global.batch = batch;
-  global.bytes = bytes;
-  global.targets = targets.empty() ? bytes : targets;
   std::vector<parallel::StepStats> stats;
   for (int r = 0; r < steps; ++r) {
     engine.step(params, global, grads);
@@ -292,17 +286,36 @@ std::vector<parallel::StepStats> engine_steps(const model::TransformerConfig& c,
 // around its passes.
 std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, const parallel::EngineConfig& e,
                                             int batch, int steps) {
-  return engine_steps(c, e, batch, steps, std::vector<std::int32_t>(static_cast<std::size_t>(batch) * c.seq, 1));
+  const std::vector<std::int32_t> ones(static_cast<std::size_t>(batch) * c.seq, 1);
+  parallel::GlobalBatch global;
+  global.batch = batch;
+  global.bytes = global.targets = ones;
+  return engine_steps(c, e, global, steps);
 }
 
 }  // namespace
 
 double measure_engine_step_s(const model::TransformerConfig& c, const parallel::EngineConfig& e, int batch, int steps) {
   Rng rng(17);
-  std::vector<std::int32_t> bytes(static_cast<std::size_t>(batch) * c.seq), targets(bytes.size());
-  for (auto& b : bytes) b = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
-  const auto stats = engine_steps(c, e, batch, steps + 1, std::move(bytes), std::move(targets));
+  std::vector<std::int32_t> bytes, targets;
+  std::vector<float> pixels;
+  parallel::GlobalBatch global;
+  global.batch = batch;
+  if (c.kind == model::TransformerKind::kGpt) {
+    bytes.resize(static_cast<std::size_t>(batch) * c.seq);
+    targets.resize(bytes.size());
+    for (auto& b : bytes) b = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
+    for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
+    global.bytes = bytes;
+    global.targets = targets;
+  } else {  // vit: normal pixels, random classes
+    pixels.resize(static_cast<std::size_t>(batch) * c.image * c.image);
+    for (auto& p : pixels) p = static_cast<float>(rng.normal());
+    for (int i = 0; i < batch; ++i) targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.classes)));
+    global.pixels = pixels;
+    global.labels = targets;
+  }
+  const auto stats = engine_steps(c, e, global, steps + 1);
   std::vector<double> times;
   for (std::size_t r = 1; r < stats.size(); ++r) times.push_back(stats[r].step_s);  // the first plans and warms up
   return median(times);

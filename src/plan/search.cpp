@@ -143,4 +143,48 @@ std::vector<Candidate> search(const model::TransformerConfig& config, const Sear
   return all;
 }
 
+void measure_best(const model::TransformerConfig& config, std::vector<Candidate>& candidates,
+                  const MeasureOptions& options, const MeasureProgress& progress) {
+  if (options.best < 1 || options.rounds < 1 || options.steps < 1)
+    throw Error(ErrorKind::kInvalidArgument, "plan --measure: the candidates, rounds and steps must be at least 1");
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < candidates.size() && static_cast<int>(chosen.size()) < options.best; ++i)
+    if (candidates[i].prediction.feasible) chosen.push_back(i);
+  const auto k = chosen.size();
+  for (int round = 0; round < options.rounds; ++round)
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t index = (j + static_cast<std::size_t>(round)) % k;  // rotated: each starts a round in turn
+      Candidate& c = candidates[chosen[index]];
+      if (!c.prediction.feasible) continue;  // failed in an earlier round
+      if (progress) progress(round, static_cast<int>(index));
+      parallel::EngineConfig e = c.strategy.engine;
+      e.stage_first_units = c.prediction.first_units;  // the boundaries it was predicted with
+      try {
+        c.measured_rounds_s.push_back(measure_engine_step_s(config, e, c.strategy.batch, options.steps));
+      } catch (const Error& err) {
+        c.prediction.feasible = false;
+        c.prediction.why_not = str("measured: the engine failed: ", err.what());
+        c.measured_rounds_s.clear();
+      }
+    }
+  for (auto i : chosen)
+    if (!candidates[i].measured_rounds_s.empty()) candidates[i].measured_s = median(candidates[i].measured_rounds_s);
+  // The measured first, by their medians; then the other feasible ones in the search's
+  // order; then the infeasible ones (those that failed here among them).
+  auto rank = [](const Candidate& c) { return !c.prediction.feasible ? 2 : c.measured_s > 0 ? 0 : 1; };
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    return rank(a) == 0 && a.measured_s < b.measured_s;
+  });
+  if (candidates.empty() || !candidates.front().prediction.feasible) return;
+  const Candidate& first = candidates.front();
+  for (auto& c : candidates) c.loses_because.clear();
+  for (std::size_t i = 1; i < candidates.size() && candidates[i].prediction.feasible; ++i) {
+    Candidate& c = candidates[i];
+    c.loses_because = c.measured_s > 0 ? str("+", fixed((c.measured_s / first.measured_s - 1) * 100, 1), "% measured (",
+                                             ms(c.measured_s), " against ", ms(first.measured_s), ")")
+                                       : str("not measured; predicted ", why_slower(c.prediction, first.prediction));
+  }
+}
+
 }  // namespace peertrain::plan

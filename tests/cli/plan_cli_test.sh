@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # peertrain plan as a user runs it: the search over a peer's workers prints the winner and
-# why the others lose, reads its profiles back from the cache the second time, refuses
+# why the others lose, reads its profiles back from the cache the second time, runs the best
+# K on the engine with --measure, refuses
 # what does not fit with the reason, predicts one --strategy, and names bad flags.
 # Usage: plan_cli_test.sh SOURCE_DIR
 set -u
@@ -12,6 +13,14 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
 [[ -s $work/profile.tsv ]] && ok || fail "plan wrote no profile cache"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
 grep -q "profiles: 0 measured now" <<<"$out" && ok || fail "second plan measured again: $out"
+# --measure K: the K best predicted run on the engine; the fastest measured wins.
+out=$("$bin" plan "${tiny[@]}" --workers 2 --top 4 --measure 2 --measure-rounds 2 --measure-steps 1 2>&1)
+[[ $? -eq 0 ]] && grep -q "the winner: fastest measured" <<<"$out" && grep -q "% measured (" <<<"$out" &&
+  grep -q "not measured; predicted +" <<<"$out" && grep -q "measuring the 2 best predicted on the engine: round 2 of 2" <<<"$out" &&
+  ok || fail "plan --measure 2: $out"
+out=$("$bin" plan "${tiny[@]}" --workers 2 --measure 2 --measure-rounds 2 --measure-steps 1 --format json 2>&1)
+[[ $(grep -o '"measured_rounds_s":\[[0-9.e-]*, [0-9.e-]*\]' <<<"$out" | wc -l) -eq 2 ]] && ok ||
+  fail "plan --measure 2 --format json: two strategies with two rounds each expected: $out"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --memory-per-worker 1KiB 2>&1)
 grep -q "no strategy fits" <<<"$out" && grep -q "does not fit: stage 0's workers need" <<<"$out" && ok ||
   fail "plan under a 1 KiB cap: $out"
@@ -59,6 +68,9 @@ expect_error "--eval-every: the evaluation rounds are modelled for --model mlp o
 expect_error "--cores must be at least 1" --topology "$work/pair.yaml" --model mlp --cores 0
 expect_error "--contention and --no-contention: choose one" "${tiny[@]}" --workers 2 --contention --no-contention
 expect_error "--contention and --no-contention: choose one" --topology "$work/pair.yaml" --model mlp --contention --no-contention
+expect_error "--measure must be 0" "${tiny[@]}" --workers 2 --measure -1
+expect_error "--measure-rounds and --measure-steps must be at least 1" "${tiny[@]}" --workers 2 --measure 2 --measure-steps 0
+expect_error "--measure is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --measure 2
 expect_error "--eval-every is for plan --topology" "${tiny[@]}" --workers 2 --eval-every 5
 
 echo "plan cli tests: $pass passed, $failures failed"

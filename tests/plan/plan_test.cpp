@@ -5,6 +5,7 @@
 // reason and never chosen; the profile cache reads back what it wrote.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -294,6 +295,73 @@ TEST(Search, TriesVocabularyParallelismAndMixedStageMeshes) {
   set_uniform(other, small, 8, 4);
   space.vocab_parallel = true;
   EXPECT_EQ(count(search(small, space, other, {.cores = 4})).first, 0);
+}
+
+// plan --measure: the search's best K run on the engine in rounds, each round's order
+// rotated, then put first by their measured medians; the rest keep the search's order, and
+// a candidate the engine refuses becomes infeasible with the reason.
+TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 2);
+  SearchSpace space;
+  space.workers = 2;
+  space.batch = 8;
+  auto all = search(c, space, profiler, {.cores = 2});
+  ASSERT_GT(all.size(), 4u);
+  std::vector<std::string> best, rest;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].prediction.feasible) (best.size() < 3 ? best : rest).push_back(all[i].strategy.describe());
+  std::vector<std::pair<int, int>> order;
+  measure_best(c, all, {.best = 3, .rounds = 3, .steps = 1},
+               [&](int round, int index) { order.emplace_back(round, index); });
+  EXPECT_EQ(order,
+            (std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {0, 2}, {1, 1}, {1, 2}, {1, 0}, {2, 2}, {2, 0}, {2, 1}}));
+  std::vector<std::string> measured;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& k = all[i];
+    measured.push_back(k.strategy.describe());
+    ASSERT_TRUE(k.prediction.feasible) << k.prediction.why_not;
+    ASSERT_EQ(k.measured_rounds_s.size(), 3u);
+    EXPECT_GT(k.measured_s, 0);
+    EXPECT_EQ(k.measured_s, median(k.measured_rounds_s));
+    if (i > 0) {
+      EXPECT_LE(all[i - 1].measured_s, k.measured_s);
+      EXPECT_NE(k.loses_because.find("% measured"), std::string::npos) << k.loses_because;
+    }
+  }
+  EXPECT_TRUE(all[0].loses_because.empty());
+  std::sort(measured.begin(), measured.end());
+  std::sort(best.begin(), best.end());
+  EXPECT_EQ(measured, best);  // the search's first three, no others
+  std::vector<std::string> after;
+  for (std::size_t i = 3; i < all.size() && all[i].prediction.feasible; ++i) {
+    after.push_back(all[i].strategy.describe());
+    EXPECT_EQ(all[i].measured_s, 0);
+    EXPECT_NE(all[i].loses_because.find("not measured; predicted +"), std::string::npos) << all[i].loses_because;
+  }
+  EXPECT_EQ(after, rest);  // in the search's order
+
+  // Boundaries the engine refuses (7 units of a 6-unit model): infeasible, with the reason,
+  // and last; the other is measured and first. A ViT, whose steps take images.
+  auto vit = c;
+  vit.kind = model::TransformerKind::kVit;
+  vit.image = 8;
+  vit.patch = 4;
+  std::vector<Candidate> two(2);
+  for (auto& k : two) {
+    k.strategy = pipeline(2, 2, parallel::Schedule::kOneFOneB, {});
+    k.strategy.batch = 4;
+  }
+  two[0].prediction.first_units = {0, 7};
+  two[1].prediction.first_units = {0, 3};
+  measure_best(vit, two, {.best = 2, .rounds = 1, .steps = 1});
+  EXPECT_TRUE(two[0].prediction.feasible);
+  EXPECT_GT(two[0].measured_s, 0);
+  EXPECT_FALSE(two[1].prediction.feasible);
+  EXPECT_NE(two[1].prediction.why_not.find("measured: the engine failed"), std::string::npos)
+      << two[1].prediction.why_not;
+  EXPECT_THROW(measure_best(vit, two, {.best = 0}), Error);
 }
 
 TEST(Profiler, CacheReadsBackWhatItMeasured) {

@@ -97,8 +97,9 @@ struct MachineCosts {
   std::map<int, double> barrier_s;
 };
 
-// The median time of a real engine step of this strategy (random tokens, after one
-// warm-up step): what a calibration compares the simulator with.
+// The median time of a real engine step of this strategy (random tokens or images, after
+// one warm-up step): what a calibration compares the simulator with, and what plan
+// --measure times its best candidates by.
 double measure_engine_step_s(const model::TransformerConfig& config, const parallel::EngineConfig& engine, int batch,
                              int steps);
 

@@ -9,6 +9,7 @@
 // size, sp, tp), are what costs, and they are measured once per machine and build.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,33 @@ struct Candidate {
   Strategy strategy;
   Prediction prediction;
   std::string loses_because;  // against the first: the part of the step where it loses most
+  // Set by measure_best: the median of its rounds' step times on this machine, and each round's.
+  double measured_s = 0;
+  std::vector<double> measured_rounds_s;
 };
 
 // Feasible candidates first, fastest first; then the others with their reasons.
 std::vector<Candidate> search(const model::TransformerConfig& model, const SearchSpace& space, Profiler& profiler,
                               const SimulationOptions& options = {});
+
+struct MeasureOptions {
+  int best = 3;    // how many of the first feasible candidates to run
+  int rounds = 3;  // each a real engine step of every one of them, in an order rotated every round
+  int steps = 5;   // timed steps a run (after one warm-up step); its median is the round's figure
+};
+// Called before each run: the round, and the candidate's index among the measured.
+using MeasureProgress = std::function<void(int round, int index)>;
+
+// The search's answer checked on this machine: the first `best` feasible candidates run
+// on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
+// so that a slow spell of the machine moves one figure of each rather than all of one, in
+// an order rotated every round, so that none always runs first after a cold start. They
+// are then ranked by the median of their rounds and put first, and every other feasible
+// candidate's loses_because is set against the new first. Where the simulator's figures
+// lie within its error of each other (near-ties a few percent apart, docs/plan.md), this
+// picks the one that is fastest here. A candidate the engine refuses or fails on becomes
+// infeasible, with the reason.
+void measure_best(const model::TransformerConfig& model, std::vector<Candidate>& candidates,
+                  const MeasureOptions& options, const MeasureProgress& progress = {});
 
 }  // namespace peertrain::plan
