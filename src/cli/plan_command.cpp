@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <string>
@@ -344,11 +345,12 @@ int run_plan(int argc, char** argv) {
     if (cache == "none") cache.clear();
     plan::Profiler profiler(cache);
 
-    std::vector<plan::Candidate> candidates;
-    double simulate_s = 0;
+    // What to predict: one --strategy, or the search over --workers.
+    std::optional<plan::Candidate> one;
+    plan::SearchSpace space;
     if (args.count("strategy")) {
-      plan::Candidate one;
-      auto& e = one.strategy.engine;
+      one.emplace();
+      auto& e = one->strategy.engine;
       e.sp = number_flag<int>(args, "sp");
       e.pp = number_flag<int>(args, "pp");
       e.microbatches = number_flag<int>(args, "microbatches");
@@ -367,24 +369,42 @@ int run_plan(int argc, char** argv) {
         e.stage_first_units =
             parallel::parse_stage_sizes(args["stages"].as<std::string>(), config.layers + 2, shape.virtual_stages());
       }
-      one.strategy.batch = batch;
-      one.prediction = plan::simulate(config, one.strategy, profiler, sim);
-      // Again, the profiles now at hand: what simulating one strategy costs (the mean of 100).
-      constexpr int kTimes = 100;
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < kTimes; ++i) plan::simulate(config, one.strategy, profiler, sim);
-      simulate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kTimes;
-      candidates.push_back(std::move(one));
+      one->strategy.batch = batch;
     } else {
-      plan::SearchSpace space;
       space.workers = number_flag<int>(args, "workers");
       if (space.workers < 1) throw UsageError("plan: --workers W, the peer's workers to split, is needed to search");
       space.batch = batch;
       space.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());
-      if (format == "table")
-        std::fprintf(stderr, "planning %d workers: profiling what the cache (%s) lacks...\n", space.workers,
-                     cache.empty() ? "none" : cache.c_str());
-      candidates = plan::search(config, space, profiler, sim);
+    }
+    auto predict = [&](const plan::SimulationOptions& options) {
+      if (!one) return plan::search(config, space, profiler, options);
+      plan::Candidate c = *one;
+      c.prediction = plan::simulate(config, c.strategy, profiler, options);
+      return std::vector<plan::Candidate>{std::move(c)};
+    };
+    // First on stand-ins, to learn which unit shapes it needs (without the contention
+    // calibration, which would fit itself to them); then those the cache lacks are measured
+    // together, in rounds (Profiler::defer_units); then the prediction on them.
+    if (format == "table")
+      std::fprintf(stderr, "planning %s: profiling what the cache (%s) lacks...\n",
+                   one ? "one strategy" : str(space.workers, " workers").c_str(),
+                   cache.empty() ? "none" : cache.c_str());
+    profiler.defer_units(true);
+    plan::SimulationOptions learn = sim;
+    learn.contention = false;
+    predict(learn);
+    profiler.defer_units(false);
+    profiler.measure_deferred([&](int round, int rounds, int shapes) {
+      if (format == "table" && round == 0)
+        std::fprintf(stderr, "profiling %d unit shapes in %d rounds\n", shapes, rounds);
+    });
+    std::vector<plan::Candidate> candidates = predict(sim);
+    double simulate_s = 0;
+    if (one) {  // again, the profiles now at hand: what simulating one strategy costs (the mean of 100)
+      constexpr int kTimes = 100;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kTimes; ++i) plan::simulate(config, one->strategy, profiler, sim);
+      simulate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kTimes;
     }
     profiler.save();
     if (measure > 0) {

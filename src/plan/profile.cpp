@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -503,7 +504,20 @@ std::string UnitShape::key(const model::TransformerConfig& c) const {
              vocab_parallel > 0 ? str(" vocab-", vocab_parallel, "/", vocab_ranks) : "");
 }
 
-Profiler::Profiler(std::string cache_path, int repetitions) : path_(std::move(cache_path)), repetitions_(repetitions) {
+Profiler::Profiler(std::string cache_path, int repetitions)
+    : path_(std::move(cache_path)),
+      repetitions_(repetitions),
+      // Any positive figures: a search on stand-ins is only run to learn its shapes.
+      stand_in_{.forward_s = 1e-3,
+                .backward_s = 2e-3,
+                .backward_input_s = 1e-3,
+                .backward_weight_s = 1e-3,
+                .forward_cpu_s = 1e-3,
+                .backward_cpu_s = 2e-3,
+                .backward_input_cpu_s = 1e-3,
+                .backward_weight_cpu_s = 1e-3,
+                .activation_bytes = 1,
+                .stash_bytes = 1} {
   load();
 }
 
@@ -635,6 +649,15 @@ const UnitCost& Profiler::unit(const model::TransformerConfig& config, const Uni
                                     shape.vocab_parallel,
                                     shape.vocab_ranks};
   if (auto it = by_numbers_.find(numbers); it != by_numbers_.end()) return *it->second;
+  if (deferring_) {
+    const std::string key = shape.key(config);
+    if (auto it = units_.find(key); it != units_.end()) return it->second;
+    if (!deferred_keys_[key]) {
+      deferred_keys_[key] = true;
+      deferred_.emplace_back(config, shape);
+    }
+    return stand_in_;  // not kept in by_numbers_: measured later
+  }
   const UnitCost& cost = unit_by_key(config, shape);
   by_numbers_[numbers] = &cost;
   return cost;
@@ -646,6 +669,36 @@ const UnitCost& Profiler::unit_by_key(const model::TransformerConfig& config, co
   if (it != units_.end()) return it->second;
   ++measured_;
   return units_[key] = measure_unit(config, shape, repetitions_);
+}
+
+int Profiler::measure_deferred(const std::function<void(int round, int rounds, int shapes)>& each_round) {
+  const auto shapes = std::exchange(deferred_, {});
+  deferred_keys_.clear();
+  const std::size_t n = shapes.size();
+  std::vector<std::vector<UnitCost>> rounds(n);
+  for (int r = 0; r < repetitions_; ++r) {
+    if (each_round) each_round(r, repetitions_, static_cast<int>(n));
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto& [config, shape] = shapes[(j + static_cast<std::size_t>(r)) % n];
+      rounds[(j + static_cast<std::size_t>(r)) % n].push_back(measure_unit(config, shape, 1));
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    auto figure = [&](double UnitCost::*field) {
+      std::vector<double> v;
+      for (const auto& cost : rounds[i]) v.push_back(cost.*field);
+      return median(std::move(v));
+    };
+    UnitCost cost;
+    for (auto field :
+         {&UnitCost::forward_s, &UnitCost::backward_s, &UnitCost::backward_input_s, &UnitCost::backward_weight_s,
+          &UnitCost::forward_cpu_s, &UnitCost::backward_cpu_s, &UnitCost::backward_input_cpu_s,
+          &UnitCost::backward_weight_cpu_s, &UnitCost::activation_bytes, &UnitCost::stash_bytes})
+      cost.*field = figure(field);
+    set_unit(shapes[i].first, shapes[i].second, cost);
+    ++measured_;
+  }
+  return static_cast<int>(n);
 }
 
 void Profiler::set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost) {

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "peertrain/core/error.h"
 #include "peertrain/parallel/schedule.h"
@@ -309,9 +311,18 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
   space.batch = 8;
   auto all = search(c, space, profiler, {.cores = 2});
   ASSERT_GT(all.size(), 4u);
+  // The first three of different layouts: the schedule left out of the description.
+  auto layout = [](const Candidate& k) {
+    const auto& e = k.strategy.engine;
+    return std::tuple{e.sp, e.tp, e.pp, e.microbatches};
+  };
   std::vector<std::string> best, rest;
+  std::set<std::tuple<int, int, int, int>> layouts;
   for (std::size_t i = 0; i < all.size(); ++i)
-    if (all[i].prediction.feasible) (best.size() < 3 ? best : rest).push_back(all[i].strategy.describe());
+    if (all[i].prediction.feasible) {
+      const bool first_of_layout = best.size() < 3 && layouts.insert(layout(all[i])).second;
+      (first_of_layout ? best : rest).push_back(all[i].strategy.describe());
+    }
   std::vector<std::pair<int, int>> order;
   measure_best(c, all, {.best = 3, .rounds = 3, .steps = 1},
                [&](int round, int index) { order.emplace_back(round, index); });
@@ -333,7 +344,8 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
   EXPECT_TRUE(all[0].loses_because.empty());
   std::sort(measured.begin(), measured.end());
   std::sort(best.begin(), best.end());
-  EXPECT_EQ(measured, best);  // the search's first three, no others
+  EXPECT_EQ(measured, best);  // the search's first three of different layouts, no others
+  EXPECT_EQ(layouts.size(), 3u);
   std::vector<std::string> after;
   for (std::size_t i = 3; i < all.size() && all[i].prediction.feasible; ++i) {
     after.push_back(all[i].strategy.describe());
@@ -349,8 +361,9 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
   vit.image = 8;
   vit.patch = 4;
   std::vector<Candidate> two(2);
-  for (auto& k : two) {
-    k.strategy = pipeline(2, 2, parallel::Schedule::kOneFOneB, {});
+  for (int m : {2, 4}) {  // two layouts
+    auto& k = two[static_cast<std::size_t>(m / 2 - 1)];
+    k.strategy = pipeline(2, m, parallel::Schedule::kOneFOneB, {});
     k.strategy.batch = 4;
   }
   two[0].prediction.first_units = {0, 7};
@@ -399,6 +412,40 @@ TEST(Profiler, CacheReadsBackWhatItMeasured) {
 
 // A damaged line of the cache is left out (and measured again), never a crash: a count that
 // is not a number, a number missing, an unknown kind. The good lines around them still count.
+// Deferring: the shapes a search asks for are noted, answered with a stand-in, and measured
+// afterwards in rounds, each noted once; what the cache had is answered from it at once.
+TEST(Profiler, DeferredShapesAreMeasuredTogetherInRounds) {
+  auto c = tiny_gpt();
+  c.layers = 1;
+  Profiler profiler("", 3);
+  const UnitShape known{.unit = UnitKind::kBlock, .microbatch = 2};
+  UnitCost set{.forward_s = 0.5, .backward_s = 0.75};
+  profiler.set_unit(c, known, set);
+  profiler.defer_units(true);
+  const UnitShape a{.unit = UnitKind::kBlock, .microbatch = 1}, b{.unit = UnitKind::kHead, .microbatch = 1};
+  const UnitCost stand_in = profiler.unit(c, a);
+  profiler.unit(c, b);
+  profiler.unit(c, a);  // noted once
+  EXPECT_DOUBLE_EQ(profiler.unit(c, known).forward_s, 0.5);
+  EXPECT_EQ(profiler.measured(), 0);
+  profiler.defer_units(false);
+  std::vector<std::pair<int, int>> rounds;
+  EXPECT_EQ(profiler.measure_deferred([&](int round, int total, int shapes) {
+    EXPECT_EQ(total, 3);
+    rounds.emplace_back(round, shapes);
+  }),
+            2);
+  EXPECT_EQ(rounds, (std::vector<std::pair<int, int>>{{0, 2}, {1, 2}, {2, 2}}));
+  EXPECT_EQ(profiler.measured(), 2);
+  const UnitCost block = profiler.unit(c, a), head = profiler.unit(c, b);
+  EXPECT_EQ(profiler.measured(), 2);  // from the cache now
+  EXPECT_GT(block.forward_s, 0);
+  EXPECT_NE(block.forward_s, stand_in.forward_s);
+  EXPECT_GT(block.activation_bytes, 1);
+  EXPECT_GT(head.backward_s, 0);
+  EXPECT_EQ(profiler.measure_deferred(), 0);  // nothing left
+}
+
 TEST(Profiler, CacheSkipsLinesItCannotRead) {
   const auto path = std::filesystem::temp_directory_path() / "peertrain_plan_test_damaged.tsv";
   {

@@ -17,8 +17,11 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
@@ -122,6 +125,22 @@ class Profiler {
   void set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost);
   void set_machine(const MachineCosts& machine);
 
+  // Deferring (on between defer_units(true) and (false)): unit() notes each shape the cache
+  // lacks and answers a stand-in cost instead of measuring it. measure_deferred() then
+  // measures every noted shape in `repetitions` rounds, one repetition of each a round, in
+  // an order rotated every round, and keeps each figure's median over the rounds. Measured
+  // one after another instead, each shape's repetitions fall in one spell of the machine's
+  // speed; on a shared host whose speed moves by 20 % within seconds, strategies built of
+  // different shapes then compare one spell with another (docs/plan.md). A search run
+  // once deferring, to learn the shapes it needs, then again on the measured figures,
+  // compares them all at the machine's typical speed.
+  void defer_units(bool on) { deferring_ = on; }
+  bool deferring() const { return deferring_; }
+  // The number measured. each_round (may be empty): called before each round, also when
+  // nothing was deferred — for progress, or for measurements of one's own that should see
+  // the same spells of the machine as the units (the contention calibration's steps).
+  int measure_deferred(const std::function<void(int round, int rounds, int shapes)>& each_round = {});
+
   int measured() const { return measured_; }  // entries measured (not found in the cache) so far
   void save() const;                          // writes the cache (no-op without a path)
 
@@ -135,6 +154,10 @@ class Profiler {
   std::string path_;
   int repetitions_;
   int measured_ = 0;
+  bool deferring_ = false;
+  std::vector<std::pair<model::TransformerConfig, UnitShape>> deferred_;  // noted while deferring, each once
+  std::map<std::string, bool> deferred_keys_;
+  UnitCost stand_in_;  // what a deferred shape answers meanwhile
   std::map<std::string, UnitCost> units_;
   // The same entries by their numbers, which the simulator asks for many times a search:
   // cheaper than spelling the key.

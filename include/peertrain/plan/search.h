@@ -48,8 +48,10 @@ struct MeasureOptions {
 // Called before each run: the round, and the candidate's index among the measured.
 using MeasureProgress = std::function<void(int round, int index)>;
 
-// The search's answer checked on this machine: the first `best` feasible candidates run
-// on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
+// The search's answer checked on this machine: the first `best` feasible candidates of
+// different layouts (the first of each sp, tp, pp, micro-batch count, stage meshes,
+// resharding and vocabulary parallelism: its other schedules share its unit profiles, and
+// so their error) run on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
 // so that a slow spell of the machine moves one figure of each rather than all of one, in
 // an order rotated every round, so that none always runs first after a cold start. They
 // are then ranked by the median of their rounds and put first, and every other feasible
