@@ -27,7 +27,7 @@ Measures each strategy of the grid (gpt d128 L4 H4 T128, batch 8) with bench pip
   --out DIR   where results go (default: experiments/plan/results)
   -h, --help  this help
 
-Full mode: about 4 minutes on 2 cores. The profiles go to DIR/profile.tsv, measured
+Full mode: about 10 minutes on 2 cores (5 of them profiling). The profiles go to DIR/profile.tsv, measured
 once. Environment: PEERTRAIN (default: <repo>/build/peertrain).
 EOF
 }
@@ -121,6 +121,20 @@ base_model="${model[*]}"
 # machine moves one measurement of many strategies rather than all of one. Its measured
 # step is the median over the rounds.
 declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stages r_steps
+# The profiles first: for each model and worker count of the grid, the search over them
+# measures every unit shape it needs together, in rounds (docs/plan.md), as a user's
+# `plan --workers W` does; the grid's predictions then read them from the cache.
+declare -A profiled
+for row in "${grid[@]}"; do
+  [[ $mode == quick ]] && break  # --quick: each row profiles what it lacks
+  IFS='|' read -r workers _ row_model <<< "$row"
+  row_model=${row_model:-$base_model}
+  [[ -n ${profiled["$workers|$row_model"]:-} ]] && continue
+  profiled["$workers|$row_model"]=1
+  read -r -a model <<< "$row_model"
+  "$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" --format json > /dev/null
+done
+((${#profiled[@]} == 0)) || echo "  profiled: ${#profiled[@]} searches (model, workers)"
 for ((round = 1; round <= grid_rounds; round++)); do
   i=0
   for row in "${grid[@]}"; do
