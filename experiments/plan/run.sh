@@ -123,7 +123,9 @@ base_model="${model[*]}"
 declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stages r_steps
 # The profiles first: for each model and worker count of the grid, the search over them
 # measures every unit shape it needs together, in rounds (docs/plan.md), as a user's
-# `plan --workers W` does; the grid's predictions then read them from the cache.
+# `plan --workers W` does; the grid's predictions then read them from the cache. Not the
+# base model's vocabulary-parallel rows: with its 256-byte vocabulary the search leaves
+# vocabulary parallelism out, so those rows profile their own shapes.
 declare -A profiled
 for row in "${grid[@]}"; do
   [[ $mode == quick ]] && break  # --quick: each row profiles what it lacks
@@ -176,9 +178,9 @@ read -r -a model <<< "$base_model"
 # (`plan`), and with its best 3 run on the engine (`plan --measure 3`).
 printf 'workers\tmode\tpick\tflags\tpredicted_s\tmeasured_s\tstages\n' > "$out/search.tsv"
 for workers in 2 4; do
-  for mode in simulator measured; do
+  for search_mode in simulator measured; do
     extra=()
-    [[ $mode == measured ]] && extra=(--measure 3)
+    [[ $search_mode == measured ]] && extra=(--measure 3)
     pick=$("$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" "${extra[@]}" --format json)
     name=$(json 'd["strategy"]' <<< "$pick")
     pflags=$(json 'd["flags"]' <<< "$pick")
@@ -187,7 +189,7 @@ for workers in 2 4; do
     read -r -a flags <<< "$pflags"
     measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "$stages" --steps "$steps" --format json)
     step=$(json 'd["step_s"]' <<< "$measured")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$mode" "$name" "$pflags" "$pstep" "$step" "$stages" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$search_mode" "$name" "$pflags" "$pstep" "$step" "$stages" \
       >> "$out/search.tsv"
     echo "  plan --workers $workers${extra[*]:+ ${extra[*]}} picks $name: predicted $(json 'd*1e3' <<< "$pstep") ms," \
       "measured $(json 'd*1e3' <<< "$step") ms"
@@ -213,6 +215,14 @@ def key(flags, stages):
     named = dict(DEFAULTS, **dict(zip(words[0::2], words[1::2])))
     if named["--schedule"] != "interleaved":
         named.pop("--chunks")
+    if "--stage-mesh" in named:  # "sp=2;tp=2" and "sp=2,tp=1;sp=1,tp=2" name the same meshes
+        meshes = []
+        for stage in named["--stage-mesh"].split(";"):
+            mesh = dict({"sp": "1", "tp": "1"}, **dict(kv.split("=") for kv in stage.split(",") if kv))
+            meshes.append((mesh["sp"], mesh["tp"]))
+        named["--stage-mesh"] = tuple(meshes)
+        named.pop("--sp", None)
+        named.pop("--tp", None)
     return tuple(sorted(named.items())), stages
 candidates = {}  # key -> [names, flags, stages], in first-seen order
 def add(name, flags, stages):
@@ -229,8 +239,8 @@ for names, flags, stages in candidates.values():
     print(f"{'+'.join(names)}\t{flags}\t{stages}")
 PY
   )
+  [[ -n $candidate_lines ]] || { echo "error: no pick or grid strategy of $workers workers to measure" >&2; exit 1; }
   mapfile -t candidates <<< "$candidate_lines"
-  ((${#candidates[@]} >= 1)) || { echo "error: no pick or grid strategy of $workers workers to measure" >&2; exit 1; }
   n=${#candidates[@]}
   for ((round = 1; round <= rounds; round++)); do
     for ((j = 0; j < n; j++)); do

@@ -272,8 +272,9 @@ int run_plan(int argc, char** argv) {
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
       cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "measure",
-      "then run the best K predicted on the engine here (real steps, in rotated rounds) and pick the fastest "
-      "measured: the simulator's near-ties are a few percent apart, within its error (0: the simulator alone)",
+      "then run the best predicted of each of the K best layouts (sp, tp, pp, micro-batches, meshes, vocabulary; "
+      "a layout's schedules share its profiles' error) on the engine here, in rotated rounds, and pick the fastest "
+      "measured: the simulator's near-ties lie within its error (0: the simulator alone)",
       cxxopts::value<std::string>()->default_value("0"))("measure-rounds", "with --measure: rounds over the K",
                                                          cxxopts::value<std::string>()->default_value("3"))(
       "measure-steps", "with --measure: timed steps a run (their median; after one warm-up step)",
@@ -395,7 +396,7 @@ int run_plan(int argc, char** argv) {
     predict(learn);
     profiler.defer_units(false);
     profiler.measure_deferred([&](int round, int rounds, int shapes) {
-      if (format == "table" && round == 0)
+      if (format == "table" && round == 0 && shapes > 0)
         std::fprintf(stderr, "profiling %d unit shapes in %d rounds\n", shapes, rounds);
     });
     std::vector<plan::Candidate> candidates = predict(sim);
@@ -413,12 +414,12 @@ int run_plan(int argc, char** argv) {
       int last_round = -1;
       plan::MeasureProgress progress;
       if (format == "table")
-        progress = [&](int round, int index) {
+        progress = [&](int round, int index, int count) {
           if (tty)
-            std::fprintf(stderr, "\r\033[Kmeasuring the %d best predicted on the engine: round %d of %d, candidate %d",
-                         measure, round + 1, mo.rounds, index + 1);
+            std::fprintf(stderr, "\r\033[Kmeasuring the %d best layouts on the engine: round %d of %d, candidate %d",
+                         count, round + 1, mo.rounds, index + 1);
           else if (round != last_round)
-            std::fprintf(stderr, "measuring the %d best predicted on the engine: round %d of %d\n", measure, round + 1,
+            std::fprintf(stderr, "measuring the %d best layouts on the engine: round %d of %d\n", count, round + 1,
                          mo.rounds);
           last_round = round;
         };
@@ -442,12 +443,8 @@ int run_plan(int argc, char** argv) {
             .add("peak_worker_bytes", c.prediction.peak_bytes())
             .add("stages", parallel::format_stage_sizes(c.prediction.first_units, config.layers + 2));
         if (!c.loses_because.empty()) o.add("loses_because", c.loses_because);
-        if (c.measured_s > 0) {
-          std::string rounds = "[";
-          for (std::size_t r = 0; r < c.measured_rounds_s.size(); ++r)
-            rounds += (r ? ", " : "") + str(c.measured_rounds_s[r]);
-          o.add("measured_s", c.measured_s).add_raw("measured_rounds_s", rounds + "]");
-        }
+        if (c.measured_s > 0)
+          o.add("measured_s", c.measured_s).add_raw("measured_rounds_s", json::array(c.measured_rounds_s));
         if (simulate_s > 0) o.add("simulate_s", simulate_s);
         std::string flags;
         for (const auto& f : c.strategy.flags()) flags += (flags.empty() ? "" : " ") + f;

@@ -170,7 +170,7 @@ void measure_best(const model::TransformerConfig& config, std::vector<Candidate>
       const std::size_t index = (j + static_cast<std::size_t>(round)) % k;  // rotated: each starts a round in turn
       Candidate& c = candidates[chosen[index]];
       if (!c.prediction.feasible) continue;  // failed in an earlier round
-      if (progress) progress(round, static_cast<int>(index));
+      if (progress) progress(round, static_cast<int>(index), static_cast<int>(k));
       parallel::EngineConfig e = c.strategy.engine;
       e.stage_first_units = c.prediction.first_units;  // the boundaries it was predicted with
       try {
@@ -190,14 +190,20 @@ void measure_best(const model::TransformerConfig& config, std::vector<Candidate>
     if (rank(a) != rank(b)) return rank(a) < rank(b);
     return rank(a) == 0 && a.measured_s < b.measured_s;
   });
+  for (auto& c : candidates) c.loses_because.clear();
   if (candidates.empty() || !candidates.front().prediction.feasible) return;
   const Candidate& first = candidates.front();
-  for (auto& c : candidates) c.loses_because.clear();
   for (std::size_t i = 1; i < candidates.size() && candidates[i].prediction.feasible; ++i) {
     Candidate& c = candidates[i];
-    c.loses_because = c.measured_s > 0 ? str("+", fixed((c.measured_s / first.measured_s - 1) * 100, 1), "% measured (",
-                                             ms(c.measured_s), " against ", ms(first.measured_s), ")")
-                                       : str("not measured; predicted ", why_slower(c.prediction, first.prediction));
+    if (c.measured_s > 0)
+      c.loses_because = str("+", fixed((c.measured_s / first.measured_s - 1) * 100, 1), "% measured (",
+                            ms(c.measured_s), " against ", ms(first.measured_s), ")");
+    else if (c.prediction.step_s >= first.prediction.step_s)
+      c.loses_because = str("not measured; predicted ", why_slower(c.prediction, first.prediction));
+    else  // predicted ahead of the winner, so of the last measured: its layout's best was measured
+      c.loses_because =
+          str("not measured; predicted ", fixed((1 - c.prediction.step_s / first.prediction.step_s) * 100, 1),
+              "% faster, but its layout measured slower than the winner");
   }
 }
 

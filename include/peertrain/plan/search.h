@@ -45,8 +45,9 @@ struct MeasureOptions {
   int rounds = 3;  // each a real engine step of every one of them, in an order rotated every round
   int steps = 5;   // timed steps a run (after one warm-up step); its median is the round's figure
 };
-// Called before each run: the round, and the candidate's index among the measured.
-using MeasureProgress = std::function<void(int round, int index)>;
+// Called before each run: the round, the candidate's index among the measured, and how
+// many are measured (fewer than MeasureOptions::best when there are fewer layouts).
+using MeasureProgress = std::function<void(int round, int index, int count)>;
 
 // The search's answer checked on this machine: the first `best` feasible candidates of
 // different layouts (the first of each sp, tp, pp, micro-batch count, stage meshes,
