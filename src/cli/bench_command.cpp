@@ -17,7 +17,6 @@
 #include "commands.h"
 #include "model_flags.h"
 #include "options.h"
-#include "random_batch.h"
 #include "training_options.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
@@ -28,6 +27,7 @@
 #include "peertrain/model/mlp.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/random_batch.h"
 #include "peertrain/train/device_update.h"
 #include "peertrain/train/optimizer.h"
 
@@ -163,7 +163,7 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   state->optimizer = train::make_optimizer(train::OptimizerKind::kAdam, size, {}, {});
   Rng rng(2);
   for (int t = 0; t < tokens; ++t) state->positions.push_back(t);
-  RandomBatch data = random_batch(config, batch, rng);
+  parallel::RandomBatch data = parallel::random_batch(config, batch, rng);
   state->bytes = std::move(data.bytes);
   state->targets = std::move(data.targets);
   state->pixels = std::move(data.pixels);

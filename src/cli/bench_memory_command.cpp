@@ -22,11 +22,11 @@
 
 #include "commands.h"
 #include "options.h"
-#include "random_batch.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/random_batch.h"
 
 namespace peertrain::cli {
 namespace {
@@ -48,8 +48,8 @@ parallel::StageStats run_step(model::TransformerConfig config, bool sequence, in
   std::vector<float> params(model.num_parameters()), grads(params.size());
   model.initialize(params, 1);
   Rng rng(2);
-  const RandomBatch data = random_batch(model.config(), batch, rng);
-  const parallel::GlobalBatch global = global_batch(data, model.config(), batch);
+  const parallel::RandomBatch data = parallel::random_batch(model.config(), batch, rng);
+  const parallel::GlobalBatch global = parallel::global_batch(data, model.config(), batch);
   pipeline.step(params, global, grads);
   return pipeline.last_stats().stages[0];
 }

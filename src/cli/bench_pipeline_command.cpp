@@ -12,7 +12,6 @@
 #include "mesh_options.h"
 #include "model_flags.h"
 #include "options.h"
-#include "random_batch.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
@@ -20,6 +19,7 @@
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/random_batch.h"
 
 namespace peertrain::cli {
 namespace {
@@ -91,8 +91,8 @@ int bench_pipeline(int argc, char** argv) {
     model.initialize(params, 1);
     Rng rng(2);
     const int tokens = model.config().tokens();
-    const RandomBatch data = random_batch(model.config(), batch, rng);
-    const parallel::GlobalBatch global = global_batch(data, model.config(), batch);
+    const parallel::RandomBatch data = parallel::random_batch(model.config(), batch, rng);
+    const parallel::GlobalBatch global = parallel::global_batch(data, model.config(), batch);
     pipeline.step(params, global, grads);  // warm-up, and the profile when --stages is not given
     std::vector<double> step_times;
     for (int s = 0; s < steps; ++s) {

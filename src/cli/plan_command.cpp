@@ -385,20 +385,18 @@ int run_plan(int argc, char** argv) {
     };
     // First on stand-ins, to learn which unit shapes it needs (without the contention
     // calibration, which would fit itself to them); then those the cache lacks are measured
-    // together, in rounds (Profiler::defer_units); then the prediction on them.
+    // together, in rounds (Profiler::profile_together); then the prediction on them.
     if (format == "table")
       std::fprintf(stderr, "planning %s: profiling what the cache (%s) lacks...\n",
                    one ? "one strategy" : str(space.workers, " workers").c_str(),
                    cache.empty() ? "none" : cache.c_str());
-    profiler.defer_units(true);
     plan::SimulationOptions learn = sim;
     learn.contention = false;
-    predict(learn);
-    profiler.defer_units(false);
-    profiler.measure_deferred([&](int round, int rounds, int shapes) {
-      if (format == "table" && round == 0 && shapes > 0)
-        std::fprintf(stderr, "profiling %d unit shapes in %d rounds\n", shapes, rounds);
-    });
+    profiler.profile_together([&] { predict(learn); },
+                              [&](int round, int rounds, int shapes) {
+                                if (format == "table" && round == 0 && shapes > 0)
+                                  std::fprintf(stderr, "profiling %d unit shapes in %d rounds\n", shapes, rounds);
+                              });
     std::vector<plan::Candidate> candidates = predict(sim);
     double simulate_s = 0;
     if (one) {  // again, the profiles now at hand: what simulating one strategy costs (the mean of 100)

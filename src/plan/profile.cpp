@@ -34,6 +34,7 @@
 #include "peertrain/model/batch_slice.h"
 #include "peertrain/model/transformer_layout.h"
 #include "peertrain/parallel/pipeline.h"
+#include "peertrain/parallel/random_batch.h"
 #include "peertrain/parallel/vocab_parallel.h"
 
 namespace peertrain::plan {
@@ -140,26 +141,15 @@ UnitCost measure_unit(const model::TransformerConfig& config, const UnitShape& s
   model.initialize(params, 1);
   Rng rng(7);
   const int b = shape.microbatch, T = c.tokens(), d = c.d_model;
-  std::vector<std::int32_t> bytes, targets;
-  std::vector<float> pixels;
-  if (c.kind == model::TransformerKind::kGpt) {
-    for (long long i = 0; i < static_cast<long long>(b) * T; ++i) {
-      bytes.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
-      targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.vocab)));
-    }
-  } else {
-    for (long long i = 0; i < static_cast<long long>(b) * c.image * c.image; ++i)
-      pixels.push_back(static_cast<float>(rng.normal()));
-    for (int i = 0; i < b; ++i) targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.classes)));
-  }
+  const parallel::RandomBatch data = parallel::random_batch(c, b, rng);
   std::vector<int> every(static_cast<std::size_t>(T));
   std::iota(every.begin(), every.end(), 0);
   const model::TokenBatch whole{.batch = b,
                                 .tokens = T,
                                 .positions = every,
-                                .bytes = bytes,
-                                .pixels = pixels,
-                                .targets = targets,
+                                .bytes = data.bytes,
+                                .pixels = data.pixels,
+                                .targets = data.targets,
                                 .loss_divisor = static_cast<double>(b) * T};
   const int unit = shape.unit == UnitKind::kEmbedding ? 0 : shape.unit == UnitKind::kBlock ? 1 : model.num_units() - 1;
   const int W = shape.sp * shape.tp;
@@ -298,24 +288,8 @@ std::vector<parallel::StepStats> idle_steps(const model::TransformerConfig& c, c
 
 double measure_engine_step_s(const model::TransformerConfig& c, const parallel::EngineConfig& e, int batch, int steps) {
   Rng rng(17);
-  std::vector<std::int32_t> bytes, targets;
-  std::vector<float> pixels;
-  parallel::GlobalBatch global;
-  global.batch = batch;
-  if (c.kind == model::TransformerKind::kGpt) {
-    bytes.resize(static_cast<std::size_t>(batch) * c.seq);
-    targets.resize(bytes.size());
-    for (auto& b : bytes) b = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
-    for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_below(c.vocab));
-    global.bytes = bytes;
-    global.targets = targets;
-  } else {  // vit: normal pixels, random classes
-    pixels.resize(static_cast<std::size_t>(batch) * c.image * c.image);
-    for (auto& p : pixels) p = static_cast<float>(rng.normal());
-    for (int i = 0; i < batch; ++i) targets.push_back(static_cast<std::int32_t>(rng.uniform_below(c.classes)));
-    global.pixels = pixels;
-    global.labels = targets;
-  }
+  const parallel::RandomBatch data = parallel::random_batch(c, batch, rng);
+  const parallel::GlobalBatch global = parallel::global_batch(data, c, batch);
   const auto stats = engine_steps(c, e, global, steps + 1);
   std::vector<double> times;
   for (std::size_t r = 1; r < stats.size(); ++r) times.push_back(stats[r].step_s);  // the first plans and warms up
@@ -671,7 +645,19 @@ const UnitCost& Profiler::unit_by_key(const model::TransformerConfig& config, co
   return units_[key] = measure_unit(config, shape, repetitions_);
 }
 
-int Profiler::measure_deferred(const std::function<void(int round, int rounds, int shapes)>& each_round) {
+int Profiler::profile_together(const std::function<void()>& learn, const EachRound& each_round) {
+  struct Restore {
+    bool& deferring;
+    bool outer;
+    ~Restore() { deferring = outer; }
+  } restore{deferring_, deferring_};
+  deferring_ = true;
+  learn();
+  deferring_ = restore.outer;
+  return measure_deferred(each_round);
+}
+
+int Profiler::measure_deferred(const EachRound& each_round) {
   const auto shapes = std::exchange(deferred_, {});
   deferred_keys_.clear();
   const std::size_t n = shapes.size();

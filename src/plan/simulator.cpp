@@ -538,25 +538,18 @@ Contention contention_costs(Profiler& profiler, int workers) {
   // step measured once, in a slow second, put its whole difference from units measured
   // in a fast one into the hand-off costs (4 workers: 0.42 and 2.2 ms against 0.09 and 0.6
   // in the run before, and the 4-rank meshes predicted 50–90 % high).
-  // Deferring as the caller was once done, also when a measurement fails; the caller's
-  // noted shapes are measured with these.
-  struct RestoreDeferring {
-    Profiler& profiler;
-    bool outer;
-    ~RestoreDeferring() { profiler.defer_units(outer); }
-  } restore{profiler, profiler.deferring()};
-  profiler.defer_units(true);
-  for (const Strategy* s : {&pipeline, &mesh}) {
-    const Prediction learn = simulate(c, *s, profiler);
-    PEERTRAIN_CHECK(learn.feasible, "contention calibration: ", s->describe(), " cannot run: ", learn.why_not);
-  }
-  profiler.defer_units(false);
   std::vector<double> pipeline_steps, mesh_steps;
-  profiler.measure_deferred([&](int, int, int) {
-    pipeline_steps.push_back(measure_engine_step_s(c, pipeline.engine, batch, 3));
-    mesh_steps.push_back(measure_engine_step_s(c, mesh.engine, batch, 3));
-  });
-  profiler.defer_units(restore.outer);
+  profiler.profile_together(
+      [&] {
+        for (const Strategy* s : {&pipeline, &mesh}) {
+          const Prediction learn = simulate(c, *s, profiler);
+          PEERTRAIN_CHECK(learn.feasible, "contention calibration: ", s->describe(), " cannot run: ", learn.why_not);
+        }
+      },
+      [&](int, int, int) {
+        pipeline_steps.push_back(measure_engine_step_s(c, pipeline.engine, batch, 3));
+        mesh_steps.push_back(measure_engine_step_s(c, mesh.engine, batch, 3));
+      });
   // The cost that makes strategy s replay in its measured step time, the other cost fixed:
   // the replay grows with it, so bisect (a simulation takes microseconds).
   auto fit = [&](const Strategy& s, double measured, Contention costs, double Contention::*cost) {

@@ -135,11 +135,15 @@ class Profiler {
   // once deferring, to learn the shapes it needs, then again on the measured figures,
   // compares them all at the machine's typical speed.
   void defer_units(bool on) { deferring_ = on; }
-  bool deferring() const { return deferring_; }
   // The number measured. each_round (may be empty): called before each round, also when
   // nothing was deferred — for progress, or for measurements of one's own that should see
   // the same spells of the machine as the units (the contention calibration's steps).
-  int measure_deferred(const std::function<void(int round, int rounds, int shapes)>& each_round = {});
+  using EachRound = std::function<void(int round, int rounds, int shapes)>;
+  int measure_deferred(const EachRound& each_round = {});
+  // Both steps: `learn` runs deferring (a search on stand-ins, to note the shapes it needs),
+  // then every noted shape is measured (measure_deferred). Deferring is the caller's again
+  // afterwards, also when `learn` or a measurement throws.
+  int profile_together(const std::function<void()>& learn, const EachRound& each_round = {});
 
   int measured() const { return measured_; }  // entries measured (not found in the cache) so far
   void save() const;                          // writes the cache (no-op without a path)

@@ -1,5 +1,6 @@
-// Random data for one transformer step, for the benchmarks (bench step, bench pipeline):
-// gpt's token ids and next ids, or vit's normal pixels and class labels.
+// Random data for one transformer step, for what times the engine rather than trains it
+// (bench step and pipeline, the planner's profiles and calibrations): gpt's token ids and
+// next ids, or vit's normal pixels and class labels.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/pipeline.h"
 
-namespace peertrain::cli {
+namespace peertrain::parallel {
 
 struct RandomBatch {
   std::vector<std::int32_t> bytes, targets;  // gpt: batch × tokens each; vit: targets are the labels
@@ -32,8 +33,8 @@ inline RandomBatch random_batch(const model::TransformerConfig& config, int batc
 }
 
 // The pipeline engine's view of it: gpt's bytes and next bytes, or vit's pixels and labels.
-inline parallel::GlobalBatch global_batch(const RandomBatch& data, const model::TransformerConfig& config, int batch) {
-  parallel::GlobalBatch global;
+inline GlobalBatch global_batch(const RandomBatch& data, const model::TransformerConfig& config, int batch) {
+  GlobalBatch global;
   global.batch = batch;
   if (config.kind == model::TransformerKind::kGpt) {
     global.bytes = data.bytes;
@@ -45,4 +46,4 @@ inline parallel::GlobalBatch global_batch(const RandomBatch& data, const model::
   return global;
 }
 
-}  // namespace peertrain::cli
+}  // namespace peertrain::parallel
