@@ -5,9 +5,9 @@
 # --rank R` on host R), each writing to its own --out as on separate machines.
 #  - blip: host 3's cable is pulled for 1 s, well under the 6 s a silent neighbour is
 #    allowed: nobody is dropped and x̄'s accuracy is bit for bit the undisturbed run's.
-#    (TCP retransmits a lost segment after 0.2, 0.6, 1.4, 3.0, 6.2 s, later under load: a
-#    2 s blip that ended a little after a retry was not delivered before 6 s in two runs we
-#    saw, sessions 25 and 27, and peer 2 rightly gave up on peer 3. 1 s leaves a doubling spare.);
+#    (With 2 s it failed twice, sessions 25 and 27; 1 s failed once too, under the quick
+#    suite's load. TCP's backoff explains a 3.5 s blip failing, not a 1 s one: the cause is
+#    open, see docs/faults.md.)
 #  - outage: host 3's cable stays out until peer 3 finds itself cut off and stops by itself;
 #    the others drop it and go on; plugged back, peer 3 is restarted with --rejoin on its
 #    host and trains to the end with the others;
