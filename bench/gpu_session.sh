@@ -7,8 +7,9 @@
 # attention against the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and
 # compiled, and with the optimizer on the host; `profile`, only when named: Nsight Compute's
 # device time per kernel over one step; `profattn`, only when named: the same for each
-# tensor-core attention tiling); `sanitize` runs memcheck over the kernel tests and
-# racecheck over the tensor-core attention's. Runs the programs bench/gpu_pack.sh put in
+# tensor-core attention tiling); `sanitize` runs memcheck over the kernel tests and the
+# device pipeline's, and racecheck over the tensor-core attention's; `pipeline` times the
+# GPT step with --pp 1, 2 and 4 (stages sharing the GPUs round robin) in one run. Runs the programs bench/gpu_pack.sh put in
 # .gpu/ (unpacking .gpupack/gpu.tar.xz first where only that travelled).
 # Logs go to $OUT (or /tmp/gpu-out): session.log holds everything, summary.txt one line per
 # step.
@@ -23,10 +24,11 @@ log=$out/session.log summary=$out/summary.txt
 : >"$log"
 : >"$summary"
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(kernels device nccl cli sanitize bench step)
+[[ ${#steps[@]} -gt 0 ]] || steps=(kernels device nccl cli sanitize pipeline bench step)
 for s in "${steps[@]}"; do
-  [[ " kernels device nccl cli sanitize bench step profile profattn " == *" $s "* ]] ||
-    { echo "error: unknown step '$s' (kernels device nccl cli sanitize bench step profile profattn)" >&2; exit 2; }
+  [[ " kernels device nccl cli sanitize pipeline bench step profile profattn " == *" $s "* ]] ||
+    { echo "error: unknown step '$s' (kernels device nccl cli sanitize pipeline bench step profile profattn)" >&2
+      exit 2; }
 done
 [[ -x $gpu/peertrain || ! -f $root/.gpupack/gpu.tar.xz ]] || tar -C "$root" -xJf "$root/.gpupack/gpu.tar.xz"
 [[ -x $gpu/peertrain ]] || { echo "error: $gpu/peertrain is missing: run bench/gpu_pack.sh first" >&2; exit 1; }
@@ -71,12 +73,20 @@ want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 want kernels && step kernels 60 "$bin/kernels_cuda_test" --gtest_brief=1
 want device && step device 90 "$bin/device_cuda_test" --gtest_brief=1
 want nccl && step nccl 90 "$bin/nccl_group_test" --gtest_brief=1
-want cli && step cli 120 env PEERTRAIN="$bin/peertrain" bash "$root/tests/cli/gpu_cli_test.sh" "$root"
+want cli && step cli 240 env PEERTRAIN="$bin/peertrain" bash "$root/tests/cli/gpu_cli_test.sh" "$root"
 want sanitize && command -v compute-sanitizer >/dev/null &&
   step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1 &&
+  step pipecheck 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu/device_cuda_test" --gtest_brief=1 \
+    --gtest_filter='*Pipeline*' &&
   # Shared-memory hazards of the tensor-core attention (cp.async buffers, barriers), every tiling.
   step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$gpu/kernels_cuda_test" --gtest_brief=1 \
     --gtest_filter='*TensorCore*:*Tiling*'
+# The GPU pipeline's step against --pp 1 on the same card: stages as threads, each with its
+# stream, sharing one GPU (or spread over several).
+for pp in 1 2 4; do
+  want pipeline && step "pp$pp" 60 "$bin/peertrain" bench step --model gpt --device cuda --pp "$pp" --microbatches 4 \
+    --batch 32 --layers 6 --steps 30 --optimizer-on host
+done
 want bench && step bench 60 "$bin/kernels_bench"
 want step && step step 120 env PEERTRAIN="$bin/peertrain" PYTHON=python3 bash "$root/bench/compare_gpt_step_gpu.sh"
 # The same step with the optimizer on the host (the gradient comes out, AdamW on the CPU).

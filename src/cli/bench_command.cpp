@@ -171,28 +171,36 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   const std::string device = args.count("device") ? args["device"].as<std::string>() : "cpu";
   try {
     if (model::parse_device(device) == model::Device::kCuda) {
-      if (!gpt || engine.sp * engine.pp > 1) throw UsageError("--device cuda times --model gpt with --sp 1 --pp 1");
-      state->device = model::make_device_model(
-          config, {.device = 0, .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>())});
+      if (!gpt || engine.sp > 1) throw UsageError("--device cuda times --model gpt with --sp 1 (and any --pp)");
+      state->device =
+          model::make_device_model(config, {.device = 0,
+                                            .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>()),
+                                            .pp = engine.pp,
+                                            .microbatches = engine.microbatches,
+                                            .schedule = std::string(parallel::to_string(engine.schedule))});
       b.device = state->device->describe();
       b.peak_device_bytes = [state] { return state->device->peak_device_bytes(); };
       b.optimizer_seconds = std::make_shared<std::vector<double>>();
-      const std::string place = args["optimizer-on"].as<std::string>();
+      std::string place = args["optimizer-on"].as<std::string>();
       if (place != "device" && place != "host")
         throw UsageError("--optimizer-on must be device or host, not '" + place + "'");
       if (place == "device") {  // as training runs it (train/device_update.h): Adam beside the model
         train::TrainConfig train_config;
         train_config.algorithm = train::Algorithm::kLocal;
         train_config.optimizer = train::OptimizerKind::kAdam;
-        state->optimizer = train::make_device_update(state->device.get(), size, train_config);
-        PEERTRAIN_CHECK(state->optimizer, "the device model refused the optimizer");
+        auto device_update = train::make_device_update(state->device.get(), size, train_config);
+        if (device_update)
+          state->optimizer = std::move(device_update);
+        else  // the device pipeline keeps it on the host, as training does
+          place = "host (this device model keeps the optimizer there)";
       }
       b.optimizer = place;
     }
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (engine.sp * engine.pp > 1) state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
+  if (!state->device && engine.sp * engine.pp > 1)
+    state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
   const int threads = number_flag<int>(args, "threads");
   if (!state->engine && !state->device && threads > 1)  // as training runs it (transformer_task.cpp)
     state->batch_parallel = model::make_batch_parallel_engine(state->model, threads);
@@ -258,7 +266,9 @@ int step(int argc, char** argv) {
       "chunks", "interleaved: model chunks per stage", cxxopts::value<std::string>()->default_value("2"))(
       "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))(
-      "device", "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory)",
+      "device",
+      "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory; with --pp, "
+      "gpipe, 1f1b or eager-1f1b stages on the GPUs round robin)",
       cxxopts::value<std::string>())("optimizer-on",
                                      "--device cuda: device (Adam beside the model, only its update comes back, as "
                                      "training runs it) | host (the gradient comes back, Adam on the CPU)",

@@ -84,14 +84,20 @@ T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_
 }
 
 // Where the gradient is computed. The default is the GPU when this build has CUDA and the
-// run is one the device path runs (gpt, --pp 1, a GPU for each of the --sp ranks);
-// otherwise the CPU, so that a default run works on every machine.
+// run is one the device path runs (gpt; --sp ranks, a GPU for each, or --pp stages with
+// --sp 1; no --tp or --stage-mesh); otherwise the CPU, so that a default run works on
+// every machine.
 void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   c.gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>());
+  const auto& e = c.engine;
+  const bool device_schedule = e.schedule == parallel::Schedule::kGpipe ||
+                               e.schedule == parallel::Schedule::kOneFOneB ||
+                               e.schedule == parallel::Schedule::kEager1F1B;
   const bool runs_on_device =
-      c.model == train::ModelKind::kGpt && c.engine.pp == 1 && c.engine.tp == 1 && c.engine.stage_meshes.empty();
+      c.model == train::ModelKind::kGpt && e.tp == 1 && e.stage_meshes.empty() &&
+      (e.pp == 1 || (e.sp == 1 && device_schedule && e.vocab_parallel == parallel::VocabParallel::kNone));
   if (!args.count("device")) {
-    c.device = runs_on_device && model::cuda_device_count() >= c.engine.sp ? model::Device::kCuda : model::Device::kCpu;
+    c.device = runs_on_device && model::cuda_device_count() >= e.sp ? model::Device::kCuda : model::Device::kCpu;
     return;
   }
   c.device = model::parse_device(args["device"].as<std::string>());
@@ -100,13 +106,14 @@ void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
     throw UsageError("--device cuda runs --model gpt; mlp and vit run on --device cpu");
   if (!runs_on_device)
     throw UsageError(
-        str("--device cuda runs --pp 1 (sequence ranks, --sp, one GPU each) without --tp or "
-            "--stage-mesh, not --pp ",
-            c.engine.pp, ": the GPU pipeline and tensor parallelism are not built yet"));
+        str("--device cuda runs --sp S (one GPU each) or --pp P with --sp 1, --schedule gpipe, 1f1b or "
+            "eager-1f1b and no --vocab-parallel; not --tp or --stage-mesh (got --sp ",
+            e.sp, " --tp ", e.tp, " --pp ", e.pp, " --schedule ", parallel::to_string(e.schedule),
+            "): tensor parallelism and the other schedules are not built on the device yet"));
   const int devices = model::require_cuda_device();  // before any peer starts
-  if (devices < c.engine.sp)
-    throw UsageError(str("--device cuda --sp ", c.engine.sp, " needs ", c.engine.sp, " GPUs (one per sequence rank), ",
-                         devices, " visible"));
+  if (devices < e.sp)
+    throw UsageError(
+        str("--device cuda --sp ", e.sp, " needs ", e.sp, " GPUs (one per sequence rank), ", devices, " visible"));
 }
 
 // The transformer and its split over the workers of a peer; checked against each other

@@ -1,136 +1,17 @@
 #include "peertrain/device/device_transformer.h"
 
-#include "peertrain/device/device_ring_attention.h"
-
 #include <array>
 #include <cstring>
 #include <optional>
 #include <vector>
 
-#include "peertrain/kernels/device.h"
-#include "peertrain/kernels/ops.h"
+#include "device_block_ops.h"
 #include "peertrain/comm/group.h"
-#include "peertrain/core/error.h"
-#include "peertrain/model/block_composition.h"
-#include "peertrain/model/transformer_layout.h"
 
 namespace peertrain::device {
 namespace {
 
-using kernels::DeviceArray;
-using kernels::PinnedArray;
-
-kernels::GemmPrecision precision(model::GemmMode mode) {
-  switch (mode) {
-    case model::GemmMode::kTf32: return kernels::GemmPrecision::kTf32;
-    case model::GemmMode::kBf16: return kernels::GemmPrecision::kBf16;
-    case model::GemmMode::kFp32: break;
-  }
-  return kernels::GemmPrecision::kFp32;
-}
-
-const char* gemm_name(model::GemmMode mode) {
-  return mode == model::GemmMode::kTf32 ? "tf32" : mode == model::GemmMode::kBf16 ? "bf16" : "fp32";
-}
-
-// The device backend of model/block_composition.h: kernels/ops.h on the compute stream,
-// attention around the sequence group's ring when there is one.
-struct DeviceBlockOps {
-  kernels::Stream stream;
-  kernels::Blas& blas;
-  std::span<DeviceArray<float>, 5> slots;
-  DeviceArray<float>& delta;  // the attention backward's row sums of dout·out
-  DeviceRingAttention* ring;  // null: whole sequences
-  kernels::AttentionDims dims;
-  const int* positions;  // device
-  int batch;             // sequences
-
-  float* scratch(int slot, std::size_t floats) {
-    slots[static_cast<std::size_t>(slot)].resize(floats, "block scratch");
-    return slots[static_cast<std::size_t>(slot)].data();
-  }
-  void copy(float* dst, const float* src, std::size_t floats) {
-    kernels::copy_on_device(dst, src, sizeof(float) * floats, stream);
-  }
-  template <class... A>
-  void layernorm_forward(A... a) {
-    kernels::layernorm_forward(stream, a...);
-  }
-  template <class... A>
-  void layernorm_backward(A... a) {
-    kernels::layernorm_backward(stream, a...);
-  }
-  void linear_forward(int in, int out, int n, const float* w, const float* b, const float* x, float* y) {
-    blas.gemm(false, false, out, n, in, w, x, y, false);
-    if (b != nullptr) kernels::add_bias(stream, out, n, b, y);
-  }
-  void linear_residual_forward(int in, int out, int n, const float* w, const float* b, const float* x,
-                               const float* residual, float* y) {
-    kernels::copy_on_device(y, residual, sizeof(float) * out * n, stream);
-    blas.gemm(false, false, out, n, in, w, x, y, true);
-    if (b != nullptr) kernels::add_bias(stream, out, n, b, y);
-  }
-  void linear_backward(int in, int out, int n, const float* w, const float* x, const float* dy, float* dw, float* db,
-                       float* dx) {
-    blas.gemm(false, true, out, in, n, dy, x, dw, true);
-    if (db != nullptr) kernels::add_row_sums(stream, out, n, dy, db);
-    if (dx != nullptr) blas.gemm(true, false, in, n, out, w, dy, dx, false);
-  }
-  // The GELU is a kernel of its own after the GEMM here (cuBLAS has no such epilogue).
-  void linear_gelu_forward(int in, int out, int n, const float* w, const float* b, const float* x, float* h, float* g) {
-    linear_forward(in, out, n, w, b, x, h);
-    kernels::gelu_forward(stream, static_cast<std::size_t>(out) * n, h, g);
-  }
-  void linear_gelu_backward(int in, int out, int n, const float* w, const float* x, const float* dy, float* dw,
-                            float* db, const float* h, float* dx) {
-    linear_backward(in, out, n, w, x, dy, dw, db, dx);
-    if (dx != nullptr) kernels::gelu_backward(stream, static_cast<std::size_t>(in) * n, h, dx, dx);
-  }
-  // The device model splits no block over tensor-parallel ranks (block_shape's tp is 1).
-  void all_reduce(float*, std::size_t) { PEERTRAIN_CHECK(false, "device model: no tensor parallelism"); }
-  // The composition hands attention the token-major qkv and wants the token-major output;
-  // the device kernels compute on the [batch][head][token][head_dim] layout, so the heads
-  // are split out into slots 3 and 4 (which the composition leaves free) and merged back.
-  int heads() const { return dims.rows / batch; }
-  std::size_t head_floats() const { return static_cast<std::size_t>(dims.rows) * dims.tq * dims.head_dim; }
-  void split(const float* x, int rows, int offset, float* heads_out) {
-    kernels::split_heads(stream, batch, dims.tq, heads(), dims.head_dim, rows, offset, x, heads_out);
-  }
-  void merge(const float* heads_in, int rows, int offset, float* x) {
-    kernels::merge_heads(stream, batch, dims.tq, heads(), dims.head_dim, rows, offset, heads_in, x);
-  }
-  void attention_forward(const float* qkv, float* out, float* lse) {
-    const std::size_t an = head_floats();
-    const int a = heads() * dims.head_dim;
-    float* h = scratch(3, 4 * an);  // q, k, v, out
-    for (int part = 0; part < 3; ++part) split(qkv, 3 * a, part * a, h + part * an);
-    if (ring != nullptr)
-      ring->forward(dims, positions, h, h + an, h + 2 * an, h + 3 * an, lse);
-    else
-      kernels::attention_forward(stream, dims, h, positions, h + an, h + 2 * an, positions, h + 3 * an, lse);
-    merge(h + 3 * an, a, 0, out);
-  }
-  void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv) {
-    const std::size_t an = head_floats();
-    const int a = heads() * dims.head_dim;
-    float* h = scratch(3, 5 * an);   // q, k, v, out, dout
-    float* dh = scratch(4, 3 * an);  // dq, dk, dv
-    for (int part = 0; part < 3; ++part) split(qkv, 3 * a, part * a, h + part * an);
-    split(out, a, 0, h + 3 * an);
-    split(dout, a, 0, h + 4 * an);
-    const float *q = h, *k = h + an, *v = h + 2 * an, *o = h + 3 * an, *dO = h + 4 * an;
-    float *dq = dh, *dk = dh + an, *dv = dh + 2 * an;
-    if (ring != nullptr) {
-      ring->backward(dims, positions, q, k, v, o, lse, dO, dq, dk, dv);
-    } else {
-      delta.resize(static_cast<std::size_t>(dims.rows) * dims.tq, "attention delta");
-      kernels::attention_backward_delta(stream, dims.rows, dims.tq, dims.head_dim, o, dO, delta.data());
-      for (float* d : {dq, dk, dv}) kernels::zero(d, sizeof(float) * an, stream);
-      kernels::attention_backward(stream, dims, q, positions, k, v, positions, lse, delta.data(), dO, dq, dk, dv);
-    }
-    for (int part = 0; part < 3; ++part) merge(dh + part * an, 3 * a, part * a, dqkv);
-  }
-};
+using namespace detail;
 
 class DeviceTransformer final : public model::DeviceModel {
  public:
@@ -347,23 +228,13 @@ class DeviceTransformer final : public model::DeviceModel {
       kernels::wait(stream_, params_ready_[l + 1]);
       model::block_forward(ops, shape, layout_.blocks[l], p, saved_[l].data(), saved_[l].data(), out);
     }
-    // Head: final LayerNorm, logits, softmax cross-entropy (logits become their gradient).
     kernels::wait(stream_, params_ready_.back());
-    kernels::layernorm_forward(stream_, d, n, x_head_.data(), p + layout_.lnf_w, p + layout_.lnf_b, ensure(y_head_, dn),
-                               ensure(mean_head_, n), ensure(rstd_head_, n));
-    const std::size_t vn = static_cast<std::size_t>(config_.vocab) * n;
-    float* logits = ensure(logits_, vn);
-    if (config_.tied_head)
-      blas_->gemm(true, false, config_.vocab, n, d, p + layout_.wte, y_head_.data(), logits, false);
-    else
-      blas_->gemm(false, false, config_.vocab, n, d, p + layout_.head_w, y_head_.data(), logits, false);
     const float grad_scale = keep_gradient ? static_cast<float>(1.0 / batch.loss_divisor) : 0.0f;
-    kernels::softmax_cross_entropy(stream_, config_.vocab, n, logits, targets_.data(), grad_scale,
-                                   ensure(losses_, static_cast<std::size_t>(n)), ensure(correct_, static_cast<std::size_t>(n)));
+    head_forward(ops, config_, layout_, p, x_head_.data(), n, targets_.data(), grad_scale, head_);
     host_losses_.resize(static_cast<std::size_t>(n));
     host_correct_.resize(static_cast<std::size_t>(n));
-    kernels::copy_to_host(host_losses_.data(), losses_.data(), sizeof(float) * n, stream_);
-    kernels::copy_to_host(host_correct_.data(), correct_.data(), sizeof(int) * n, stream_);
+    kernels::copy_to_host(host_losses_.data(), head_.losses.data(), sizeof(float) * n, stream_);
+    kernels::copy_to_host(host_correct_.data(), head_.correct.data(), sizeof(int) * n, stream_);
     kernels::synchronize(stream_);
     model::LossSums sums;
     for (int j = 0; j < n; ++j) {
@@ -379,20 +250,10 @@ class DeviceTransformer final : public model::DeviceModel {
     const std::size_t dn = static_cast<std::size_t>(d) * n;
     const float* p = params_.data();
     float* g = grads_.data();
-    float* dy = ensure(d_a_, dn);
-    if (config_.tied_head) {
-      blas_->gemm(false, true, d, config_.vocab, n, y_head_.data(), logits_.data(), g + layout_.wte, true);
-      blas_->gemm(false, false, d, n, config_.vocab, p + layout_.wte, logits_.data(), dy, false);
-    } else {
-      DeviceBlockOps ops = block_ops(batch);
-      ops.linear_backward(d, config_.vocab, n, p + layout_.head_w, y_head_.data(), logits_.data(), g + layout_.head_w,
-                          nullptr, dy);
-    }
-    float* d_x = ensure(d_b_, dn);  // gradient w.r.t. the current unit's input
-    kernels::layernorm_backward(stream_, d, n, x_head_.data(), mean_head_.data(), rstd_head_.data(), p + layout_.lnf_w,
-                                dy, nullptr, d_x, g + layout_.lnf_w, g + layout_.lnf_b);
-    download_gradient(config_.layers + 1);
     DeviceBlockOps ops = block_ops(batch);
+    float* d_x = ensure(d_b_, dn);  // gradient w.r.t. the current unit's input
+    head_backward(ops, config_, layout_, p, x_head_.data(), n, head_, ensure(d_a_, dn), d_x, g);
+    download_gradient(config_.layers + 1);
     const model::BlockShape shape = model::block_shape(config_, batch);
     for (std::size_t l = saved_.size(); l-- > 0;) {
       model::block_backward(ops, shape, layout_.blocks[l], p, saved_[l].data(), d_x, d_x, g);
@@ -428,8 +289,8 @@ class DeviceTransformer final : public model::DeviceModel {
   DeviceArray<int> positions_;
   std::vector<DeviceArray<float>> saved_;      // each block's, in model::BlockSaved's layout
   std::array<DeviceArray<float>, 5> scratch_;  // the block composition's
-  DeviceArray<float> delta_, x_head_, y_head_, mean_head_, rstd_head_, logits_, losses_, d_a_, d_b_;
-  DeviceArray<int> correct_;
+  DeviceArray<float> delta_, x_head_, d_a_, d_b_;
+  HeadBuffers head_;
   std::vector<float> host_losses_;
   std::vector<int> host_correct_;
 };
@@ -457,6 +318,7 @@ std::unique_ptr<model::DeviceModel> make_sequence_rank(const model::TransformerC
 std::unique_ptr<model::DeviceModel> make_device_transformer(const model::TransformerConfig& config,
                                                             const model::DeviceOptions& options) {
   check_runs_on_device(config);
+  if (options.pp > 1) return make_device_pipeline(config, options);
   if (options.sp > 1) return make_sequence_parallel(config, options);
   return std::make_unique<DeviceTransformer>(config, options, nullptr);
 }

@@ -68,7 +68,11 @@ class TransformerTask final : public Task {
                                              {.device = config.engine.sp > 1 ? 0 : rank % devices,
                                               .gemm = config.gemm,
                                               .sp = config.engine.sp,
-                                              .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag});
+                                              .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag,
+                                              .pp = config.engine.pp,
+                                              .microbatches = config.engine.microbatches,
+                                              .schedule = std::string(parallel::to_string(config.engine.schedule)),
+                                              .stage_first_units = config.engine.stage_first_units});
       device_ = device.get();  // owned by the engine, which lives as long as this task
       engine_ = model::make_device_engine(std::move(device));
     } else if (config.engine.workers() > 1) {

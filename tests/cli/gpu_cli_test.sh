@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path as a user runs it: 4 peers of the default GPT on a ring with --device cuda
 # follow the CPU run's first 20 losses (fp32 GEMMs to 1e-4 relative, tf32 to 2e-2, bf16
-# GEMMs and tensor-core attention to 5e-2; with two or more GPUs also --sp 2 over NCCL),
+# GEMMs and tensor-core attention to 5e-2; the GPU pipeline, --pp 2 and 3, to 1e-4; with
+# two or more GPUs also --sp 2 over NCCL),
 # and peer 0's log names the device. Exits 77 (skipped) where there is no GPU or no CUDA
 # build. Usage: gpu_cli_test.sh SOURCE_DIR
 set -u
@@ -42,6 +43,14 @@ run bf16 --device cuda --gemm-precision bf16  # GEMMs and attention's forward in
 compare cpu fp32 1e-4
 compare cpu tf32 2e-2
 compare cpu bf16 5e-2
+# The GPU pipeline: stages of consecutive units, one thread each, on the GPUs round robin
+# (all on one with one GPU); the default batch in micro-batches through 1f1b and gpipe.
+run pp2 --device cuda --pp 2 --microbatches 4 --gemm-precision fp32
+compare cpu pp2 1e-4
+run pp3 --device cuda --pp 3 --microbatches 2 --schedule gpipe --gemm-precision fp32
+compare cpu pp3 1e-4
+grep -q "3 pipeline stages" "$work/pp3/peer-0.log" 2>/dev/null && ok ||
+  fail "peer 0's log of --pp 3 does not name the stages: $(grep -m1 gpt "$work/pp3/peer-0.log")"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [[ $gpus -ge 2 ]]; then  # sequence ranks over NCCL, one GPU each
   run sp2 --device cuda --sp 2 --gemm-precision fp32

@@ -183,12 +183,16 @@ expect_error "--vocab-parallel vocab-1: splits gpt's vocabulary" --model vit --d
 expect_error "gpt or vit" --sp 2
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda
-expect_error "--device cuda runs --pp 1" "${tiny[@]}" --device cuda --pp 2
+expect_error "--device cuda runs --sp S (one GPU each) or --pp P with --sp 1" "${tiny[@]}" --device cuda --pp 2 \
+  --schedule zb-h1
+expect_error "not --tp or --stage-mesh (got --sp 1 --tp 2" "${tiny[@]}" --device cuda --tp 2
+expect_error "--sp 2 --tp 1 --pp 2" "${tiny[@]}" --device cuda --pp 2 --sp 2
 expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
 out=$("$bin" bench step --model mlp --device cuda 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --device cuda times --model gpt" <<<"$out" && ok || fail "bench step mlp --device cuda: $out"
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say why
   expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda
+  expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda --pp 2 --microbatches 2
 fi
 expect_error "fortunes\|no such directory" "${tiny[@]}" --text-dir "$work/none" --max-steps 1
 

@@ -182,6 +182,93 @@ TEST(DeviceTransformer, SequenceParallelMatchesTheCpuModel) {
     }
 }
 
+// --pp P on the device: the units cut into P stages, one thread each (all on device 0
+// with one GPU, and on the emulator), over M micro-batches in the order of gpipe, 1f1b
+// and eager-1f1b, against the CPU model. A tied head puts wte's gradient on two stages;
+// the splits put the embedding or the head alone on a stage, and two steps on fresh
+// parameters and bytes reuse the stages' activation slots and message buffers.
+TEST(DeviceTransformer, PipelineMatchesTheCpuModel) {
+  if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct PipeCase {
+    int pp, microbatches;
+    const char* schedule;
+    bool tied;
+    std::vector<int> stages;  // first units; empty: the FLOP-balanced split
+  };
+  for (const PipeCase& c : {PipeCase{2, 1, "1f1b", false, {}}, PipeCase{2, 4, "1f1b", true, {}},
+                            PipeCase{3, 2, "gpipe", false, {}}, PipeCase{4, 4, "eager-1f1b", true, {}},
+                            PipeCase{3, 4, "1f1b", true, {0, 1, 3}}, PipeCase{2, 2, "gpipe", false, {0, 3}}}) {
+    SCOPED_TRACE(::testing::Message() << "pp " << c.pp << " m " << c.microbatches << " " << c.schedule << " tied "
+                                      << c.tied << " stages " << c.stages.size());
+    model::TransformerConfig config;
+    config.d_model = 32;
+    config.layers = 2;
+    config.heads = 2;
+    config.seq = 32;
+    config.tied_head = c.tied;
+    model::Transformer cpu(config);
+    const auto gpu = make_device_transformer(config, {.device = 0,
+                                                      .gemm = model::GemmMode::kFp32,
+                                                      .pp = c.pp,
+                                                      .microbatches = c.microbatches,
+                                                      .schedule = c.schedule,
+                                                      .stage_first_units = c.stages});
+    for (unsigned step = 0; step < 2; ++step) {
+      const Problem problem(cpu, 4, 24, 13 + 10 * step);
+      std::vector<float> want(problem.params.size(), 0.0f), got(problem.params.size(), 0.0f);
+      const float want_loss = cpu.forward_backward(problem.params, problem.batch, want);
+      const float got_loss = gpu->forward_backward(problem.params, problem.batch, got);
+      EXPECT_NEAR(got_loss, want_loss, 1e-5 * want_loss) << "step " << step;
+      const double error = normalized_error(got, want);
+      EXPECT_LT(error, 1e-4) << "step " << step;
+      std::printf("device %s: loss %.7f vs CPU %.7f, gradient normalized error %.2e\n", gpu->describe().c_str(),
+                  got_loss, want_loss, error);
+      const model::LossSums sums = gpu->evaluate(problem.params, problem.batch, true);
+      const model::LossSums cpu_sums = cpu.evaluate(problem.params, problem.batch);
+      EXPECT_NEAR(sums.loss_sum, cpu_sums.loss_sum, 1e-5 * cpu_sums.loss_sum);
+      EXPECT_EQ(sums.count, cpu_sums.count);
+    }
+  }
+}
+
+TEST(DeviceTransformer, PipelineRejectsWhatItCannotRun) {
+  if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  model::TransformerConfig config;
+  config.d_model = 32;
+  config.layers = 2;
+  config.heads = 2;
+  config.seq = 16;
+  const auto message_of = [&](model::DeviceOptions options) {
+    try {
+      make_device_transformer(config, options);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message_of({.pp = 5}).find("--pp 5 needs at least as many units (4"), std::string::npos);
+  EXPECT_NE(message_of({.pp = 2, .schedule = "zb-h1"}).find("not 'zb-h1'"), std::string::npos);
+  EXPECT_NE(message_of({.pp = 2, .schedule = "pipe"}).find("--schedule"), std::string::npos);
+  EXPECT_NE(message_of({.sp = 2, .pp = 2}).find("--sp 1"), std::string::npos);
+  EXPECT_NE(message_of({.pp = 2, .stage_first_units = {0, 4}}).find("--stages"), std::string::npos);
+  // Micro-batches must divide the batch; a bad byte is named before any stage starts.
+  const auto gpu = make_device_transformer(config, {.pp = 2, .microbatches = 3});
+  model::Transformer cpu(config);
+  Problem problem(cpu, 4, 16, 3);
+  std::vector<float> grads(problem.params.size());
+  try {
+    gpu->forward_backward(problem.params, problem.batch, grads);
+    FAIL() << "3 micro-batches of 4 sequences accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--microbatches 3 must divide the batch of 4"), std::string::npos) << e.what();
+  }
+  const auto two = make_device_transformer(config, {.pp = 2, .microbatches = 2});
+  problem.bytes[5] = 300;
+  EXPECT_THROW(two->forward_backward(problem.params, problem.batch, grads), Error);
+  problem.bytes[5] = 5;  // and the pipeline still runs after a refused step
+  EXPECT_GT(two->forward_backward(problem.params, problem.batch, grads), 0.0f);
+}
+
 TEST(DeviceTransformer, RejectsWhatItCannotRun) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   model::TransformerConfig vit;

@@ -29,6 +29,14 @@ struct DeviceOptions {
   GemmMode gemm = GemmMode::kTf32; // the GEMMs' tensor-core precision
   int sp = 1;                      // sequence ranks, one GPU each (devices 0 … sp−1)
   bool zigzag = true;              // the sequence split over them (else contiguous)
+  // --pp P: the units cut into P stages, stage s on device + s mod the visible devices, over
+  // `microbatches` micro-batches a step in the order of `schedule` (gpipe, 1f1b or
+  // eager-1f1b: parallel/schedule.h). stage_first_units: the first unit of each stage
+  // (--stages); empty: split by each unit's FLOPs.
+  int pp = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
+  std::vector<int> stage_first_units{};
 };
 
 // The optimizer's rule, for the update computed on the device (DeviceModel::set_update_rule):
