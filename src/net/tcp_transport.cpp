@@ -1,6 +1,11 @@
 // The TCP transport: reading and writing frames on established links, failing links, and
 // the Transport interface over them. Dialing, accepting and the handshake are in
 // tcp_connect.cpp; the handshake's decisions in handshake.cpp.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cstdio>
 #include <future>
 #include <set>
 
@@ -381,6 +386,27 @@ void TcpCore::schedule_heartbeat(Link& l) {
 
 namespace {
 
+// The kernel's view of a link (TCP_INFO), for the errors that give up on a peer: a peer
+// that stopped answering shows its acknowledgements still coming; a cable that is out, or
+// one that came back while TCP's retransmission timer backs off (0.2, 0.6, 1.4, 3.0 s …),
+// shows data unacknowledged, the backoff and the timer.
+std::string tcp_report(const Link& l) {
+  if (!l.socket.is_open()) return {};
+  tcp_info info{};
+  socklen_t size = sizeof info;
+  if (getsockopt(const_cast<Link&>(l).socket.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &size) != 0) return {};
+  char text[320];
+  std::snprintf(text, sizeof text,
+                " (TCP to %s: last data from it %.1f s ago, last acknowledgement %.1f s ago, last data to it %.1f s "
+                "ago; unacknowledged segments %u, resent in a row %u, retransmission timer %.2f s after %u "
+                "backoffs, round trip %.1f ± %.1f ms)",
+                l.name.c_str(), info.tcpi_last_data_recv / 1e3, info.tcpi_last_ack_recv / 1e3,
+                info.tcpi_last_data_sent / 1e3, info.tcpi_unacked, static_cast<unsigned>(info.tcpi_retransmits),
+                info.tcpi_rto / 1e6, static_cast<unsigned>(info.tcpi_backoff), info.tcpi_rtt / 1e3,
+                info.tcpi_rttvar / 1e3);
+  return text;
+}
+
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(TcpOptions options) : core_(std::make_shared<TcpCore>(std::move(options))) {
@@ -510,7 +536,7 @@ class TcpTransport final : public Transport {
         throw Error(ErrorKind::kTimeout,
                     str(l.name, " sent no ", waiting, " within ", timeout_s, " s",
                         timeout_s < m.options.peer_timeout_s ? " (adaptive deadline)" : " (--peer-timeout)", "; peer ",
-                        m.options.self, " gives up"));
+                        m.options.self, " gives up", tcp_report(l)));
     }
   }
 
@@ -579,6 +605,10 @@ class TcpTransport final : public Transport {
     std::lock_guard lock(core_->mutex);
     const Link& l = core_->link(peer);
     return l.connected && !l.dead && !l.left;
+  }
+  std::string link_report(int peer) const override {
+    std::lock_guard lock(core_->mutex);
+    return tcp_report(core_->link(peer));
   }
   double silence_s(int peer) const override {
     std::lock_guard lock(core_->mutex);

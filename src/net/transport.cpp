@@ -25,7 +25,7 @@ Payload Transport::receive_while_alive(int peer, MessageType type, std::uint64_t
       if (silence >= silent_s)
         throw Error(ErrorKind::kTimeout, str(peer_name(peer), " has sent nothing, not even a heartbeat, for ",
                                              static_cast<int>(silence), " s while peer ", self(), " waited for ",
-                                             to_string(type), " for step ", step, "; it gives up"));
+                                             to_string(type), " for step ", step, "; it gives up", link_report(peer)));
       if (total >= cap_s)
         throw Error(ErrorKind::kTimeout, str(peer_name(peer), " sent no ", to_string(type), " for step ", step,
                                              " within ", static_cast<int>(cap_s), " s, though it still sounds alive; peer ",

@@ -200,6 +200,11 @@ TEST(TcpTransport, ASilentPeerTimesOut) {
   });
   EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
   EXPECT_NE(error.find("step 5"), std::string::npos) << error;
+  // The kernel's view of the link comes with it: nothing unacknowledged and nothing
+  // resent, since the peer is up and only silent (a cut cable shows the opposite).
+  EXPECT_NE(error.find("(TCP to peer 1 ("), std::string::npos) << error;
+  EXPECT_NE(error.find("last data from it"), std::string::npos) << error;
+  EXPECT_NE(error.find("unacknowledged segments 0, resent in a row 0,"), std::string::npos) << error;
 }
 
 TEST(TcpTransport, LeavingCleanlyIsNotAnError) {

@@ -124,6 +124,13 @@ class Transport {
   // come from the transport's own thread, so a peer blocked waiting for someone else still
   // sounds alive, while a stopped or cut-off one falls silent.
   virtual double silence_s(int peer) const = 0;
+  // What the operating system knows of the link to `peer`, for an error that gives up on
+  // it: whether its data or only its acknowledgements stopped, and TCP's own retransmission
+  // timer. Empty where the transport has no such view (loopback) or the link is closed.
+  virtual std::string link_report(int peer) const {
+    (void)peer;
+    return {};
+  }
   // Why each lost link was lost (not those whose peer finished and said goodbye), in the
   // order they were, once the transport's own thread has handled every event it had already seen. A
   // centralized run stops at its first loss, and one loss brings others soon after (a
