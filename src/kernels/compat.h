@@ -34,7 +34,7 @@ void check_launch(const char* kernel);
 #include "emulator.h"
 
 #define PT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
-  ((void)(stream), ::peertrain::kernels::emulator::launch(dim3(grid), dim3(block), (shared_bytes), kernel, __VA_ARGS__))
+  ::peertrain::kernels::emulator::launch_on((stream), dim3(grid), dim3(block), (shared_bytes), kernel, __VA_ARGS__)
 #define PT_SHFL_XOR(value, lane_mask) ::peertrain::kernels::emulator::shfl_xor((value), (lane_mask))
 #define PT_SYNCWARP() ::peertrain::kernels::emulator::syncwarp()
 #define PT_UNROLL

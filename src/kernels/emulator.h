@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "peertrain/kernels/device.h"
+
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -84,6 +86,17 @@ void* dynamic_shared();
 template <typename Kernel, typename... Args>
 void launch(dim3 grid, dim3 block, std::size_t shared_bytes, Kernel kernel, Args... args) {
   run(grid, block, shared_bytes, [&] { kernel(args...); });
+}
+
+// Queues `work` on `stream`, to run when the stream is synchronised (runtime_emulated.cpp:
+// emulated streams are lazy, so a missing event between streams shows as stale reads).
+void enqueue(Stream stream, std::function<void()> work);
+
+// A kernel launch on a stream (PT_LAUNCH): its arguments are taken now, by value, as a
+// launch does; it runs when the stream gets there.
+template <typename Kernel, typename... Args>
+void launch_on(Stream stream, dim3 grid, dim3 block, std::size_t shared_bytes, Kernel kernel, Args... args) {
+  enqueue(stream, [=] { run(grid, block, shared_bytes, [&] { kernel(args...); }); });
 }
 
 }  // namespace peertrain::kernels::emulator

@@ -2,15 +2,15 @@
 // (the tests compare the emulated kernels with the CPU path at float32 tolerances).
 #include <Eigen/Core>
 
+#include "emulator.h"
 #include "peertrain/kernels/ops.h"
 
 namespace peertrain::kernels {
 
-Blas::Blas(Stream stream, GemmPrecision precision) : stream_(stream), precision_(precision) {}
-Blas::~Blas() = default;
+namespace {
 
-void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c,
-                bool accumulate) {
+void gemm_now(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c,
+              bool accumulate) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
   using ConstMap = Eigen::Map<const Matrix>;
   if (m == 0 || n == 0) return;
@@ -29,6 +29,17 @@ void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
     C += product;
   else
     C = product;
+}
+
+}  // namespace
+
+Blas::Blas(Stream stream, GemmPrecision precision) : stream_(stream), precision_(precision) {}
+Blas::~Blas() = default;
+
+void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c,
+                bool accumulate) {
+  // Queued on the handle's stream like every emulated kernel (runtime_emulated.cpp).
+  emulator::enqueue(stream_, [=] { gemm_now(trans_a, trans_b, m, n, k, a, b, c, accumulate); });
 }
 
 }  // namespace peertrain::kernels

@@ -10,6 +10,7 @@
 
 #include "../../src/kernels/emulator.h"
 #include "peertrain/core/error.h"
+#include "peertrain/kernels/device.h"
 
 namespace peertrain::kernels::emulator {
 namespace {
@@ -124,6 +125,41 @@ TEST(Emulator, ThreadsWaitingForABarrierOthersNeverReachAreADeadlockNotAHang) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("deadlocked"), std::string::npos) << e.what();
   }
+}
+
+// Streams are lazy (runtime_emulated.cpp), as a GPU's are asynchronous: what one stream
+// reads of another's work without an event between them is stale, so a program that
+// forgets the event fails its test here and not only on a device.
+TEST(Emulator, AStreamThatDoesNotWaitForAnothersEventReadsStaleMemory) {
+  const Stream producer = create_stream(), consumer = create_stream();
+  const Event written = create_event();
+  auto* source = static_cast<float*>(device_malloc(sizeof(float), "source"));
+  auto* target = static_cast<float*>(device_malloc(sizeof(float), "target"));
+  const float one = 1.0f, stale = -1.0f;
+  for (const bool with_event : {false, true}) {
+    copy_to_device(source, &stale, sizeof(float), Stream{});  // the default stream: done at once
+    copy_to_device(source, &one, sizeof(float), producer);    // queued: not run yet
+    record(written, producer);
+    if (with_event) wait(consumer, written);
+    copy_on_device(target, source, sizeof(float), consumer);
+    float got = 0.0f;
+    copy_to_host(&got, target, sizeof(float), consumer);  // pageable: synchronous
+    EXPECT_EQ(got, with_event ? one : stale) << (with_event ? "with" : "without") << " the event";
+    synchronize(producer);
+  }
+  // Pinned memory is written when the stream runs, not when the copy is asked for.
+  auto* pinned = static_cast<float*>(pinned_malloc(sizeof(float), "pinned"));
+  *pinned = stale;
+  copy_to_host(pinned, source, sizeof(float), consumer);
+  EXPECT_EQ(*pinned, stale);
+  synchronize(consumer);
+  EXPECT_EQ(*pinned, one);
+  pinned_free(pinned);
+  device_free(source);
+  device_free(target);
+  destroy_event(written);
+  destroy_stream(producer);
+  destroy_stream(consumer);
 }
 
 }  // namespace
