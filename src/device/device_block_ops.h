@@ -143,11 +143,26 @@ struct HeadBuffers {
   DeviceArray<int> correct;
 };
 
+// Where the head's tensors are, in one buffer of parameters and its twin of gradients:
+// ln_f's weight and bias, and the output matrix — wte (d × vocab, the logits are wteᵀ·y)
+// for a tied head, lm_head (vocab × d) otherwise. A pipeline stage keeps wte apart.
+struct HeadTensors {
+  std::size_t lnf_w = 0, lnf_b = 0;
+  const float* out = nullptr;  // wte or lm_head
+  float* d_out = nullptr;      // its gradient
+};
+inline HeadTensors head_tensors(const model::TransformerConfig& config, const model::TransformerLayout& layout,
+                                const float* p, float* g) {
+  const std::size_t out = config.tied_head ? layout.wte : layout.head_w;
+  return {layout.lnf_w, layout.lnf_b, p + out, g != nullptr ? g + out : nullptr};
+}
+
 // The head over x (d × n): final LayerNorm, logits, softmax cross-entropy with the
-// targets; the logits become their gradient times grad_scale (0: evaluation).
-inline void head_forward(DeviceBlockOps& ops, const model::TransformerConfig& config,
-                         const model::TransformerLayout& layout, const float* p, const float* x, int n,
-                         const std::int32_t* targets, float grad_scale, HeadBuffers& h) {
+// targets; the logits become their gradient times grad_scale (0: evaluation). p holds
+// ln_f at t's offsets.
+inline void head_forward(DeviceBlockOps& ops, const model::TransformerConfig& config, const HeadTensors& t,
+                         const float* p, const float* x, int n, const std::int32_t* targets, float grad_scale,
+                         HeadBuffers& h) {
   const int d = config.d_model;
   const std::size_t dn = static_cast<std::size_t>(d) * n, vn = static_cast<std::size_t>(config.vocab) * n;
   h.y.resize(dn, "head: ln_f output");
@@ -156,32 +171,30 @@ inline void head_forward(DeviceBlockOps& ops, const model::TransformerConfig& co
   h.logits.resize(vn, "logits");
   h.losses.resize(static_cast<std::size_t>(n), "losses");
   h.correct.resize(static_cast<std::size_t>(n), "correct");
-  kernels::layernorm_forward(ops.stream, d, n, x, p + layout.lnf_w, p + layout.lnf_b, h.y.data(), h.mean.data(),
-                             h.rstd.data());
+  kernels::layernorm_forward(ops.stream, d, n, x, p + t.lnf_w, p + t.lnf_b, h.y.data(), h.mean.data(), h.rstd.data());
   if (config.tied_head)
-    ops.blas.gemm(true, false, config.vocab, n, d, p + layout.wte, h.y.data(), h.logits.data(), false);
+    ops.blas.gemm(true, false, config.vocab, n, d, t.out, h.y.data(), h.logits.data(), false);
   else
-    ops.blas.gemm(false, false, config.vocab, n, d, p + layout.head_w, h.y.data(), h.logits.data(), false);
+    ops.blas.gemm(false, false, config.vocab, n, d, t.out, h.y.data(), h.logits.data(), false);
   kernels::softmax_cross_entropy(ops.stream, config.vocab, n, h.logits.data(), targets, grad_scale, h.losses.data(),
                                  h.correct.data());
 }
 
-// The head's backward from the logits' gradient that head_forward left: adds into g the
-// gradient of wte (tied) or lm_head, and of ln_f; writes dx, the gradient of its input x.
-// dy: d × n scratch (LayerNorm's backward may not write where it reads).
-inline void head_backward(DeviceBlockOps& ops, const model::TransformerConfig& config,
-                          const model::TransformerLayout& layout, const float* p, const float* x, int n,
-                          const HeadBuffers& h, float* dy, float* dx, float* g) {
+// The head's backward from the logits' gradient that head_forward left: adds into
+// t.d_out the output matrix's gradient and into g (at t's offsets) ln_f's; writes dx, the
+// gradient of its input x. dy: d × n scratch (LayerNorm's backward may not write where it
+// reads).
+inline void head_backward(DeviceBlockOps& ops, const model::TransformerConfig& config, const HeadTensors& t,
+                          const float* p, const float* x, int n, const HeadBuffers& h, float* dy, float* dx, float* g) {
   const int d = config.d_model;
   if (config.tied_head) {
-    ops.blas.gemm(false, true, d, config.vocab, n, h.y.data(), h.logits.data(), g + layout.wte, true);
-    ops.blas.gemm(false, false, d, n, config.vocab, p + layout.wte, h.logits.data(), dy, false);
+    ops.blas.gemm(false, true, d, config.vocab, n, h.y.data(), h.logits.data(), t.d_out, true);
+    ops.blas.gemm(false, false, d, n, config.vocab, t.out, h.logits.data(), dy, false);
   } else {
-    ops.linear_backward(d, config.vocab, n, p + layout.head_w, h.y.data(), h.logits.data(), g + layout.head_w, nullptr,
-                        dy);
+    ops.linear_backward(d, config.vocab, n, t.out, h.y.data(), h.logits.data(), t.d_out, nullptr, dy);
   }
-  kernels::layernorm_backward(ops.stream, d, n, x, h.mean.data(), h.rstd.data(), p + layout.lnf_w, dy, nullptr, dx,
-                              g + layout.lnf_w, g + layout.lnf_b);
+  kernels::layernorm_backward(ops.stream, d, n, x, h.mean.data(), h.rstd.data(), p + t.lnf_w, dy, nullptr, dx,
+                              g + t.lnf_w, g + t.lnf_b);
 }
 
 }  // namespace peertrain::device::detail

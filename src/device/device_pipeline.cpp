@@ -13,9 +13,8 @@
 // process holds every stage, so no NCCL and no host hop are needed; the host only passes
 // pointers and events.
 //
-// Each stage holds its units' parameters and gradients (in buffers of the whole flat
-// layout, of which it uploads and reads only its units' ranges, and wte for a tied head on
-// the last stage) and the saved activations of the micro-batches in flight, which the
+// Each stage holds only its units' parameters and gradients (one run of the flat layout,
+// and a tied head's wte apart on the last stage) and the saved activations of the micro-batches in flight, which the
 // schedule bounds: 1f1b p − s on stage s, gpipe m. The optimizer stays on the host
 // (set_update_rule returns false): with a tied head two stages add into wte.
 //
@@ -122,13 +121,31 @@ class Stage {
     kernels::set_device(device_);
     stream_ = kernels::create_stream();
     blas_ = std::make_unique<kernels::Blas>(stream_, precision(options.gemm));
-    for (int u = first_unit; u < end_unit; ++u) ranges_.push_back(layout.units[static_cast<std::size_t>(u)]);
-    if (config.tied_head && has_head() && !has_embedding())  // the logits read wte
-      ranges_.push_back({layout.wte, static_cast<std::size_t>(config.vocab) * config.d_model});
-    params_.resize(layout.total, "stage parameters");
-    grads_.resize(layout.total, "stage gradients");
-    host_params_ = PinnedArray<float>(layout.total, "stage parameters (pinned)");
-    host_grads_ = PinnedArray<float>(layout.total, "stage gradients (pinned)");
+    // Its units are one run of the flat layout, [lo, hi): its buffers hold that run only,
+    // and the offsets of its tensors are taken from lo.
+    const model::ParameterRange& last = layout.units[static_cast<std::size_t>(end_unit) - 1];
+    units_ = {layout.units[static_cast<std::size_t>(first_unit)].offset, 0};
+    units_.size = last.offset + last.size - units_.offset;
+    params_.resize(units_.size, "stage parameters");
+    grads_.resize(units_.size, "stage gradients");
+    host_params_ = PinnedArray<float>(units_.size, "stage parameters (pinned)");
+    host_grads_ = PinnedArray<float>(units_.size, "stage gradients (pinned)");
+    for (int l = first_block_; l < end_block_; ++l)
+      blocks_.push_back(shifted(layout.blocks[static_cast<std::size_t>(l)]));
+    if (config.tied_head && has_head() && !has_embedding()) {  // the logits read wte, which stage 0 holds
+      wte_ = {layout.wte, static_cast<std::size_t>(config.vocab) * config.d_model};
+      wte_params_.resize(wte_.size, "tied wte (last stage)");
+      wte_grads_.resize(wte_.size, "tied wte gradient (last stage)");
+      host_wte_params_ = PinnedArray<float>(wte_.size, "tied wte (pinned)");
+      host_wte_grads_ = PinnedArray<float>(wte_.size, "tied wte gradient (pinned)");
+    }
+    if (has_head()) {
+      const bool apart = wte_.size > 0;
+      const std::size_t out = config.tied_head ? layout.wte : layout.head_w;
+      head_ = {layout.lnf_w - units_.offset, layout.lnf_b - units_.offset,
+               apart ? wte_params_.data() : params_.data() + (out - units_.offset),
+               apart ? wte_grads_.data() : grads_.data() + (out - units_.offset)};
+    }
   }
 
   ~Stage() {
@@ -145,16 +162,17 @@ class Stage {
   std::string units() const { return str(first_unit_, "–", end_unit_ - 1); }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
 
-  // Before a step (or an evaluation): its ranges of params in, its gradient zeroed, room
-  // for `microbatches` micro-batches of n tokens' losses.
+  // Before a step (or an evaluation): its units' params in (and wte's, apart), its
+  // gradient zeroed, room for `microbatches` micro-batches of n tokens' losses.
   void begin(std::span<const float> params, std::span<const int> positions, int microbatches, int n) {
     kernels::set_device(device_);
-    for (const model::ParameterRange& r : ranges_) {
-      std::copy_n(params.data() + r.offset, r.size, host_params_.data() + r.offset);
-      kernels::copy_to_device(params_.data() + r.offset, host_params_.data() + r.offset, sizeof(float) * r.size,
-                              stream_);
-      kernels::zero(grads_.data() + r.offset, sizeof(float) * r.size, stream_);
-    }
+    const auto upload = [&](model::ParameterRange r, float* host, float* device, float* gradient) {
+      std::copy_n(params.data() + r.offset, r.size, host);
+      kernels::copy_to_device(device, host, sizeof(float) * r.size, stream_);
+      kernels::zero(gradient, sizeof(float) * r.size, stream_);
+    };
+    upload(units_, host_params_.data(), params_.data(), grads_.data());
+    if (wte_.size > 0) upload(wte_, host_wte_params_.data(), wte_params_.data(), wte_grads_.data());
     positions_.resize(positions.size(), "positions");
     kernels::copy_to_device(positions_.data(), positions.data(), sizeof(int) * positions.size(), stream_);
     if (has_head()) {
@@ -184,20 +202,20 @@ class Stage {
       slot.ids.resize(static_cast<std::size_t>(n), "bytes");
       kernels::copy_to_device(slot.ids.data(), mb.bytes.data(), sizeof(std::int32_t) * n, stream_);
       kernels::token_embedding_forward(stream_, d, mb.batch, mb.tokens, slot.ids.data(), positions_.data(),
-                                       params_.data() + layout_.wte, params_.data() + layout_.wpe, x);
+                                       params_.data() + layout_.wte, params_.data() + layout_.wpe, x);  // from 0
     } else {
       receive(mail, forward_tag(i), x, dn, str("micro-batch ", i, "'s activations"));
     }
     DeviceBlockOps ops = block_ops(mb);
     for (int k = 0; k < blocks(); ++k) {
       float* saved = slot.saved[static_cast<std::size_t>(k)].data();
-      model::block_forward(ops, shape, layout_.blocks[static_cast<std::size_t>(first_block_ + k)], params_.data(),
-                           saved, saved, output_of(k));
+      model::block_forward(ops, shape, blocks_[static_cast<std::size_t>(k)], params_.data(), saved, saved,
+                           output_of(k));
     }
     if (!has_head()) return send(mail, index_ + 1, forward_tag(i), *out);
     slot.targets.resize(static_cast<std::size_t>(n), "targets");
     kernels::copy_to_device(slot.targets.data(), mb.targets.data(), sizeof(std::int32_t) * n, stream_);
-    head_forward(ops, config_, layout_, params_.data(), slot.x_head.data(), n, slot.targets.data(), grad_scale,
+    head_forward(ops, config_, head_, params_.data(), slot.x_head.data(), n, slot.targets.data(), grad_scale,
                  slot.head);
     const std::size_t at = static_cast<std::size_t>(i) * n;
     kernels::copy_to_host(host_losses_.data() + at, slot.head.losses.data(), sizeof(float) * n, stream_);
@@ -218,13 +236,13 @@ class Stage {
     DeviceBlockOps ops = block_ops(mb);
     if (has_head()) {
       d_y_.resize(dn, "head: ln_f output gradient");
-      head_backward(ops, config_, layout_, params_.data(), slot.x_head.data(), n, slot.head, d_y_.data(), dx,
+      head_backward(ops, config_, head_, params_.data(), slot.x_head.data(), n, slot.head, d_y_.data(), dx,
                     grads_.data());
     } else {
       receive(mail, backward_tag(i), dx, dn, str("micro-batch ", i, "'s gradient"));
     }
     for (int k = blocks(); k-- > 0;)
-      model::block_backward(ops, shape, layout_.blocks[static_cast<std::size_t>(first_block_ + k)], params_.data(),
+      model::block_backward(ops, shape, blocks_[static_cast<std::size_t>(k)], params_.data(),
                             slot.saved[static_cast<std::size_t>(k)].data(), dx, dx, grads_.data());
     if (has_embedding())
       kernels::token_embedding_backward(stream_, d, mb.batch, mb.tokens, slot.ids.data(), positions_.data(), dx,
@@ -243,15 +261,20 @@ class Stage {
   // After the step: its gradient to the host (then add_gradient), the losses readable.
   void finish(bool gradient) {
     kernels::set_device(device_);
-    if (gradient)
-      for (const model::ParameterRange& r : ranges_)
-        kernels::copy_to_host(host_grads_.data() + r.offset, grads_.data() + r.offset, sizeof(float) * r.size, stream_);
+    if (gradient) {
+      kernels::copy_to_host(host_grads_.data(), grads_.data(), sizeof(float) * units_.size, stream_);
+      if (wte_.size > 0)
+        kernels::copy_to_host(host_wte_grads_.data(), wte_grads_.data(), sizeof(float) * wte_.size, stream_);
+    }
     kernels::synchronize(stream_);
   }
   // grads += this stage's gradient (both ends of a tied wte add theirs).
   void add_gradient(std::span<float> grads) const {
-    for (const model::ParameterRange& r : ranges_)
-      for (std::size_t j = r.offset; j < r.offset + r.size; ++j) grads[j] += host_grads_.data()[j];
+    const auto add = [&](model::ParameterRange r, const float* from) {
+      for (std::size_t j = 0; j < r.size; ++j) grads[r.offset + j] += from[j];
+    };
+    add(units_, host_grads_.data());
+    if (wte_.size > 0) add(wte_, host_wte_grads_.data());
   }
   model::LossSums losses(int microbatches, int n) const {
     model::LossSums sums;
@@ -266,6 +289,14 @@ class Stage {
   int peak_slots() const { return static_cast<int>(slots_.size()); }
 
  private:
+  // A block's offsets counted from the stage's first parameter.
+  model::BlockOffsets shifted(model::BlockOffsets o) const {
+    for (std::size_t* f : {&o.ln1_w, &o.ln1_b, &o.qkv_w, &o.qkv_b, &o.proj_w, &o.proj_b, &o.ln2_w, &o.ln2_b, &o.fc_w,
+                           &o.fc_b, &o.fc2_w, &o.fc2_b})
+      *f -= units_.offset;
+    return o;
+  }
+
   // One micro-batch in flight: each block's saved activations, the head's buffers (last
   // stage), its bytes (first stage: the embedding's backward reads them) and targets.
   struct Slot {
@@ -339,11 +370,14 @@ class Stage {
   int index_, first_unit_, end_unit_, device_;
   int first_block_, end_block_;  // the blocks among its units
   double timeout_s_ = 60;
-  std::vector<model::ParameterRange> ranges_;  // what it uploads and adds the gradient of
+  model::ParameterRange units_;              // its units' run of the flat layout: its buffers' extent
+  model::ParameterRange wte_;                // a tied head's wte on the last stage, held apart; else empty
+  std::vector<model::BlockOffsets> blocks_;  // its blocks', from units_.offset
+  HeadTensors head_;                         // the last stage's
   kernels::Stream stream_;
   std::unique_ptr<kernels::Blas> blas_;
-  DeviceArray<float> params_, grads_;
-  PinnedArray<float> host_params_, host_grads_;
+  DeviceArray<float> params_, grads_, wte_params_, wte_grads_;
+  PinnedArray<float> host_params_, host_grads_, host_wte_params_, host_wte_grads_;
   PinnedArray<float> host_losses_;
   PinnedArray<int> host_correct_;
   DeviceArray<int> positions_;

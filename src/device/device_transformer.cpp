@@ -230,7 +230,8 @@ class DeviceTransformer final : public model::DeviceModel {
     }
     kernels::wait(stream_, params_ready_.back());
     const float grad_scale = keep_gradient ? static_cast<float>(1.0 / batch.loss_divisor) : 0.0f;
-    head_forward(ops, config_, layout_, p, x_head_.data(), n, targets_.data(), grad_scale, head_);
+    head_forward(ops, config_, head_tensors(config_, layout_, p, nullptr), p, x_head_.data(), n, targets_.data(),
+                 grad_scale, head_);
     host_losses_.resize(static_cast<std::size_t>(n));
     host_correct_.resize(static_cast<std::size_t>(n));
     kernels::copy_to_host(host_losses_.data(), head_.losses.data(), sizeof(float) * n, stream_);
@@ -252,7 +253,8 @@ class DeviceTransformer final : public model::DeviceModel {
     float* g = grads_.data();
     DeviceBlockOps ops = block_ops(batch);
     float* d_x = ensure(d_b_, dn);  // gradient w.r.t. the current unit's input
-    head_backward(ops, config_, layout_, p, x_head_.data(), n, head_, ensure(d_a_, dn), d_x, g);
+    head_backward(ops, config_, head_tensors(config_, layout_, p, g), p, x_head_.data(), n, head_, ensure(d_a_, dn),
+                  d_x, g);
     download_gradient(config_.layers + 1);
     const model::BlockShape shape = model::block_shape(config_, batch);
     for (std::size_t l = saved_.size(); l-- > 0;) {

@@ -231,6 +231,29 @@ TEST(DeviceTransformer, PipelineMatchesTheCpuModel) {
   }
 }
 
+// A stage holds its own units' parameters and gradient, not the whole model's: over the
+// stages they add up to the model once (and a tied head's wte twice, on the first stage
+// and apart on the last), whatever the number of stages.
+TEST(DeviceTransformer, PipelineStagesSplitTheParameters) {
+  if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const bool tied : {false, true}) {
+    model::TransformerConfig config;
+    config.d_model = 32;
+    config.layers = 4;
+    config.heads = 2;
+    config.seq = 16;
+    config.tied_head = tied;
+    const std::size_t total = model::Transformer(config).num_parameters();
+    const std::size_t wte = std::size_t(config.vocab) * config.d_model;
+    for (const int pp : {2, 3, 6}) {
+      const std::size_t before = kernels::allocated_bytes();
+      const auto gpu = make_device_transformer(config, {.pp = pp});
+      const std::size_t floats = (kernels::allocated_bytes() - before) / sizeof(float);
+      EXPECT_EQ(floats, 2 * (total + (tied ? wte : 0))) << "pp " << pp << " tied " << tied;
+    }
+  }
+}
+
 TEST(DeviceTransformer, PipelineRejectsWhatItCannotRun) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   model::TransformerConfig config;
