@@ -24,10 +24,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
+#include <numeric>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device_block_ops.h"
@@ -42,15 +46,19 @@ namespace {
 using namespace detail;
 
 // A boundary tensor in flight, in the sender's device memory.
+// A boundary tensor in flight, in the sender's device memory. Each of a stage's two pools
+// (forward, backward) sends to one stage only, so each event belongs to one device: CUDA
+// records an event only on a stream of the device it was made on.
 struct Message {
   DeviceArray<float> data;
-  kernels::Event ready = kernels::create_event();     // the sender's kernels have written data
-  kernels::Event consumed = kernels::create_event();  // the receiver's copy of it has run
-  bool ever_consumed = false;                         // consumed has been recorded (sender side)
-  std::atomic<bool> in_use{false};                    // posted and not yet copied by the receiver
+  kernels::Event ready = kernels::create_event();  // made by the sender: its kernels wrote data
+  // Made by the receiver at its first copy: that copy has run. Written by the receiver
+  // before it clears in_use, read by the sender after it sees in_use clear.
+  std::optional<kernels::Event> consumed;
+  std::atomic<bool> in_use{false};  // posted and not yet copied by the receiver
   ~Message() {
     kernels::destroy_event(ready);
-    kernels::destroy_event(consumed);
+    if (consumed) kernels::destroy_event(*consumed);
   }
 };
 
@@ -150,7 +158,7 @@ class Stage {
 
   ~Stage() {
     kernels::set_device(device_);
-    messages_.clear();
+    for (auto& pool : messages_) pool.clear();
     slots_.clear();
     blas_.reset();
     kernels::destroy_stream(stream_);
@@ -166,6 +174,13 @@ class Stage {
   // gradient zeroed, room for `microbatches` micro-batches of n tokens' losses.
   void begin(std::span<const float> params, std::span<const int> positions, int microbatches, int n) {
     kernels::set_device(device_);
+    // What a failed step may have left: micro-batches in flight, buffers never taken (its
+    // streams have been synchronised since, so nothing still reads them).
+    std::fill(slot_of_.begin(), slot_of_.end(), -1);
+    free_slots_.resize(slots_.size());
+    std::iota(free_slots_.begin(), free_slots_.end(), 0);
+    for (auto& pool : messages_)
+      for (const std::unique_ptr<Message>& m : pool) m->in_use.store(false, std::memory_order_relaxed);
     const auto upload = [&](model::ParameterRange r, float* host, float* device, float* gradient) {
       std::copy_n(params.data() + r.offset, r.size, host);
       kernels::copy_to_device(device, host, sizeof(float) * r.size, stream_);
@@ -190,7 +205,7 @@ class Stage {
     const std::size_t dn = static_cast<std::size_t>(d) * n;
     const model::BlockShape shape = model::block_shape(config_, mb);
     for (DeviceArray<float>& saved : slot.saved) saved.resize(shape.saved().total, "block activations");
-    Message* out = has_head() ? nullptr : &outgoing(dn);
+    Message* out = has_head() ? nullptr : &outgoing(0, dn);
     if (has_head()) slot.x_head.resize(dn, "head input");
     const auto output_of = [&](int k) {  // where block k (of the stage's) writes
       return k + 1 < blocks() ? slot.saved[static_cast<std::size_t>(k) + 1].data()
@@ -230,7 +245,7 @@ class Stage {
     const std::size_t dn = static_cast<std::size_t>(d) * n;
     const model::BlockShape shape = model::block_shape(config_, mb);
     // The gradient flows through one buffer, in place: the message to the previous stage.
-    Message* out = has_embedding() ? nullptr : &outgoing(dn);
+    Message* out = has_embedding() ? nullptr : &outgoing(1, dn);
     d_x_.resize(dn, "input gradient");
     float* dx = out != nullptr ? out->data.data() : d_x_.data();
     DeviceBlockOps ops = block_ops(mb);
@@ -322,29 +337,31 @@ class Stage {
 
   // A message buffer the receiver has finished with (or a new one), its stream ordered
   // after that receiver's copy.
-  Message& outgoing(std::size_t floats) {
+  // direction: 0 forward (to the next stage), 1 backward (to the previous).
+  Message& outgoing(int direction, std::size_t floats) {
+    std::vector<std::unique_ptr<Message>>& pool = messages_[static_cast<std::size_t>(direction)];
     Message* message = nullptr;
-    for (const std::unique_ptr<Message>& m : messages_)
+    for (const std::unique_ptr<Message>& m : pool)
       if (!m->in_use.load(std::memory_order_acquire)) {
         message = m.get();
         break;
       }
-    if (message == nullptr) message = messages_.emplace_back(std::make_unique<Message>()).get();
-    if (message->ever_consumed) kernels::wait(stream_, message->consumed);
+    if (message == nullptr) message = pool.emplace_back(std::make_unique<Message>()).get();
+    if (message->consumed) kernels::wait(stream_, *message->consumed);
     message->in_use.store(true, std::memory_order_relaxed);
     message->data.resize(floats, "boundary tensor");
     return *message;
   }
   void send(Mailbox& mail, int to, int tag, Message& message) {
     kernels::record(message.ready, stream_);
-    message.ever_consumed = true;  // by the time the sender reuses it, the receiver has recorded it
     mail.post(to, tag, &message);
   }
   void receive(Mailbox& mail, int tag, float* into, std::size_t floats, const std::string& what) {
     Message* message = mail.take(index_, tag, timeout_s_, what);
     kernels::wait(stream_, message->ready);
     kernels::copy_on_device(into, message->data.data(), sizeof(float) * floats, stream_);
-    kernels::record(message->consumed, stream_);
+    if (!message->consumed) message->consumed = kernels::create_event();  // on this stage's device
+    kernels::record(*message->consumed, stream_);
     message->in_use.store(false, std::memory_order_release);
   }
 
@@ -383,7 +400,7 @@ class Stage {
   DeviceArray<int> positions_;
   std::vector<Slot> slots_;
   std::vector<int> free_slots_, slot_of_;
-  std::vector<std::unique_ptr<Message>> messages_;  // this stage's outgoing buffers
+  std::array<std::vector<std::unique_ptr<Message>>, 2> messages_;  // outgoing: forward, backward
   std::array<DeviceArray<float>, 5> scratch_;       // the block composition's
   DeviceArray<float> delta_, d_x_, d_y_;
 };
@@ -397,6 +414,59 @@ std::vector<double> unit_flops(const model::TransformerConfig& c) {
   costs.push_back(3 * 2 * static_cast<double>(c.vocab) * d);  // the head's logits
   return costs;
 }
+
+// A stage's own host thread, kept across steps: a step starts no thread, and what the
+// kernels keep per host thread (the BF16 attention's operand workspace) lives as long as
+// the pipeline instead of being freed, which waits for the device, at the end of each
+// step. The job catches its own errors.
+class StageThread {
+ public:
+  StageThread() : thread_([this] { loop(); }) {}
+  ~StageThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void start(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      job_ = std::move(job);
+      busy_ = true;
+    }
+    changed_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !busy_; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stop_ || (busy_ && job_); });
+        if (stop_) return;
+        job = std::exchange(job_, nullptr);
+      }
+      job();
+      {
+        std::lock_guard lock(mutex_);
+        busy_ = false;
+      }
+      changed_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
+};
 
 class DevicePipeline final : public model::DeviceModel {
  public:
@@ -413,14 +483,16 @@ class DevicePipeline final : public model::DeviceModel {
       const int end = s + 1 < options.pp ? first_units_[static_cast<std::size_t>(s) + 1] : units;
       stages_.push_back(std::make_unique<Stage>(config_, layout_, options, s, first_units_[static_cast<std::size_t>(s)],
                                                 end, kernels::emulated() ? 0 : (options.device + s) % devices));
+      stages_.back()->set_timeout(options.timeout_s);
     }
+    for (int s = 0; s < options.pp; ++s) threads_.push_back(std::make_unique<StageThread>());
   }
 
   std::string describe() const override {
     std::string split;
     for (const auto& s : stages_) split += str(split.empty() ? "" : " | ", s->units());
     return str(options_.pp, " pipeline stages (units ", split, "), ", parallel::to_string(schedule_), " over ",
-               options_.microbatches, " micro-batches, stage 0 on ", kernels::device_name(0), ", ",
+               options_.microbatches, " micro-batches, stage 0 on ", kernels::device_name(options_.device), ", ",
                gemm_name(options_.gemm), " GEMM");
   }
 
@@ -443,9 +515,8 @@ class DevicePipeline final : public model::DeviceModel {
     mail_.reset();
     std::exception_ptr failure;
     std::mutex failure_mutex;
-    std::vector<std::thread> threads;
     for (int s = 0; s < options_.pp; ++s)
-      threads.emplace_back([&, s] {
+      threads_[static_cast<std::size_t>(s)]->start([&, s] {
         Stage& stage = *stages_[static_cast<std::size_t>(s)];
         try {
           stage.begin(params, batch.positions, m, n);
@@ -463,12 +534,9 @@ class DevicePipeline final : public model::DeviceModel {
           mail_.abort();  // wake the stages waiting on this one
         }
       });
-    for (std::thread& t : threads) t.join();
+    for (const auto& thread : threads_) thread->wait();
     if (failure) {
-      for (const auto& stage : stages_) try {  // no copy of a failed step still runs
-          stage->finish(false);
-        } catch (const std::exception&) {  // the failure already said what went wrong
-        }
+      settle();
       std::rethrow_exception(failure);
     }
     for (const auto& stage : stages_) stage->add_gradient(grads);
@@ -482,16 +550,31 @@ class DevicePipeline final : public model::DeviceModel {
     model::check_batch(config_, batch);
     const int n = batch.batch * batch.tokens;
     mail_.reset();
-    for (const auto& stage : stages_) {
-      stage->begin(params, batch.positions, 1, n);
-      stage->forward(0, batch, 0.0f, mail_);
-      stage->release(0);
+    try {
+      for (const auto& stage : stages_) {
+        stage->begin(params, batch.positions, 1, n);
+        stage->forward(0, batch, 0.0f, mail_);
+        stage->release(0);
+      }
+      for (const auto& stage : stages_) stage->finish(false);
+    } catch (...) {
+      settle();
+      throw;
     }
-    for (const auto& stage : stages_) stage->finish(false);
     return stages_.back()->losses(1, n);
   }
 
  private:
+  // After a failed step: every stage's queued work runs out, so that nothing still reads
+  // or writes a buffer the next step reuses. Its own errors are dropped: the step's
+  // failure already says what went wrong.
+  void settle() {
+    for (const auto& stage : stages_) try {
+        stage->finish(false);
+      } catch (const std::exception&) {
+      }
+  }
+
   void check(std::size_t params, std::size_t grads) const {
     PEERTRAIN_CHECK(params == layout_.total && grads == params, "device pipeline: params has ", params, " and grads ",
                     grads, " floats, the model ", layout_.total);
@@ -505,6 +588,7 @@ class DevicePipeline final : public model::DeviceModel {
   std::vector<std::unique_ptr<Stage>> stages_;
   Mailbox mail_;
   std::vector<model::BatchSlice> micro_;
+  std::vector<std::unique_ptr<StageThread>> threads_;  // after stages_: they stop first
 };
 
 }  // namespace

@@ -113,4 +113,8 @@ void zero(void* device, std::size_t bytes, Stream stream) {
   if (bytes > 0) check(cudaMemsetAsync(device, 0, bytes, raw(stream)), "cudaMemsetAsync");
 }
 
+void inject_failure_after(int, const std::string&, bool) {
+  throw Error(ErrorKind::kInvalidArgument, "inject_failure_after: a device has no injected failures (emulator only)");
+}
+
 }  // namespace peertrain::kernels

@@ -9,8 +9,9 @@
 // other has queued, but not run, yet) or reads pinned memory before synchronizing thus
 // reads stale memory here, and its serial-twin test fails: on the eager emulator such a
 // program passed, and only a GPU could show the race. The default stream (Stream{}) runs
-// everything queued before it, then its own work at once, like CUDA's legacy default
-// stream, which waits for every other stream.
+// its own work at once and, like CUDA's legacy stream beside the non-blocking streams
+// runtime.cu makes, waits for no other. A failure inside queued work is kept and thrown
+// by that stream's next synchronisation, as a device reports an asynchronous error.
 //
 // One device: all queued work runs under one lock, on whichever host thread needs it
 // done; a wait runs the other stream up to the event first.
@@ -51,6 +52,10 @@ struct Op {
 struct Queue {
   std::deque<Op> ops;
   std::uint64_t queued = 0, done = 0;  // operations ever queued, ever run
+  // The first failure of its work since it was last reported: kept, as a device keeps an
+  // asynchronous error, and thrown by the next synchronize() of this stream (or a copy
+  // into pageable memory on it), never by a free or a destroy, which run in destructors.
+  std::exception_ptr error;
 };
 struct EventState {
   Queue* queue = nullptr;  // null: recorded on the default stream, or never
@@ -58,7 +63,10 @@ struct EventState {
 };
 
 std::recursive_mutex device_mutex;  // every queue and every run of queued work
-std::set<Queue*> queues;
+std::set<Queue*> queues;            // the live streams'
+// Every queue ever made, kept until exit: an event recorded on a destroyed stream still
+// names its queue (whose work has all run, so a wait on it is met at once).
+std::vector<std::unique_ptr<Queue>> every_queue;
 std::map<std::uintptr_t, std::size_t> pinned;  // page-locked allocations: start, bytes
 
 // Runs `queue` up to its operation number `until` (the ones queued so far at most).
@@ -67,11 +75,20 @@ void drain(Queue& queue, std::uint64_t until) {
     Op op = std::move(queue.ops.front());
     queue.ops.pop_front();
     ++queue.done;
-    if (op.wait_on != nullptr)
+    if (op.wait_on != nullptr) {
       drain(*op.wait_on, op.wait_until);
-    else
-      op.run();  // an error surfaces here, at the synchronisation, as on a device
+      continue;
+    }
+    try {
+      op.run();
+    } catch (...) {  // reported at this stream's next synchronisation, as on a device
+      if (!queue.error) queue.error = std::current_exception();
+    }
   }
+}
+// Throws the queue's kept failure, once.
+void report(Queue& queue) {
+  if (queue.error) std::rethrow_exception(std::exchange(queue.error, nullptr));
 }
 void drain_all() {
   for (Queue* queue : queues) drain(*queue, queue->queued);
@@ -79,8 +96,10 @@ void drain_all() {
 
 void queue_op(Stream stream, Op op) {
   std::lock_guard lock(device_mutex);
-  if (stream.handle == nullptr) {  // the legacy default stream
-    drain_all();
+  // The default stream runs its work at once. It does not wait for the others: runtime.cu
+  // makes every stream non-blocking, which CUDA's legacy default stream does not wait
+  // for either, so only an event orders the two.
+  if (stream.handle == nullptr) {
     if (op.wait_on != nullptr)
       drain(*op.wait_on, op.wait_until);
     else
@@ -103,8 +122,32 @@ bool is_pinned(const void* host) {
 
 }  // namespace
 
+namespace {
+int operations_until_failure = -1;  // under device_mutex; -1: none injected
+std::string injected_failure;
+bool inject_at_launch = false;
+}  // namespace
+
+void inject_failure_after(int operations, const std::string& message, bool at_launch) {
+  PEERTRAIN_CHECK(operations >= 1, "inject_failure_after: operations must be at least 1");
+  std::lock_guard lock(device_mutex);
+  operations_until_failure = operations;
+  injected_failure = message;
+  inject_at_launch = at_launch;
+}
+
 namespace emulator {
-void enqueue(Stream stream, std::function<void()> work) { queue_op(stream, Op{std::move(work)}); }
+void enqueue(Stream stream, std::function<void()> work) {
+  if (stream.handle != nullptr) {
+    std::lock_guard lock(device_mutex);
+    if (operations_until_failure > 0 && --operations_until_failure == 0) {
+      operations_until_failure = -1;
+      if (inject_at_launch) throw Error(ErrorKind::kInternal, injected_failure);
+      work = [message = injected_failure] { throw Error(ErrorKind::kInternal, message); };
+    }
+  }
+  queue_op(stream, Op{std::move(work)});
+}
 }  // namespace emulator
 
 int device_count() { return 1; }
@@ -113,7 +156,7 @@ std::string device_name(int) { return "CPU emulator"; }
 void set_device(int device) { PEERTRAIN_CHECK(device == 0, "the emulator has one device, not device ", device); }
 Stream create_stream() {
   std::lock_guard lock(device_mutex);
-  auto* queue = new Queue;
+  Queue* queue = every_queue.emplace_back(std::make_unique<Queue>()).get();
   queues.insert(queue);
   return {queue};
 }
@@ -121,15 +164,17 @@ void destroy_stream(Stream stream) {
   if (stream.handle == nullptr) return;
   std::lock_guard lock(device_mutex);
   auto* queue = static_cast<Queue*>(stream.handle);
-  drain(*queue, queue->queued);
-  queues.erase(queue);
-  delete queue;
+  drain_all();  // no other stream may still wait on its work; a failure is dropped with it
+  queue->error = nullptr;
+  queues.erase(queue);  // the queue itself stays (every_queue): events may name it
 }
+// The default stream ran its work at once; a created one runs what it holds now.
 void synchronize(Stream stream) {
+  if (stream.handle == nullptr) return;
   std::lock_guard lock(device_mutex);
-  if (stream.handle == nullptr) return drain_all();
   auto* queue = static_cast<Queue*>(stream.handle);
   drain(*queue, queue->queued);
+  report(*queue);
 }
 Event create_event() { return {new EventState}; }
 void destroy_event(Event event) { delete static_cast<EventState*>(event.handle); }

@@ -57,6 +57,9 @@ struct Link {
   int peer = 0;
   std::string name;
   tcp::socket socket;
+  // Its descriptor while open, else -1; under the core's mutex, so that another thread may
+  // ask the kernel about the connection (link_report) without racing a close.
+  int fd = -1;
   asio::steady_timer timer;       // shaping waits
   asio::steady_timer read_timer;  // ingress shaping waits
   LinkShaping shaping;
@@ -126,6 +129,7 @@ struct TcpCore {
 
   // tcp_transport.cpp: failing, reading, writing.
   void fail_link(Link& l, const std::string& why);
+  void close_socket(Link& l);  // l.fd = -1 under the mutex, then the close
   void stop_links(void (*how)(Link&, boost::system::error_code&));
   void start_read(Link& l);
   void read_failed(Link& l, const boost::system::error_code& ec);

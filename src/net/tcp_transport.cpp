@@ -45,6 +45,16 @@ std::string TcpCore::name_of(int peer) const {
 
 // --- failure -------------------------------------------------------------------------
 
+// Closes the link's socket on the I/O thread; the caller does not hold the mutex.
+void TcpCore::close_socket(Link& l) {
+  {
+    std::lock_guard lock(mutex);
+    l.fd = -1;
+  }
+  boost::system::error_code ignored;
+  l.socket.close(ignored);
+}
+
 void TcpCore::fail_link(Link& l, const std::string& why) {
   bool already_dead = false;
   std::string death;
@@ -68,8 +78,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
   if (!closed) log::error(why);
   // Closing the socket on this thread ends every read and write of it: the reactor touches
   // a write's buffers only on this thread, so the queue's bytes are free once it is closed.
-  boost::system::error_code ignored;
-  l.socket.close(ignored);
+  close_socket(l);
   l.timer.cancel();
   l.read_timer.cancel();
   if (l.heartbeat) l.heartbeat->cancel();
@@ -90,6 +99,10 @@ void TcpCore::stop_links(void (*how)(Link&, boost::system::error_code&)) {
   asio::post(io, [this, how, done] {
     boost::system::error_code ignored;
     acceptor.close(ignored);
+    {
+      std::lock_guard lock(mutex);  // no report reads a descriptor `how` may close
+      for (auto& [peer, link] : links) link->fd = -1;
+    }
     for (auto& [peer, link] : links) how(*link, ignored);
     done->set_value();
   });
@@ -354,10 +367,11 @@ void TcpCore::established(Link& l, tcp::socket socket) {
   }
   l.timer.cancel();
   l.read_timer.cancel();
-  l.socket.close(ignored);
+  close_socket(l);
   l.socket = std::move(socket);
   {
     std::lock_guard lock(mutex);
+    l.fd = l.socket.native_handle();
     l.connected = true;
     l.last_heard = Clock::now();
   }
@@ -390,11 +404,12 @@ namespace {
 // that stopped answering shows its acknowledgements still coming; a cable that is out, or
 // one that came back while TCP's retransmission timer backs off (0.2, 0.6, 1.4, 3.0 s …),
 // shows data unacknowledged, the backoff and the timer.
+// The caller holds the core's mutex, under which l.fd is the open descriptor or -1.
 std::string tcp_report(const Link& l) {
-  if (!l.socket.is_open()) return {};
+  if (l.fd < 0) return {};
   tcp_info info{};
   socklen_t size = sizeof info;
-  if (getsockopt(const_cast<Link&>(l).socket.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &size) != 0) return {};
+  if (getsockopt(l.fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0) return {};
   char text[320];
   std::snprintf(text, sizeof text,
                 " (TCP to %s: last data from it %.1f s ago, last acknowledgement %.1f s ago, last data to it %.1f s "
@@ -579,8 +594,7 @@ class TcpTransport final : public Transport {
         m.mark_lost(l, why);
         l.dropped = true;
       }
-      boost::system::error_code ignored;
-      l.socket.close(ignored);
+      m.close_socket(l);
       l.timer.cancel();
       l.read_timer.cancel();
       const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, why));
@@ -670,6 +684,7 @@ class TcpTransport final : public Transport {
   void abort() override {
     core_->stop_links([](Link& link, boost::system::error_code& ignored) {
       link.socket.set_option(asio::socket_base::linger(true, 0), ignored);  // RST, not FIN
+      
       link.socket.close(ignored);
     });
   }

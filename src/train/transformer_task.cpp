@@ -72,7 +72,8 @@ class TransformerTask final : public Task {
                                               .pp = config.engine.pp,
                                               .microbatches = config.engine.microbatches,
                                               .schedule = std::string(parallel::to_string(config.engine.schedule)),
-                                              .stage_first_units = config.engine.stage_first_units});
+                                              .stage_first_units = config.engine.stage_first_units,
+                                              .timeout_s = config.engine.timeout_s});
       device_ = device.get();  // owned by the engine, which lives as long as this task
       engine_ = model::make_device_engine(std::move(device));
     } else if (config.engine.workers() > 1) {

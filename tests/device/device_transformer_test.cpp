@@ -254,6 +254,41 @@ TEST(DeviceTransformer, PipelineStagesSplitTheParameters) {
   }
 }
 
+// A step that fails inside a stage (an asynchronous device error, or a launch that fails
+// at once and stops that stage mid-schedule; injected on the emulator at several points)
+// is reported, the waiting stages give up instead of hanging, and the next step runs and matches the CPU model: nothing of the
+// failed step (micro-batches in flight, buffers never taken) is left behind.
+TEST(DeviceTransformer, APipelineStepThatFailsLeavesThePipelineUsable) {
+  if (!kernels::emulated()) GTEST_SKIP() << "injected failures are the emulator's";
+  model::TransformerConfig config;
+  config.d_model = 32;
+  config.layers = 2;
+  config.heads = 2;
+  config.seq = 16;
+  config.tied_head = true;
+  model::Transformer cpu(config);
+  const auto gpu = make_device_transformer(config, {.pp = 3, .microbatches = 2, .timeout_s = 5});
+  const Problem problem(cpu, 4, 16, 5);
+  std::vector<float> want(problem.params.size(), 0.0f);
+  const float want_loss = cpu.forward_backward(problem.params, problem.batch, want);
+  for (const bool at_launch : {false, true})
+    for (const int after : {1, 7, 40}) {
+      SCOPED_TRACE(::testing::Message() << "failure at queued operation " << after << (at_launch ? ", at launch" : ""));
+      kernels::inject_failure_after(after, "injected device fault", at_launch);
+      std::vector<float> scratch(problem.params.size(), 0.0f);
+      try {
+        gpu->forward_backward(problem.params, problem.batch, scratch);
+        FAIL() << "the injected fault was not reported";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("injected device fault"), std::string::npos) << e.what();
+      }
+      std::vector<float> got(problem.params.size(), 0.0f);
+      const float got_loss = gpu->forward_backward(problem.params, problem.batch, got);
+      EXPECT_NEAR(got_loss, want_loss, 1e-5 * want_loss);
+      EXPECT_LT(normalized_error(got, want), 1e-4);
+    }
+}
+
 TEST(DeviceTransformer, PipelineRejectsWhatItCannotRun) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   model::TransformerConfig config;

@@ -57,6 +57,14 @@ std::size_t allocated_bytes();
 std::size_t peak_allocated_bytes();
 void reset_peak_allocated_bytes();
 
+// For tests of error paths, on the emulator only: the `operations`-th kernel, copy or
+// memset queued on a created stream from now on fails with `message`: when it runs, as an
+// asynchronous device error does (reported at that stream's next synchronisation), or,
+// `at_launch`, at once, thrown by the call that queues it, as a launch error or an
+// allocation that fails is. A CUDA build throws kInvalidArgument: a device has no such
+// switch.
+void inject_failure_after(int operations, const std::string& message, bool at_launch = false);
+
 // An owning array of T in device memory (kPinned false) or page-locked host memory, so
 // that copies to and from it are asynchronous (kPinned true). resize() only grows, and
 // loses the contents when it does.

@@ -37,6 +37,7 @@ struct DeviceOptions {
   int microbatches = 1;
   std::string schedule = "1f1b";
   std::vector<int> stage_first_units{};
+  double timeout_s = 60;  // a stage's wait for another's tensor (--worker-timeout)
 };
 
 // The optimizer's rule, for the update computed on the device (DeviceModel::set_update_rule):
