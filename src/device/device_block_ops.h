@@ -136,6 +136,19 @@ struct DeviceBlockOps {
   }
 };
 
+// Whole-sequence causal attention over a batch of the GPT, as both device models run it:
+// --gemm-precision bf16 puts its forward on the tensor cores as well.
+inline kernels::AttentionDims attention_dims(const model::TransformerConfig& config, const model::TokenBatch& batch,
+                                             kernels::GemmPrecision gemm) {
+  return {.rows = batch.batch * config.heads,
+          .tq = batch.tokens,
+          .tk = batch.tokens,
+          .head_dim = config.d_model / config.heads,
+          .causal = true,
+          .precision = gemm == kernels::GemmPrecision::kBf16 ? kernels::AttentionPrecision::kBf16
+                                                             : kernels::AttentionPrecision::kFp32};
+}
+
 // The head's buffers for one batch: ln_f's output and statistics, the logits (which
 // become their gradient), each column's loss and whether its prediction was right.
 struct HeadBuffers {

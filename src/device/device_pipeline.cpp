@@ -366,20 +366,8 @@ class Stage {
   }
 
   DeviceBlockOps block_ops(const model::TokenBatch& mb) {
-    return {stream_,
-            *blas_,
-            scratch_,
-            delta_,
-            nullptr,
-            {.rows = mb.batch * config_.heads,
-             .tq = mb.tokens,
-             .tk = mb.tokens,
-             .head_dim = config_.d_model / config_.heads,
-             .causal = true,
-             .precision = blas_->precision() == kernels::GemmPrecision::kBf16 ? kernels::AttentionPrecision::kBf16
-                                                                              : kernels::AttentionPrecision::kFp32},
-            positions_.data(),
-            mb.batch};
+    return {stream_,           *blas_,  scratch_, delta_, nullptr, attention_dims(config_, mb, blas_->precision()),
+            positions_.data(), mb.batch};
   }
 
   const model::TransformerConfig& config_;

@@ -195,14 +195,7 @@ class DeviceTransformer final : public model::DeviceModel {
   }
 
   kernels::AttentionDims attention_dims(const model::TokenBatch& batch) const {
-    return {.rows = batch.batch * config_.heads,
-            .tq = batch.tokens,
-            .tk = batch.tokens,
-            .head_dim = config_.d_model / config_.heads,
-            .causal = true,
-            // --gemm-precision bf16 puts attention's forward on the tensor cores as well.
-            .precision = options_.gemm == model::GemmMode::kBf16 ? kernels::AttentionPrecision::kBf16
-                                                                 : kernels::AttentionPrecision::kFp32};
+    return detail::attention_dims(config_, batch, precision(options_.gemm));
   }
 
   DeviceBlockOps block_ops(const model::TokenBatch& batch) {

@@ -45,6 +45,17 @@ struct Problem {
   }
 };
 
+// The small GPT most tests here use: d 32, 2 heads (head_dim 16).
+model::TransformerConfig small_gpt(int seq, int layers = 2, bool tied = false) {
+  model::TransformerConfig config;
+  config.d_model = 32;
+  config.layers = layers;
+  config.heads = 2;
+  config.seq = seq;
+  config.tied_head = tied;
+  return config;
+}
+
 struct Case {
   bool tied;
   int heads;
@@ -102,11 +113,7 @@ TEST(DeviceTransformer, MatchesTheCpuModel) {
 // state restored from the host carries on as the host does.
 TEST(DeviceTransformer, TheOptimizerOnTheDeviceGivesTheHostOptimizersUpdate) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  model::TransformerConfig config;
-  config.d_model = 32;
-  config.layers = 2;
-  config.heads = 2;
-  config.seq = 40;
+  const model::TransformerConfig config = small_gpt(40);
   model::Transformer cpu(config);
   for (const train::OptimizerKind kind : {train::OptimizerKind::kSgd, train::OptimizerKind::kAdam}) {
     SCOPED_TRACE(::testing::Message() << (kind == train::OptimizerKind::kAdam ? "adam" : "sgd"));
@@ -158,11 +165,7 @@ TEST(DeviceTransformer, SequenceParallelMatchesTheCpuModel) {
     for (bool zigzag : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "sp " << sp << " zigzag " << zigzag);
       if (!kernels::emulated() && kernels::device_count() < sp) GTEST_SKIP() << "needs " << sp << " GPUs";
-      model::TransformerConfig config;
-      config.d_model = 32;
-      config.layers = 2;
-      config.heads = 2;
-      config.seq = 48;
+      const model::TransformerConfig config = small_gpt(48);
       model::Transformer cpu(config);
       const Problem problem(cpu, 2, 48, 9);
       const std::vector<float>& params = problem.params;
@@ -200,12 +203,7 @@ TEST(DeviceTransformer, PipelineMatchesTheCpuModel) {
                             PipeCase{3, 4, "1f1b", true, {0, 1, 3}}, PipeCase{2, 2, "gpipe", false, {0, 3}}}) {
     SCOPED_TRACE(::testing::Message() << "pp " << c.pp << " m " << c.microbatches << " " << c.schedule << " tied "
                                       << c.tied << " stages " << c.stages.size());
-    model::TransformerConfig config;
-    config.d_model = 32;
-    config.layers = 2;
-    config.heads = 2;
-    config.seq = 32;
-    config.tied_head = c.tied;
+    const model::TransformerConfig config = small_gpt(32, 2, c.tied);
     model::Transformer cpu(config);
     const auto gpu = make_device_transformer(config, {.device = 0,
                                                       .gemm = model::GemmMode::kFp32,
@@ -237,12 +235,7 @@ TEST(DeviceTransformer, PipelineMatchesTheCpuModel) {
 TEST(DeviceTransformer, PipelineStagesSplitTheParameters) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   for (const bool tied : {false, true}) {
-    model::TransformerConfig config;
-    config.d_model = 32;
-    config.layers = 4;
-    config.heads = 2;
-    config.seq = 16;
-    config.tied_head = tied;
+    const model::TransformerConfig config = small_gpt(16, 4, tied);
     const std::size_t total = model::Transformer(config).num_parameters();
     const std::size_t wte = std::size_t(config.vocab) * config.d_model;
     for (const int pp : {2, 3, 6}) {
@@ -260,12 +253,7 @@ TEST(DeviceTransformer, PipelineStagesSplitTheParameters) {
 // failed step (micro-batches in flight, buffers never taken) is left behind.
 TEST(DeviceTransformer, APipelineStepThatFailsLeavesThePipelineUsable) {
   if (!kernels::emulated()) GTEST_SKIP() << "injected failures are the emulator's";
-  model::TransformerConfig config;
-  config.d_model = 32;
-  config.layers = 2;
-  config.heads = 2;
-  config.seq = 16;
-  config.tied_head = true;
+  const model::TransformerConfig config = small_gpt(16, 2, true);
   model::Transformer cpu(config);
   const auto gpu = make_device_transformer(config, {.pp = 3, .microbatches = 2, .timeout_s = 5});
   const Problem problem(cpu, 4, 16, 5);
@@ -291,11 +279,7 @@ TEST(DeviceTransformer, APipelineStepThatFailsLeavesThePipelineUsable) {
 
 TEST(DeviceTransformer, PipelineRejectsWhatItCannotRun) {
   if (kernels::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  model::TransformerConfig config;
-  config.d_model = 32;
-  config.layers = 2;
-  config.heads = 2;
-  config.seq = 16;
+  const model::TransformerConfig config = small_gpt(16);
   const auto message_of = [&](model::DeviceOptions options) {
     try {
       make_device_transformer(config, options);
