@@ -376,14 +376,30 @@ weight gradient, while that gradient is still in L2, measured the same as the se
 pass (3.41–3.53 ms against 3.42–3.53 over four alternating runs of 1,500 steps, on an
 Emerald Rapids host with a 260 MB L3), so only the fusion into the stores is left to try.
 
-**PyTorch's BLAS.** Debian's OpenBLAS 0.3.21 picks its kernels by the CPU's model, and on
-one it does not know it falls back to Prescott (SSE3). On an Emerald Rapids host (model 207) that
-made torch's MLP step 16.9–17.3 ms against 5.6–6.1 ms with its AVX-512 kernels (timed
-minutes apart, at the start of session 21), so our speed-ups read 4.7× (MLP) and 5.0×
-(GPT) where they were about 2×. `bench/torch_blas.py`, imported by the PyTorch scripts
-before torch, then sets `OPENBLAS_CORETYPE` to the newest AVX-512 kernels that OpenBLAS
-has (Cooperlake, or SkylakeX without AVX512-BF16), and the PyTorch column names the
-kernels OpenBLAS reports in torch's own process.
+**The PyTorch peer, at its best.** `bench/torch_blas.py`, imported by the PyTorch scripts
+before torch, does two things, and the PyTorch column says both.
+- *Kernels.* Debian's OpenBLAS 0.3.21 picks its kernels by the CPU's model: on one it does
+  not know it falls back to Prescott (SSE3; an Emerald Rapids host, model 207: torch's MLP
+  step 16.9–17.3 ms against 5.6–6.1 ms with its AVX-512 kernels, session 21), and on AMD
+  Zen 5 it picks Haswell (AVX2), which this project's Zen 5 VMs also export as
+  `OPENBLAS_CORETYPE=Haswell` (sgemm 1024³ on one core: 102 GFLOP/s against 186 with the
+  AVX-512 kernels). The script sets `OPENBLAS_CORETYPE` to the newest AVX-512 kernels
+  OpenBLAS has (Cooperlake, or SkylakeX without AVX512-BF16).
+- *Allocator* (since session 29). glibc's malloc hands out blocks over its mmap threshold
+  as fresh pages and unmaps them on free, so each eager step faults its activations in
+  again. On the Zen 5 VM of session 29 that made torch's GPT step 479 ms instead of 196 ms,
+  its ViT step 54 ms instead of 30 and its MLP step 13.9 ms instead of 3.5. PyTorch's CPU
+  tuning guide advises a caching allocator (jemalloc, tcmalloc); the script sets glibc's
+  thresholds with `mallopt` so freed memory is kept and reused, as those would. **The
+  speed-ups against PyTorch written before session 29 (MLP 1.73×, GPT 2.23×, ViT 1.99× on
+  the Emerald Rapids host) were measured against torch without this, and are too high by
+  an amount that host's page-fault cost decided and that was not measured.**
+
+**Eigen's GEMM rate as the limit.** On the Zen 5 VM, Eigen's float GEMM runs at 135–148
+GFLOP/s on one thread while our AVX-512 kernel (`src/model/gemm_avx512.cpp`) and
+OpenBLAS's SkylakeX kernel both run at 186–199 (1024³ and 512³), and an FMA loop with 24
+accumulators at 224. Shares of "Eigen's GEMM rate" over 100 % on that host mean that our
+kernel beats Eigen's, not that the arithmetic limit moved.
 
 The GPU figures (an NVIDIA H200, on a device session) are in
 [docs/kernels.md](kernels.md); they need a GPU and are not rerun here.

@@ -1,13 +1,26 @@
-"""Gives PyTorch's OpenBLAS its fast kernels on a CPU too new for it to recognise.
+"""Gives PyTorch's CPU step its fast kernels and an allocator that reuses memory, so that
+peertrain is measured against the best this machine's PyTorch does, not a handicapped one.
 
-Import this before torch. Debian's OpenBLAS 0.3.21 picks its kernels from the CPU's model
-number; on a model it does not know (Emerald Rapids, model 207, for one) it falls back to
-"Prescott", plain SSE3, and torch's CPU step runs about 3x slower than the same machine
-allows. Measuring peertrain against that would flatter it. So when OPENBLAS_CORETYPE is
-not already set and OpenBLAS's own choice is a generic core on an AVX-512 machine, this
-sets OPENBLAS_CORETYPE to the newest AVX-512 kernels this OpenBLAS has (Cooperlake where the
-CPU has AVX512-BF16, else SkylakeX). OpenBLAS reads the variable when torch loads it, hence
-"before torch". `core()` says which kernels torch's OpenBLAS runs, for the report.
+Import this before torch.
+
+Kernels. Debian's OpenBLAS 0.3.21 picks its kernels from the CPU's model number. On a model
+it does not know (Emerald Rapids, model 207) it falls back to "Prescott", plain SSE3; on AMD
+Zen 5 it picks "Haswell", AVX2, though the core has AVX-512 (sgemm 1024^3 on one Zen 5
+core: 102 GFLOP/s with Haswell's kernels, 186 with SkylakeX's). So when OPENBLAS_CORETYPE
+is not already set and OpenBLAS's own choice has no AVX-512 kernels on an AVX-512 machine,
+this sets OPENBLAS_CORETYPE to the newest AVX-512 kernels this OpenBLAS has (Cooperlake
+where the CPU has AVX512-BF16, else SkylakeX). OpenBLAS reads the variable when torch loads
+it, hence "before torch".
+
+Allocator. glibc's malloc serves blocks over its mmap threshold (128 KiB to 32 MiB, moving)
+with fresh pages and returns them on free, so each step's activation and gradient tensors
+fault their pages in again; on a VM where a page fault is dear that made torch's MLP step
+13.9 ms instead of 3.3 ms (Zen 5, session 29). PyTorch's own tuning guide advises a caching
+allocator (jemalloc, tcmalloc) on the CPU; this sets glibc's thresholds with mallopt so
+freed memory is kept and reused, which is what those do for a training loop.
+
+`core()` says which kernels torch's OpenBLAS runs and that the allocator keeps memory, for
+the report.
 """
 import ctypes
 import os
@@ -15,7 +28,7 @@ import re
 import subprocess
 import sys
 
-GENERIC_CORES = {"prescott", "core2", "nehalem", "penryn", "dunnington", "atom", "unknown"}
+AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}  # OpenBLAS's cores with AVX-512 kernels
 
 
 def _detected_core():
@@ -43,12 +56,37 @@ def _cpu_flags():
     return set()
 
 
-_detected = None
-if "OPENBLAS_CORETYPE" not in os.environ:
-    _detected = _detected_core()
-    flags = _cpu_flags()
-    if _detected and _detected.lower() in GENERIC_CORES and "avx512f" in flags:
-        os.environ["OPENBLAS_CORETYPE"] = "COOPERLAKE" if "avx512_bf16" in flags else "SKYLAKEX"
+_detected = None  # the core OpenBLAS would pick, when this module overrode its choice
+_replaced = None  # an OPENBLAS_CORETYPE from the environment that this module replaced
+_flags = _cpu_flags()
+if "avx512f" in _flags:
+    _best = "COOPERLAKE" if "avx512_bf16" in _flags else "SKYLAKEX"
+    _given = os.environ.get("OPENBLAS_CORETYPE")
+    if _given is None:
+        _detected = _detected_core()
+        if _detected and _detected.lower() not in AVX512_CORES:
+            os.environ["OPENBLAS_CORETYPE"] = _best
+    elif _given.lower() not in AVX512_CORES:
+        # Set for this machine (this project's Zen 5 VMs export Haswell): the peer would
+        # run at half its speed, so it gets its AVX-512 kernels here too, and the report says so.
+        _replaced = _given
+        os.environ["OPENBLAS_CORETYPE"] = _best
+
+
+def _keep_freed_memory():
+    """mallopt(M_MMAP_THRESHOLD, 1 GiB), (M_TRIM_THRESHOLD, 1 GiB), (M_TOP_PAD, 64 MiB):
+    blocks come from the heap and stay there when freed. False where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        ok = libc.mallopt(m_mmap_threshold, 1 << 30) == 1
+        ok = libc.mallopt(m_trim_threshold, 1 << 30) == 1 and ok
+        return libc.mallopt(m_top_pad, 64 << 20) == 1 and ok
+    except (OSError, AttributeError):
+        return False
+
+
+_keeps_memory = _keep_freed_memory()
 
 
 def _loaded_openblas_core():
@@ -74,11 +112,14 @@ def core():
     importing torch), e.g. "OpenBLAS Cooperlake (forced: OpenBLAS picked Prescott)"; "not OpenBLAS"
     when torch did not load one."""
     running = _loaded_openblas_core()
+    memory = ", malloc keeps freed memory" if _keeps_memory else ""
     if running is None:
-        return "not OpenBLAS"
+        return "not OpenBLAS" + memory
     forced = os.environ.get("OPENBLAS_CORETYPE")
+    if forced and _replaced:
+        return f"OpenBLAS {running} (forced over OPENBLAS_CORETYPE={_replaced}){memory}"
     if forced and _detected:
-        return f"OpenBLAS {running} (forced: OpenBLAS picked {_detected})"
+        return f"OpenBLAS {running} (forced: OpenBLAS picked {_detected}){memory}"
     if forced:
-        return f"OpenBLAS {running} (OPENBLAS_CORETYPE={forced})"
-    return f"OpenBLAS {running}"
+        return f"OpenBLAS {running} (OPENBLAS_CORETYPE={forced}){memory}"
+    return f"OpenBLAS {running}{memory}"
