@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "peertrain/config.h"
+#include "peertrain/core/allocator.h"
 #include "peertrain/core/error.h"
 #if PEERTRAIN_HAVE_CUDA
 #include "peertrain/device/device_transformer.h"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string command = argv[1];
+  peertrain::keep_freed_memory();  // no page faults per step (core/allocator.h)
 #if PEERTRAIN_HAVE_CUDA
   // This program links the CUDA library: make --device cuda reachable (model/device_model.h).
   peertrain::model::register_device_backend(peertrain::device::backend());
