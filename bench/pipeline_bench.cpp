@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "peertrain/core/allocator.h"
 #include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
@@ -46,6 +47,14 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << "usage: pipeline_bench [--d 128] [--layers 8] [--heads 4] [--seq 256] [--pp 4] [--m 8]\n"
+                   "                      [--micro 8] [--steps 3] [--json FILE]\n"
+                   "GPipe against 1F1B on PP stage threads: the bubble (measured, and replayed with a core per\n"
+                   "stage) next to theory, and each stage's peak activation memory. --micro: sequences per\n"
+                   "micro-batch; the batch is micro * m.\n";
+      std::exit(0);
+    }
     if (i + 1 >= argc) {
       std::cerr << "pipeline_bench: " << flag << " needs a value\n";
       std::exit(2);
@@ -77,6 +86,7 @@ struct Run {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  peertrain::keep_freed_memory();  // as the peertrain program does: no page faults per step
   // One core per worker is the model of the measurement: no GEMM fans out under a stage.
   Eigen::setNbThreads(1);
 

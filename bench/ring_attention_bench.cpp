@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -56,6 +57,14 @@ Options parse(int argc, char** argv) {
     if (flag == "--no-validate") {
       o.validate = false;
       continue;
+    }
+    if (flag == "--help" || flag == "-h") {
+      std::printf(
+          "usage: ring_attention_bench [--tokens 4096] [--head-dim 32] [--heads 4] [--batch 1]\n"
+          "                            [--cap-sp 4] [--no-validate] [--json FILE]\n"
+          "ring attention: memory per rank at SP = 1, 2, 4, 8 (beside RSA's), the causal work balance,\n"
+          "and the longest sequence SP = --cap-sp fits in SP = 1's memory\n");
+      std::exit(0);
     }
     if (i + 1 >= argc) throw Error(ErrorKind::kInvalidArgument, str(flag, " needs a value"));
     const std::string value = argv[++i];
