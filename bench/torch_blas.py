@@ -56,7 +56,7 @@ def _cpu_flags():
     return set()
 
 
-_detected = None  # the core OpenBLAS would pick, when this module overrode its choice
+_detected = None  # the core OpenBLAS picks by itself, asked when the environment names none
 _replaced = None  # an OPENBLAS_CORETYPE from the environment that this module replaced
 _flags = _cpu_flags()
 if "avx512f" in _flags:

@@ -204,6 +204,24 @@ struct Fiber {
   }
 };
 
+// The raw switches into fiber f from the scheduler and back: the one place that picks the
+// mechanism (the AddressSanitizer annotations stay with their callers below).
+void switch_into(Fiber& f) {
+#ifdef PEERTRAIN_EMULATOR_FAST_SWITCH
+  pt_emulator_switch(&scheduler_sp, f.sp);
+#else
+  swapcontext(&scheduler_context, &f.context);
+#endif
+}
+
+void switch_out(Fiber& f) {
+#ifdef PEERTRAIN_EMULATOR_FAST_SWITCH
+  pt_emulator_switch(&f.sp, scheduler_sp);
+#else
+  swapcontext(&f.context, &scheduler_context);
+#endif
+}
+
 // The switches, told to AddressSanitizer where it runs, so that it follows the stacks.
 void enter_fiber(Fiber& f) {
   self = &f;
@@ -212,12 +230,10 @@ void enter_fiber(Fiber& f) {
 #ifdef PEERTRAIN_EMULATOR_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
-  swapcontext(&scheduler_context, &f.context);
+  switch_into(f);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#elif defined(PEERTRAIN_EMULATOR_FAST_SWITCH)
-  pt_emulator_switch(&scheduler_sp, f.sp);
 #else
-  swapcontext(&scheduler_context, &f.context);
+  switch_into(f);
 #endif
   self = nullptr;
 }
@@ -227,12 +243,10 @@ void yield() {
   f.block_idx = blockIdx;
 #ifdef PEERTRAIN_EMULATOR_ASAN
   __sanitizer_start_switch_fiber(&f.fake_stack, f.scheduler_bottom, f.scheduler_size);
-  swapcontext(&f.context, &scheduler_context);
+  switch_out(f);
   __sanitizer_finish_switch_fiber(f.fake_stack, &f.scheduler_bottom, &f.scheduler_size);
-#elif defined(PEERTRAIN_EMULATOR_FAST_SWITCH)
-  pt_emulator_switch(&f.sp, scheduler_sp);
 #else
-  swapcontext(&f.context, &scheduler_context);
+  switch_out(f);
 #endif
 }
 
@@ -252,11 +266,7 @@ void leave_fiber(Fiber& f) {
 #ifdef PEERTRAIN_EMULATOR_ASAN
   __sanitizer_start_switch_fiber(nullptr, f.scheduler_bottom, f.scheduler_size);  // this stack ends
 #endif
-#ifdef PEERTRAIN_EMULATOR_FAST_SWITCH
-  pt_emulator_switch(&f.sp, scheduler_sp);
-#else
-  swapcontext(&f.context, &scheduler_context);
-#endif
+  switch_out(f);
 }
 
 void fiber_main() {
