@@ -28,14 +28,16 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-// On x86-64 (AddressSanitizer apart, which follows swapcontext) fibers switch by saving the
-// callee-saved registers on their own stack and swapping stack pointers. glibc's
+// On x86-64 fibers switch by saving the callee-saved registers on their own stack and
+// swapping stack pointers (under AddressSanitizer too: the switches below tell it each
+// stack, so it need not follow swapcontext, whose system calls made the sanitized device
+// tests the longest part of the sanitizer run). glibc's
 // swapcontext also saves and restores the signal mask, a system call each way: 1.15
 // million rt_sigprocmask calls and 22 s of system time in one 47 s device test on a VM.
 // The fibers never change the signal mask, and the FPU control words stay at their
 // defaults, so the registers the ABI makes callee-saved are all a switch must keep.
 // (Where a kernel and libc turn on shadow stacks, this switch would have to swap those too.)
-#if defined(__x86_64__) && !defined(PEERTRAIN_EMULATOR_ASAN)
+#if defined(__x86_64__)
 #define PEERTRAIN_EMULATOR_FAST_SWITCH 1
 // pt_emulator_switch(save, next): pushes rbp, rbx, r12–r15, stores the stack pointer in
 // *save, loads next, pops the same registers and returns on that stack.
@@ -334,7 +336,7 @@ void prepare(Fiber& f, unsigned t, dim3 block) {
   f.context.uc_link = nullptr;
   makecontext(&f.context, fiber_main, 0);
 #endif
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#if defined(PEERTRAIN_EMULATOR_ASAN) && !defined(PEERTRAIN_EMULATOR_FAST_SWITCH)
   // AddressSanitizer's swapcontext clears the shadow of the stack named here at every
   // switch (128 KiB for 1 MiB), which made switches cost more than the kernels: the
   // annotations tell it the stacks instead, and makecontext has used the field. (It still

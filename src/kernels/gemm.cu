@@ -1,18 +1,19 @@
 // GEMM through cuBLAS. TF32 and BF16 are cuBLAS's "fast" float32 compute types: the
 // inputs stay float32 in memory and are rounded inside the tensor cores, so one buffer
 // layout serves every precision and the CPU twin is the same call in model::Gemm.
-#include <cublas_v2.h>
-
 #include "compat.h"
+#include "cublas_library.h"
 #include "peertrain/kernels/ops.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::kernels {
 namespace {
 
+using detail::cublas;
+
 void check(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw Error(ErrorKind::kInternal, str("cuBLAS ", call, ": ", cublasGetStatusString(status)));
+    throw Error(ErrorKind::kInternal, str("cuBLAS ", call, ": ", cublas().status_string(status)));
 }
 
 cublasComputeType_t compute_type(GemmPrecision precision) {
@@ -31,13 +32,13 @@ cublasComputeType_t compute_type(GemmPrecision precision) {
 
 Blas::Blas(Stream stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
   cublasHandle_t handle = nullptr;
-  check(cublasCreate(&handle), "cublasCreate");
+  check(cublas().create(&handle), "cublasCreate");
   handle_ = handle;
-  check(cublasSetStream(handle, static_cast<cudaStream_t>(stream.handle)), "cublasSetStream");
+  check(cublas().set_stream(handle, static_cast<cudaStream_t>(stream.handle)), "cublasSetStream");
 }
 
 Blas::~Blas() {
-  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (handle_ != nullptr) cublas().destroy(static_cast<cublasHandle_t>(handle_));
 }
 
 void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b, float* c,
@@ -48,11 +49,11 @@ void Blas::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
     if (!accumulate) zero(c, sizeof(float) * static_cast<std::size_t>(m) * n, stream_);
     return;
   }
-  check(
-      cublasGemmEx(static_cast<cublasHandle_t>(handle_), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, trans_a ? k : m, b, CUDA_R_32F,
-                   trans_b ? n : k, &beta, c, CUDA_R_32F, m, compute_type(precision_), CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
+  check(cublas().gemm_ex(static_cast<cublasHandle_t>(handle_), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                         trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, trans_a ? k : m, b,
+                         CUDA_R_32F, trans_b ? n : k, &beta, c, CUDA_R_32F, m, compute_type(precision_),
+                         CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
 }
 
 }  // namespace peertrain::kernels

@@ -37,6 +37,8 @@ Bytes image_file(std::uint32_t magic, std::uint32_t count, std::uint32_t rows, s
   return out;
 }
 
+Bytes pixels_of(const IdxBytes& data) { return {data.pixels.begin(), data.pixels.end()}; }
+
 Bytes label_file(std::uint32_t magic, std::uint32_t count, const Bytes& labels) {
   Bytes out;
   put_u32(out, magic);
@@ -161,7 +163,7 @@ TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyWhileItMatches) {
     spoil.write("\xff\xff\xff\xff", 4);
   }
   EXPECT_THROW(read_idx(images, labels), Error);
-  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  EXPECT_EQ(pixels_of(read_idx(images, labels, options)), pixels_of(first));
   write("images.gz", pixels, true);
 
   // A copy that no longer matches the trailer is read around, and written again: a changed
@@ -169,11 +171,11 @@ TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyWhileItMatches) {
   Bytes altered = pixels;
   altered[16] = 200;
   std::ofstream(copies[0], std::ios::binary).write(reinterpret_cast<const char*>(altered.data()), altered.size());
-  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  EXPECT_EQ(pixels_of(read_idx(images, labels, options)), pixels_of(first));
   std::ifstream rewritten(copies[0], std::ios::binary);
   EXPECT_EQ(Bytes(std::istreambuf_iterator<char>(rewritten), {}), pixels);
   fs::resize_file(copies[0], 10);
-  EXPECT_EQ(read_idx(images, labels, options).pixels, first.pixels);
+  EXPECT_EQ(pixels_of(read_idx(images, labels, options)), pixels_of(first));
   EXPECT_EQ(fs::file_size(copies[0]), pixels.size());
 
   // A changed original is another file: its own copy, its own bytes.
@@ -195,6 +197,43 @@ TEST_F(IdxFiles, GzipFilesAreReadFromTheirDecompressedCopyWhileItMatches) {
   }
   for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx"))
     EXPECT_EQ(entry.path().filename().string().find("broken"), std::string::npos) << entry.path();
+}
+
+// Whether this process maps the file (a line of /proc/self/maps ends with its path).
+bool mapped(const fs::path& file) {
+  const std::string name = file.string();
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.size() > name.size() && line.ends_with(name) && line[line.size() - name.size() - 1] == ' ') return true;
+  return false;
+}
+
+// The peers of a launch read the same copy: its pixels are mapped, not copied, for as long
+// as something holds them, and a copy that does not end where its header says is not used.
+TEST_F(IdxFiles, TheDecompressedCopysPixelsAreMappedWhileHeld) {
+  IdxOptions options;
+  options.cache_dir = (dir_ / "cache").string();
+  const Bytes pixels = image_file(2051, 3, 2, 2, 12);
+  const std::string images = write("images.gz", pixels, true);
+  const std::string labels = write("labels.gz", label_file(2049, 3, {4, 0, 9}), true);
+  const Bytes want = pixels_of(read_idx(images, labels, options));  // decompresses and writes the copy
+  fs::path copy;
+  for (const auto& entry : fs::directory_iterator(dir_ / "cache" / "idx"))
+    if (entry.path().filename().string().starts_with("images-")) copy = entry.path();
+  ASSERT_FALSE(copy.empty());
+  {
+    IdxBytes held = read_idx(images, labels, options);
+    EXPECT_TRUE(mapped(copy));
+    const IdxBytes shared = held;  // copies share the mapping
+    held = IdxBytes{};
+    EXPECT_TRUE(mapped(copy));
+    EXPECT_EQ(pixels_of(shared), want);
+  }
+  EXPECT_FALSE(mapped(copy));
+  // One byte too many: the copy is read around (and written again), never mapped short.
+  std::ofstream(copy, std::ios::binary | std::ios::app).put('\0');
+  EXPECT_EQ(pixels_of(read_idx(images, labels, options)), want);
+  EXPECT_EQ(fs::file_size(copy), pixels.size());
 }
 
 TEST_F(IdxFiles, PlainLabelsBesideGzipImagesAreReadWhereTheyAre) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,11 +40,12 @@ struct IdxOptions {
 // An IDX pair as read, before its pixels become floats, so that a peer converts only its
 // own shard.
 struct IdxBytes {
-  int classes = 0;                   // labels lie in [0, classes)
-  int rows = 0;                      // of each image
-  int features = 0;                  // pixels of each image
-  std::vector<std::uint8_t> pixels;  // size() × features, example-major
+  int classes = 0;                       // labels lie in [0, classes)
+  int rows = 0;                          // of each image
+  int features = 0;                      // pixels of each image
+  std::span<const std::uint8_t> pixels;  // size() × features, example-major, held by storage
   std::vector<std::int32_t> labels;
+  std::shared_ptr<const void> storage;  // what pixels points into: a buffer, or a mapped file
   int size() const { return static_cast<int>(labels.size()); }
 };
 
