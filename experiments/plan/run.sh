@@ -270,13 +270,19 @@ printf 'label\tmeasured_s\tpredicted_s\twhere\tsource\twhole_run_s\n' > "$out/pe
 # over every step, as lian2017's report takes it. The difference is the first steps'
 # one-time costs: a synchronous algorithm's first step waits for the last peer to start
 # (about 90 ms in a 0.7 s fast run of 4 peers), and buffers are touched for the first time.
-seconds_per_step() {  # METRICS_CSV STEPS
-  awk -F, -v steps="$2" '
+# (STEADY ends at the last evaluation that falls on the period: the last row is the final
+# step, whose short stretch would carry a whole round of the other peers' tests.)
+seconds_per_step() {  # METRICS_CSV STEPS EVAL_EVERY
+  awk -F, -v steps="$2" -v every="$3" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    $col["peer"] == 0 { if (!seen++) { s0 = $col["step"]; w0 = $col["wall_s"] } w = $col["wall_s"]; s = $col["step"] }
+    $col["peer"] == 0 {
+      if (!seen++) { s0 = $col["step"]; w0 = $col["wall_s"] }
+      w = $col["wall_s"]
+      if (every > 0 && $col["step"] % every == 0) { s = $col["step"]; ws = w }
+    }
     END {
       if (!(w > 0)) exit 1
-      steady = (s > s0) ? (w - w0) / (s - s0) : w / steps
+      steady = (s > s0) ? (ws - w0) / (s - s0) : w / steps
       printf "%.9g %.9g\n", steady, w / steps
     }' "$1"
 }
@@ -303,7 +309,7 @@ for r in csv.DictReader(open(sys.argv[1])):
     else
       metrics=$lian/$run_dir/metrics.csv
     fi
-    read -r s_per_step whole_s < <(seconds_per_step "$metrics" "$steps") ||
+    read -r s_per_step whole_s < <(seconds_per_step "$metrics" "$steps" "$eval_every") ||
       { echo "error: no wall_s of peer 0 in $metrics ($label)" >&2; exit 1; }
     predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
       --hidden "$hidden" --batch "$batch" --eval-every "$eval_every" --cores "$(nproc)" --format json)

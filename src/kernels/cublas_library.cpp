@@ -16,9 +16,11 @@ constexpr const char* kCandidates[] = {PEERTRAIN_CUBLAS_SONAME, PEERTRAIN_CUDA_L
 template <typename F>
 void resolve(void* library, const char* symbol, F& into) {
   void* address = dlsym(library, symbol);
-  if (address == nullptr)
+  if (address == nullptr) {
+    dlclose(library);
     throw Error(ErrorKind::kIo, str(PEERTRAIN_CUBLAS_SONAME, " has no symbol ", symbol,
                                     ": it is not the cuBLAS this program was built against"));
+  }
   into = reinterpret_cast<F>(address);
 }
 
@@ -28,8 +30,8 @@ CublasLibrary open_cublas() {
   for (const char* name : kCandidates) {
     library = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (library != nullptr) break;
-    const char* reason = dlerror();
-    reasons += str("\n  ", name, ": ", reason != nullptr ? reason : "not found");
+    const char* reason = dlerror();  // names the file itself
+    reasons += str("\n  ", reason != nullptr ? reason : str(name, ": not found"));
   }
   if (library == nullptr)
     throw Error(ErrorKind::kIo, str("cannot open cuBLAS, which the GPU path needs for its GEMMs:", reasons));

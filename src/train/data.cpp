@@ -139,16 +139,21 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t salt) {
 }
 
 // The bytes [offset, offset + count) of a plain file, mapped read-only; the file must end
-// there. Used for the cache's own copies only, which are replaced by rename and never
-// rewritten in place (a file shortened under a mapping would fault its reader).
-std::shared_ptr<const std::uint8_t> map_exactly(const std::string& path, std::size_t offset, std::size_t count,
-                                                std::uint32_t examples) {
+// there. nullopt where the file system cannot map it: the caller reads it instead. Used for
+// the cache's own copies only, which are replaced by rename and never rewritten in place (a
+// file shortened under a mapping would fault its reader).
+std::optional<std::shared_ptr<const std::uint8_t>> map_exactly(const std::string& path, std::size_t offset,
+                                                               std::size_t count, std::uint32_t examples) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(ErrorKind::kIo, str(path, ": cannot open: ", std::strerror(errno)));
   struct stat info {};
-  const bool stated = ::fstat(fd, &info) == 0;
-  const auto size = stated ? static_cast<std::size_t>(info.st_size) : 0;
-  if (!stated || size < offset + count) {
+  if (::fstat(fd, &info) != 0) {
+    const int stat_error = errno;
+    ::close(fd);
+    throw Error(ErrorKind::kIo, str(path, ": cannot stat: ", std::strerror(stat_error)));
+  }
+  const auto size = static_cast<std::size_t>(info.st_size);
+  if (size < offset + count) {
     ::close(fd);
     throw Error(ErrorKind::kParse,
                 str(path, ": truncated: expected ", count, " pixel bytes, got ", size > offset ? size - offset : 0));
@@ -159,13 +164,17 @@ std::shared_ptr<const std::uint8_t> map_exactly(const std::string& path, std::si
   }
   if (count == 0) {
     ::close(fd);
-    return nullptr;
+    return std::shared_ptr<const std::uint8_t>();
   }
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_error = errno;
   ::close(fd);
-  if (base == MAP_FAILED) throw Error(ErrorKind::kIo, str(path, ": cannot map: ", std::strerror(map_error)));
-  return {static_cast<const std::uint8_t*>(base) + offset, [base, size](const std::uint8_t*) { ::munmap(base, size); }};
+  if (base == MAP_FAILED) {
+    log::debug(path, ": cannot map (", std::strerror(map_error), "); reading it instead");
+    return std::nullopt;
+  }
+  return std::shared_ptr<const std::uint8_t>(static_cast<const std::uint8_t*>(base) + offset,
+                                             [base, size](const std::uint8_t*) { ::munmap(base, size); });
 }
 
 void check_peers(int peers, const char* where) {
@@ -187,11 +196,12 @@ IdxBytes read_idx_files(const std::string& images_path, const std::string& label
   data.rows = static_cast<int>(dims[1]);
   data.features = static_cast<int>(std::size_t{dims[1]} * dims[2]);
   const std::size_t pixels = std::size_t{count} * static_cast<std::size_t>(data.features);
-  if (map_images && images.direct()) {
-    constexpr std::size_t kHeaderBytes = 16;  // magic and 3 dimensions
-    auto mapped = map_exactly(images_path, kHeaderBytes, pixels, count);
-    data.pixels = {mapped.get(), pixels};
-    data.storage = std::move(mapped);
+  constexpr std::size_t kHeaderBytes = 16;  // magic and 3 dimensions
+  std::optional<std::shared_ptr<const std::uint8_t>> mapped;
+  if (map_images && images.direct()) mapped = map_exactly(images_path, kHeaderBytes, pixels, count);
+  if (mapped) {
+    data.pixels = {mapped->get(), pixels};
+    data.storage = std::move(*mapped);
   } else {
     auto buffer = std::make_shared<std::vector<std::uint8_t>>();
     if (images.read(pixels, *buffer) < pixels)
