@@ -15,25 +15,17 @@
 
 #include "peertrain/core/error.h"
 
-// GCC says __SANITIZE_ADDRESS__; Clang, __has_feature(address_sanitizer).
-#if defined(__SANITIZE_ADDRESS__)
-#define PEERTRAIN_EMULATOR_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PEERTRAIN_EMULATOR_ASAN 1
-#endif
-#endif
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#include "peertrain/core/sanitizers.h"
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
 // On x86-64 fibers switch by saving the callee-saved registers on their own stack and
-// swapping stack pointers (under AddressSanitizer too: the switches below tell it each
-// stack, so it need not follow swapcontext, whose system calls made the sanitized device
-// tests the longest part of the sanitizer run). glibc's
-// swapcontext also saves and restores the signal mask, a system call each way: 1.15
-// million rt_sigprocmask calls and 22 s of system time in one 47 s device test on a VM.
+// swapping stack pointers. glibc's swapcontext also saves and restores the signal mask, a
+// system call each way: 1.15 million rt_sigprocmask calls and 22 s of system time in one
+// 47 s device test on a VM. Under AddressSanitizer too: the switches below tell it each
+// stack, so it need not follow swapcontext.
 // The fibers never change the signal mask, and the FPU control words stay at their
 // defaults, so the registers the ABI makes callee-saved are all a switch must keep.
 // (Where a kernel and libc turn on shadow stacks, this switch would have to swap those too.)
@@ -193,7 +185,7 @@ struct Fiber {
   // thread only once the barrier has opened, so a wait costs two switches, not a round each.
   const FiberBarrier* barrier = nullptr;
   std::uint64_t barrier_phase = 0;
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   void* fake_stack = nullptr;
   const void* scheduler_bottom = nullptr;
   std::size_t scheduler_size = 0;
@@ -229,7 +221,7 @@ void enter_fiber(Fiber& f) {
   self = &f;
   threadIdx = f.thread_idx;
   blockIdx = f.block_idx;
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
   switch_into(f);
@@ -243,7 +235,7 @@ void enter_fiber(Fiber& f) {
 void yield() {
   Fiber& f = *self;
   f.block_idx = blockIdx;
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   __sanitizer_start_switch_fiber(&f.fake_stack, f.scheduler_bottom, f.scheduler_size);
   switch_out(f);
   __sanitizer_finish_switch_fiber(f.fake_stack, &f.scheduler_bottom, &f.scheduler_size);
@@ -265,7 +257,7 @@ bool runnable(const Fiber& f) { return !f.done && (f.barrier == nullptr || f.bar
 // function: AddressSanitizer hooks noreturn calls and would look for the wrong stack.)
 void leave_fiber(Fiber& f) {
   f.done = true;
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   __sanitizer_start_switch_fiber(nullptr, f.scheduler_bottom, f.scheduler_size);  // this stack ends
 #endif
   switch_out(f);
@@ -273,7 +265,7 @@ void leave_fiber(Fiber& f) {
 
 void fiber_main() {
   Fiber& f = *self;
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   __sanitizer_finish_switch_fiber(nullptr, &f.scheduler_bottom, &f.scheduler_size);
 #endif
   const BlockState& launch = *current;
@@ -336,7 +328,7 @@ void prepare(Fiber& f, unsigned t, dim3 block) {
   f.context.uc_link = nullptr;
   makecontext(&f.context, fiber_main, 0);
 #endif
-#if defined(PEERTRAIN_EMULATOR_ASAN) && !defined(PEERTRAIN_EMULATOR_FAST_SWITCH)
+#if defined(PEERTRAIN_ADDRESS_SANITIZER) && !defined(PEERTRAIN_EMULATOR_FAST_SWITCH)
   // AddressSanitizer's swapcontext clears the shadow of the stack named here at every
   // switch (128 KiB for 1 MiB), which made switches cost more than the kernels: the
   // annotations tell it the stacks instead, and makecontext has used the field. (It still
@@ -349,7 +341,7 @@ void prepare(Fiber& f, unsigned t, dim3 block) {
 // one left waiting (its launch failed) leaves redzones anywhere. (Unpoisoning all of every
 // stack makes AddressSanitizer remap its shadow each launch.)
 void release([[maybe_unused]] Fiber& f) {
-#ifdef PEERTRAIN_EMULATOR_ASAN
+#ifdef PEERTRAIN_ADDRESS_SANITIZER
   constexpr std::size_t kTop = 16 * 1024;
   if (f.done)
     __asan_unpoison_memory_region(static_cast<std::byte*>(f.stack) + kStackBytes - kTop, kTop);

@@ -27,6 +27,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "peertrain/net/frame.h"
+#include "fd.h"
 
 namespace peertrain::train {
 namespace {
@@ -41,27 +42,6 @@ constexpr char kMagic[8] = {'P', 'T', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr std::size_t kChecksumBytes = sizeof(std::uint64_t);
 
 std::string errno_text() { return std::strerror(errno); }
-
-// Closes a file descriptor on every path out.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes now and reports whether close succeeded (it can report a delayed write error).
-  bool close() {
-    const int fd = fd_;
-    fd_ = -1;
-    return ::close(fd) == 0;
-  }
-
- private:
-  int fd_;
-};
 
 void write_all(int fd, std::span<const std::byte> bytes, const std::string& path) {
   std::size_t done = 0;

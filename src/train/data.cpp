@@ -30,6 +30,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
 #include "peertrain/core/rng.h"
+#include "fd.h"
 
 namespace peertrain::train {
 namespace {
@@ -138,43 +139,28 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t salt) {
   return z ^ (z >> 31);
 }
 
-// The bytes [offset, offset + count) of a plain file, mapped read-only; the file must end
-// there. nullopt where the file system cannot map it: the caller reads it instead. Used for
-// the cache's own copies only, which are replaced by rename and never rewritten in place (a
-// file shortened under a mapping would fault its reader).
-std::optional<std::shared_ptr<const std::uint8_t>> map_exactly(const std::string& path, std::size_t offset,
-                                                               std::size_t count, std::uint32_t examples) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(ErrorKind::kIo, str(path, ": cannot open: ", std::strerror(errno)));
+// The bytes [offset, offset + count) of a plain file, count > 0, mapped read-only; the file
+// must end there. nullptr where the file system cannot map it: the caller reads it instead.
+// Used for the cache's own copies only, which are replaced by rename and never rewritten in
+// place (a file shortened under a mapping would fault its reader).
+std::shared_ptr<const std::uint8_t> map_exactly(const std::string& path, std::size_t offset, std::size_t count,
+                                                std::uint32_t examples) {
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw Error(ErrorKind::kIo, str(path, ": cannot open: ", std::strerror(errno)));
   struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int stat_error = errno;
-    ::close(fd);
-    throw Error(ErrorKind::kIo, str(path, ": cannot stat: ", std::strerror(stat_error)));
-  }
+  if (::fstat(fd.get(), &info) != 0) throw Error(ErrorKind::kIo, str(path, ": cannot stat: ", std::strerror(errno)));
   const auto size = static_cast<std::size_t>(info.st_size);
-  if (size < offset + count) {
-    ::close(fd);
+  if (size < offset + count)
     throw Error(ErrorKind::kParse,
                 str(path, ": truncated: expected ", count, " pixel bytes, got ", size > offset ? size - offset : 0));
-  }
-  if (size > offset + count) {
-    ::close(fd);
+  if (size > offset + count)
     throw Error(ErrorKind::kParse, str(path, ": unexpected bytes after the last of ", examples, " images"));
-  }
-  if (count == 0) {
-    ::close(fd);
-    return std::shared_ptr<const std::uint8_t>();
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_error = errno;
-  ::close(fd);
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);  // outlives the descriptor
   if (base == MAP_FAILED) {
-    log::debug(path, ": cannot map (", std::strerror(map_error), "); reading it instead");
-    return std::nullopt;
+    log::debug(path, ": cannot map (", std::strerror(errno), "); reading it instead");
+    return nullptr;
   }
-  return std::shared_ptr<const std::uint8_t>(static_cast<const std::uint8_t*>(base) + offset,
-                                             [base, size](const std::uint8_t*) { ::munmap(base, size); });
+  return {static_cast<const std::uint8_t*>(base) + offset, [base, size](const std::uint8_t*) { ::munmap(base, size); }};
 }
 
 void check_peers(int peers, const char* where) {
@@ -197,11 +183,11 @@ IdxBytes read_idx_files(const std::string& images_path, const std::string& label
   data.features = static_cast<int>(std::size_t{dims[1]} * dims[2]);
   const std::size_t pixels = std::size_t{count} * static_cast<std::size_t>(data.features);
   constexpr std::size_t kHeaderBytes = 16;  // magic and 3 dimensions
-  std::optional<std::shared_ptr<const std::uint8_t>> mapped;
-  if (map_images && images.direct()) mapped = map_exactly(images_path, kHeaderBytes, pixels, count);
+  std::shared_ptr<const std::uint8_t> mapped;
+  if (map_images && pixels > 0 && images.direct()) mapped = map_exactly(images_path, kHeaderBytes, pixels, count);
   if (mapped) {
-    data.pixels = {mapped->get(), pixels};
-    data.storage = std::move(*mapped);
+    data.pixels = {mapped.get(), pixels};
+    data.storage = std::move(mapped);
   } else {
     auto buffer = std::make_shared<std::vector<std::uint8_t>>();
     if (images.read(pixels, *buffer) < pixels)

@@ -6,15 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-// AddressSanitizer replaces malloc, and its allocator ignores mallopt (GCC says so with
-// __SANITIZE_ADDRESS__, Clang with __has_feature).
-#if defined(__SANITIZE_ADDRESS__)
-#define PEERTRAIN_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PEERTRAIN_TEST_ASAN 1
-#endif
-#endif
+#include "peertrain/core/sanitizers.h"
 
 namespace {
 
@@ -41,7 +33,7 @@ long faults_to_use_a_block() {
 }
 
 TEST(Allocator, AFreedBlockIsReusedWithoutFaultingItsPagesInAgain) {
-#if defined(PEERTRAIN_TEST_ASAN)
+#if defined(PEERTRAIN_ADDRESS_SANITIZER)  // its malloc ignores mallopt
   GTEST_SKIP() << "AddressSanitizer replaces malloc, and its allocator ignores mallopt";
 #elif defined(__GLIBC__)
   ASSERT_TRUE(peertrain::keep_freed_memory());
