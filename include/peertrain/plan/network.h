@@ -16,8 +16,9 @@
 //   ps         peer 0 receives n − 1 gradients and sends n − 1 parameter vectors through
 //              its card; the others send one and receive one.
 // Each message also costs its two ends software time (the probe's loopback round trip),
-// and peers on one machine share its cores: when every peer's host is a loopback address
-// the step takes at least Σ CPU / cores. The synchronous algorithms move at the pace of
+// and peers on one machine share its cores: the step takes at least Σ CPU / cores, and at
+// least the step replayed task by task on those cores (shared_cores.h), where a
+// synchronous algorithm's peers leave cores idle while they wait for each other. The synchronous algorithms move at the pace of
 // the slowest peer, which the prediction names with its bottleneck (compute, shared cores,
 // a link's latency or bandwidth, its card).
 #pragma once
@@ -42,6 +43,7 @@ struct NetworkProbe {
   double message_s = 0;         // one message of that size, one way (half a round trip)
   double message_cpu_s = 0;     // the CPU it costs both ends together (framing, checksum, copies, threads)
   double small_message_cpu_s = 0;  // the same for a 64-byte message: a message's fixed cost
+  double small_message_s = 0;      // a 64-byte message one way (its wake-ups beyond that CPU)
   double bytes_per_s = 0;       // loopback's rate for such messages
   double copy_bytes_per_s = 0;  // memcpy, for mixing
 };

@@ -1,0 +1,287 @@
+// The task-by-task replay on shared cores; see shared_cores.h.
+#include "shared_cores.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <vector>
+
+#include "peertrain/core/error.h"
+
+namespace peertrain::plan::detail {
+namespace {
+
+// A list schedule of CPU tasks with dependencies on `cores` cores. A task is ready when
+// every task it waits for has ended (plus that edge's delay) and, on a thread, when the
+// thread's previous task has ended; the ready tasks take cores in the order they became
+// ready, each the first core to come free. A task on an event loop (a transport's I/O
+// thread, which takes its sends and receives in whatever order they come) waits for its
+// edges and for the loop to be free, in no set order.
+class CoreSchedule {
+ public:
+  CoreSchedule(int threads, int loops)
+      : last_on_thread_(static_cast<std::size_t>(threads), -1), loop_free_(static_cast<std::size_t>(loops), 0.0) {}
+
+  // thread < 0: on event loop `loop` instead. Every task in `after` was added before.
+  int add(int thread, double cpu_s, std::initializer_list<std::pair<int, double>> after = {}, int loop = -1) {
+    Task t{.cpu_s = cpu_s, .loop = loop, .after = {after.begin(), after.end()}};
+    if (thread >= 0) {
+      int& last = last_on_thread_[static_cast<std::size_t>(thread)];
+      if (last >= 0) t.after.push_back({last, 0.0});
+      last = static_cast<int>(tasks_.size());
+    }
+    tasks_.push_back(std::move(t));
+    return static_cast<int>(tasks_.size()) - 1;
+  }
+  void wait_also(int task, int other, double delay_s = 0) {
+    tasks_[static_cast<std::size_t>(task)].after.push_back({other, delay_s});
+  }
+  int last_on(int thread) const { return last_on_thread_[static_cast<std::size_t>(thread)]; }
+
+  void run(int cores) {
+    const std::size_t n = tasks_.size();
+    std::vector<std::vector<std::pair<int, double>>> waiting(n);  // task → (dependent, delay)
+    std::vector<int> unmet(n, 0);
+    ready_.assign(n, 0.0);
+    end_.assign(n, 0.0);
+    using Entry = std::pair<double, int>;  // ready time, task (ties: the earlier added)
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
+    for (std::size_t i = 0; i < n; ++i) {
+      for (const auto& [before, delay] : tasks_[i].after)
+        waiting[static_cast<std::size_t>(before)].push_back({static_cast<int>(i), delay});
+      unmet[i] = static_cast<int>(tasks_[i].after.size());
+      if (unmet[i] == 0) queue.push({0.0, static_cast<int>(i)});
+    }
+    std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+    for (int c = 0; c < cores; ++c) free_at.push(0.0);
+    std::size_t done = 0;
+    while (!queue.empty()) {
+      const auto [ready, task] = queue.top();
+      queue.pop();
+      const auto i = static_cast<std::size_t>(task);
+      if (const int loop = tasks_[i].loop; loop >= 0) {  // its loop is busy: ready again when it is free
+        double& free = loop_free_[static_cast<std::size_t>(loop)];
+        if (free > ready) {
+          queue.push({free, task});
+          continue;
+        }
+      }
+      const double cpu = tasks_[i].cpu_s;
+      double start = ready;
+      if (cpu > 0) {  // a pure wait takes no core
+        start = std::max(ready, free_at.top());
+        free_at.pop();
+        free_at.push(start + cpu);
+      }
+      end_[i] = start + cpu;
+      busy_s_ += cpu;
+      if (tasks_[i].loop >= 0) loop_free_[static_cast<std::size_t>(tasks_[i].loop)] = end_[i];
+      ++done;
+      for (const auto& [next, delay] : waiting[i]) {
+        auto& r = ready_[static_cast<std::size_t>(next)];
+        r = std::max(r, end_[i] + delay);
+        if (--unmet[static_cast<std::size_t>(next)] == 0) queue.push({r, next});
+      }
+    }
+    PEERTRAIN_CHECK(done == n, "the shared-core replay's tasks wait in a cycle");
+  }
+  double end(int task) const { return end_[static_cast<std::size_t>(task)]; }
+  double busy_s() const { return busy_s_; }  // the CPU of every task
+  double makespan_s() const { return end_.empty() ? 0.0 : *std::max_element(end_.begin(), end_.end()); }
+
+ private:
+  struct Task {
+    double cpu_s = 0;
+    int loop = -1;
+    std::vector<std::pair<int, double>> after;
+  };
+  std::vector<Task> tasks_;
+  std::vector<int> last_on_thread_;
+  std::vector<double> loop_free_;
+  double busy_s_ = 0;
+  std::vector<double> ready_, end_;
+};
+
+// The peers' programs for one algorithm, step after step, on one CoreSchedule: peer p's
+// training thread is thread p; its transport's sends and receives are on its event loop p.
+class Programs {
+ public:
+  Programs(const topology::Topology& topo, double S, const StepCosts& c)
+      : topo_(topo), S_(S), c_(c), s_(topo.num_peers(), topo.num_peers()) {}
+
+  // The training thread's own CPU (compute, sums), after whatever it last did.
+  int work(int peer, double cpu_s) { return s_.add(peer, cpu_s); }
+  // A message of `bytes` from `from`'s training thread (posted after its last task) to
+  // `to`: the sender's I/O thread sends it, the wire carries it, the receiver's I/O thread
+  // reads it. Returns {send, receive}.
+  std::pair<int, int> message(int from, int to, double bytes) {
+    const int posted = s_.add(from, 0.0);
+    const double half_cpu = interpolate(c_.small_message_cpu_s, c_.message_cpu_s, bytes) / 2;
+    const int send = s_.add(-1, half_cpu, {{posted, 0.0}}, from);
+    const int receive = s_.add(-1, half_cpu, {{send, wire(from, to, bytes)}}, to);
+    return {send, receive};
+  }
+  // The training thread takes a received message in (summing or copying `bytes`).
+  int take(int peer, int receive, double bytes) {
+    const int t = s_.add(peer, bytes / c_.copy_bytes_per_s);
+    s_.wait_also(t, receive);
+    return t;
+  }
+  // The training thread waits for its send to finish (before the buffer may change).
+  void wait_for(int peer, int send) { s_.wait_also(s_.add(peer, 0.0), send); }
+  int step_end(int peer) { return s_.add(peer, 0.0); }
+
+  double S() const { return S_; }
+  CoreSchedule& schedule() { return s_; }
+
+ private:
+  double interpolate(double small, double full, double bytes) const {
+    return small + (full - small) * std::clamp(bytes / S_, 0.0, 1.0);
+  }
+  // Beyond both ends' CPU: the loopback's own wait, or the emulated link's latency and cap.
+  double wire(int from, int to, double bytes) const {
+    const auto link = topo_.link(from, to);
+    const double capped = link.bandwidth_mbps > 0 ? bytes / (link.bandwidth_mbps * 1e6 / 8) : 0.0;
+    return link.latency_ms * 1e-3 + std::max(capped, interpolate(c_.small_wire_s, c_.wire_s, bytes));
+  }
+
+  const topology::Topology& topo_;
+  double S_;
+  StepCosts c_;
+  CoreSchedule s_;
+};
+
+// One step of each algorithm, as algo/collectives.cpp and train/step_algorithm.cpp run it.
+void ring_step(Programs& p, int n) {
+  const double piece = p.S() / n;
+  for (int round = 0; round < 2 * (n - 1); ++round) {
+    std::vector<std::pair<int, int>> sent(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) sent[static_cast<std::size_t>(i)] = p.message(i, (i + 1) % n, piece);
+    for (int i = 0; i < n; ++i) {
+      p.take(i, sent[static_cast<std::size_t>((i + n - 1) % n)].second, piece);
+      p.wait_for(i, sent[static_cast<std::size_t>(i)].first);
+    }
+  }
+}
+
+void blocking_send(Programs& p, int from, int to) {
+  const auto [send, receive] = p.message(from, to, p.S());
+  p.wait_for(from, send);
+  p.take(to, receive, p.S());
+}
+
+void tree_step(Programs& p, int n) {
+  int top = 1;
+  for (; top < n; top <<= 1)
+    for (int me = top; me < n; me += 2 * top) blocking_send(p, me, me - top);
+  for (int mask = top >> 1; mask > 0; mask >>= 1)
+    for (int me = 0; me + mask < n; me += 2 * mask) blocking_send(p, me, me + mask);
+}
+
+void rd_step(Programs& p, int n) {
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
+  auto real = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  for (int e = 0; e < extra; ++e) blocking_send(p, 2 * e, 2 * e + 1);
+  for (int mask = 1; mask < p2; mask <<= 1)
+    for (int v = 0; v < p2; ++v) {
+      if ((v ^ mask) < v) continue;
+      const int a = real(v), b = real(v ^ mask);
+      const auto ab = p.message(a, b, p.S()), ba = p.message(b, a, p.S());
+      p.take(b, ab.second, p.S());
+      p.wait_for(b, ba.first);
+      p.take(a, ba.second, p.S());
+      p.wait_for(a, ab.first);
+    }
+  for (int e = 0; e < extra; ++e) blocking_send(p, 2 * e + 1, 2 * e);
+}
+
+void ps_step(Programs& p, int n) {
+  std::vector<std::pair<int, int>> gradients(static_cast<std::size_t>(n));
+  for (int w = 1; w < n; ++w) gradients[static_cast<std::size_t>(w)] = p.message(w, 0, p.S());
+  for (int w = 1; w < n; ++w) p.take(0, gradients[static_cast<std::size_t>(w)].second, p.S());
+  std::vector<int> sends;
+  for (int w = 1; w < n; ++w) {
+    const auto [send, receive] = p.message(0, w, p.S());
+    sends.push_back(send);
+    p.take(w, receive, p.S());  // the parameters copied in
+    p.wait_for(w, gradients[static_cast<std::size_t>(w)].first);
+  }
+  for (int send : sends) p.wait_for(0, send);
+}
+
+// D-PSGD (the cta form): x goes to every neighbour, the gradient is computed meanwhile,
+// then each neighbour's copy is mixed in as it comes.
+void dpsgd_sends(Programs& p, const topology::Topology& topo, int n,
+                 std::vector<std::vector<std::pair<int, int>>>& sent) {
+  sent.assign(static_cast<std::size_t>(n), {});
+  for (int i = 0; i < n; ++i)
+    for (int j : topo.graph.neighbors(i)) sent[static_cast<std::size_t>(i)].push_back(p.message(i, j, p.S()));
+}
+
+}  // namespace
+
+Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm algorithm, double S,
+                                const StepCosts& costs, int cores) {
+  const int n = topo.num_peers();
+  PEERTRAIN_CHECK(cores > 0 && n > 0, "replay_on_shared_cores: ", cores, " cores, ", n, " peers");
+  // Steps enough for the pace to settle; the first starts with every peer at once.
+  constexpr int kSteps = 6, kWarm = 2;
+  // About 5 tasks a message, a microsecond or two each; beyond half a million (hundreds of peers on
+  // one machine) the replay would take longer than the plan should, and it is left out.
+  double messages = 0;
+  if (algorithm == PeerAlgorithm::kAllReduce)
+    messages = 2.0 * (n - 1) * n;
+  else if (algorithm == PeerAlgorithm::kDpsgd)
+    messages = 2.0 * static_cast<double>(topo.graph.num_edges());
+  else
+    messages = 2.0 * n * std::max(1.0, std::log2(static_cast<double>(n)));
+  if (5 * messages * kSteps > 5e5) return {};
+  Programs p(topo, S, costs);
+  const double compute_s = costs.compute_s + costs.tests_s / n;
+  std::vector<int> warm_end(static_cast<std::size_t>(n)), last_end(static_cast<std::size_t>(n));
+  for (int step = 0; step < kSteps; ++step) {
+    if (algorithm == PeerAlgorithm::kDpsgd) {
+      std::vector<std::vector<std::pair<int, int>>> sent;
+      dpsgd_sends(p, topo, n, sent);
+      for (int i = 0; i < n; ++i) p.work(i, compute_s);
+      // Mixing: each neighbour's copy as it comes (its receive), then x itself.
+      for (int i = 0; i < n; ++i) {
+        const auto neighbours = topo.graph.neighbors(i);
+        for (int j : neighbours) {
+          const auto their = topo.graph.neighbors(j);
+          const auto at = std::find(their.begin(), their.end(), i) - their.begin();
+          p.take(i, sent[static_cast<std::size_t>(j)][static_cast<std::size_t>(at)].second, S);
+        }
+        p.work(i, S / costs.copy_bytes_per_s);
+        for (const auto& [send, receive] : sent[static_cast<std::size_t>(i)]) p.wait_for(i, send);
+      }
+    } else {
+      for (int i = 0; i < n; ++i) p.work(i, compute_s);
+      switch (algorithm) {
+        case PeerAlgorithm::kAllReduce:
+          ring_step(p, n);
+          break;
+        case PeerAlgorithm::kTreeAllReduce:
+          tree_step(p, n);
+          break;
+        case PeerAlgorithm::kRdAllReduce:
+          rd_step(p, n);
+          break;
+        default:
+          ps_step(p, n);
+          break;
+      }
+    }
+    for (int i = 0; i < n; ++i) (step + 1 == kWarm ? warm_end : last_end)[static_cast<std::size_t>(i)] = p.step_end(i);
+  }
+  p.schedule().run(cores);
+  // Peer 0's pace over the settled steps (every peer keeps the same pace: each waits for the others).
+  const CoreSchedule& s = p.schedule();
+  return {.step_s = (s.end(last_end[0]) - s.end(warm_end[0])) / (kSteps - kWarm),
+          .busy = s.busy_s() / (cores * s.makespan_s())};
+}
+
+}  // namespace peertrain::plan::detail
