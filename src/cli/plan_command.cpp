@@ -68,8 +68,7 @@ struct PeerCompute {
   double gradient_s = 0;  // one peer's gradient on this machine (its optimizer pass: optimizer_s)
   double bytes = 0;       // the parameters'
   double test_s = 0;      // mlp: one evaluation round's test pass (the test set in launch's chunks of 1,000)
-  // The optimizer's pass at a copy rate: x, its gradient and its state read, x and the state written.
-  double optimizer_s(double copy_bytes_per_s) const { return 5 * bytes / copy_bytes_per_s; }
+  double optimizer_s(double copy_bytes_per_s) const { return plan::optimizer_pass_s(bytes, copy_bytes_per_s); }
 };
 
 // On one thread, as launch runs a peer by default (--threads 1): Eigen would otherwise

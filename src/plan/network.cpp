@@ -338,6 +338,7 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
       out.where = str("the ", n, " peers sharing ", shared_cores, " cores (", cpu_note, ")");
     }
     const detail::StepCosts costs{.compute_s = compute_s,
+                                  .update_s = optimizer_pass_s(S, probe.copy_bytes_per_s),
                                   .tests_s = tests,
                                   .copy_bytes_per_s = probe.copy_bytes_per_s,
                                   .small_message_cpu_s = probe.small_message_cpu_s,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <queue>
 #include <vector>
@@ -16,16 +17,20 @@ namespace {
 // every task it waits for has ended (plus that edge's delay) and, on a thread, when the
 // thread's previous task has ended; the ready tasks take cores in the order they became
 // ready, each the first core to come free. A task on an event loop (a transport's I/O
-// thread, which takes its sends and receives in whatever order they come) waits for its
-// edges and for the loop to be free, in no set order.
+// thread, which takes its sends and receives in the order they come, not in program
+// order) also queues for its loop, first come first served.
 class CoreSchedule {
  public:
   CoreSchedule(int threads, int loops)
-      : last_on_thread_(static_cast<std::size_t>(threads), -1), loop_free_(static_cast<std::size_t>(loops), 0.0) {}
+      : last_on_thread_(static_cast<std::size_t>(threads), -1), loops_(static_cast<std::size_t>(loops)) {}
 
-  // thread < 0: on event loop `loop` instead. Every task in `after` was added before.
+  // thread < 0: on event loop `loop` instead. Every task in `after` was added before, so
+  // the tasks cannot wait in a cycle.
   int add(int thread, double cpu_s, std::initializer_list<std::pair<int, double>> after = {}, int loop = -1) {
     Task t{.cpu_s = cpu_s, .loop = loop, .after = {after.begin(), after.end()}};
+    for (const auto& [before, delay] : t.after)
+      PEERTRAIN_CHECK(before >= 0 && before < static_cast<int>(tasks_.size()) && delay >= 0,
+                      "shared-core replay: a task waits for a later one, or a negative delay");
     if (thread >= 0) {
       int& last = last_on_thread_[static_cast<std::size_t>(thread)];
       if (last >= 0) t.after.push_back({last, 0.0});
@@ -35,9 +40,10 @@ class CoreSchedule {
     return static_cast<int>(tasks_.size()) - 1;
   }
   void wait_also(int task, int other, double delay_s = 0) {
+    PEERTRAIN_CHECK(other >= 0 && other < task && delay_s >= 0,
+                    "shared-core replay: a task waits for a later one, or a negative delay");
     tasks_[static_cast<std::size_t>(task)].after.push_back({other, delay_s});
   }
-  int last_on(int thread) const { return last_on_thread_[static_cast<std::size_t>(thread)]; }
 
   void run(int cores) {
     const std::size_t n = tasks_.size();
@@ -55,17 +61,29 @@ class CoreSchedule {
     }
     std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
     for (int c = 0; c < cores; ++c) free_at.push(0.0);
+    double now = 0;  // the queue's pops never go back in time
+    // A loop's turn goes to the first task in its line, queued at the later of its own
+    // ready time and the loop's being free; the others wait in line.
+    auto next_turn = [&](Loop& l) {
+      if (l.turn >= 0 || l.line.empty()) return;
+      l.turn = l.line.front();
+      l.line.pop_front();
+      queue.push({std::max({ready_[static_cast<std::size_t>(l.turn)], l.free, now}), l.turn});
+    };
     std::size_t done = 0;
     while (!queue.empty()) {
       const auto [ready, task] = queue.top();
       queue.pop();
+      now = ready;
       const auto i = static_cast<std::size_t>(task);
-      if (const int loop = tasks_[i].loop; loop >= 0) {  // its loop is busy: ready again when it is free
-        double& free = loop_free_[static_cast<std::size_t>(loop)];
-        if (free > ready) {
-          queue.push({free, task});
+      if (const int loop = tasks_[i].loop; loop >= 0) {
+        Loop& l = loops_[static_cast<std::size_t>(loop)];
+        if (l.turn != task) {  // it joins the line
+          l.line.push_back(task);
+          next_turn(l);
           continue;
         }
+        l.turn = -1;
       }
       const double cpu = tasks_[i].cpu_s;
       double start = ready;
@@ -76,7 +94,11 @@ class CoreSchedule {
       }
       end_[i] = start + cpu;
       busy_s_ += cpu;
-      if (tasks_[i].loop >= 0) loop_free_[static_cast<std::size_t>(tasks_[i].loop)] = end_[i];
+      if (const int loop = tasks_[i].loop; loop >= 0) {
+        Loop& l = loops_[static_cast<std::size_t>(loop)];
+        l.free = end_[i];
+        next_turn(l);
+      }
       ++done;
       for (const auto& [next, delay] : waiting[i]) {
         auto& r = ready_[static_cast<std::size_t>(next)];
@@ -84,7 +106,7 @@ class CoreSchedule {
         if (--unmet[static_cast<std::size_t>(next)] == 0) queue.push({r, next});
       }
     }
-    PEERTRAIN_CHECK(done == n, "the shared-core replay's tasks wait in a cycle");
+    PEERTRAIN_CHECK(done == n, "shared-core replay: ", n - done, " of ", n, " tasks never ran");
   }
   double end(int task) const { return end_[static_cast<std::size_t>(task)]; }
   double busy_s() const { return busy_s_; }  // the CPU of every task
@@ -96,9 +118,14 @@ class CoreSchedule {
     int loop = -1;
     std::vector<std::pair<int, double>> after;
   };
+  struct Loop {
+    double free = 0;       // when its last task ends
+    int turn = -1;         // the task queued to run on it next
+    std::deque<int> line;  // the ready tasks waiting for it, in the order they came
+  };
   std::vector<Task> tasks_;
   std::vector<int> last_on_thread_;
-  std::vector<double> loop_free_;
+  std::vector<Loop> loops_;
   double busy_s_ = 0;
   std::vector<double> ready_, end_;
 };
@@ -133,6 +160,7 @@ class Programs {
   int step_end(int peer) { return s_.add(peer, 0.0); }
 
   double S() const { return S_; }
+  double copy_bytes_per_s() const { return c_.copy_bytes_per_s; }
   CoreSchedule& schedule() { return s_; }
 
  private:
@@ -190,18 +218,21 @@ void rd_step(Programs& p, int n) {
       if ((v ^ mask) < v) continue;
       const int a = real(v), b = real(v ^ mask);
       const auto ab = p.message(a, b, p.S()), ba = p.message(b, a, p.S());
+      p.wait_for(b, ba.first);  // exchange_add: its own send done before the sum changes x
       p.take(b, ab.second, p.S());
-      p.wait_for(b, ba.first);
-      p.take(a, ba.second, p.S());
       p.wait_for(a, ab.first);
+      p.take(a, ba.second, p.S());
     }
   for (int e = 0; e < extra; ++e) blocking_send(p, 2 * e + 1, 2 * e);
 }
 
-void ps_step(Programs& p, int n) {
+// The server gathers the gradients in the workers' order, updates x (the workers do not)
+// and sends it to each.
+void ps_step(Programs& p, int n, double update_s) {
   std::vector<std::pair<int, int>> gradients(static_cast<std::size_t>(n));
   for (int w = 1; w < n; ++w) gradients[static_cast<std::size_t>(w)] = p.message(w, 0, p.S());
   for (int w = 1; w < n; ++w) p.take(0, gradients[static_cast<std::size_t>(w)].second, p.S());
+  p.work(0, update_s);
   std::vector<int> sends;
   for (int w = 1; w < n; ++w) {
     const auto [send, receive] = p.message(0, w, p.S());
@@ -212,13 +243,27 @@ void ps_step(Programs& p, int n) {
   for (int send : sends) p.wait_for(0, send);
 }
 
-// D-PSGD (the cta form): x goes to every neighbour, the gradient is computed meanwhile,
-// then each neighbour's copy is mixed in as it comes.
-void dpsgd_sends(Programs& p, const topology::Topology& topo, int n,
-                 std::vector<std::vector<std::pair<int, int>>>& sent) {
-  sent.assign(static_cast<std::size_t>(n), {});
+// D-PSGD in its cta form (launch's default), as algo/gossip.cpp runs it: x goes to every
+// neighbour while the gradient and the update are computed; then each neighbour's copy is
+// received, the sends are waited for, and one pass mixes x with every copy.
+void dpsgd_step(Programs& p, const topology::Topology& topo, int n, double gradient_s, double update_s) {
+  std::vector<std::vector<std::pair<int, int>>> sent(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     for (int j : topo.graph.neighbors(i)) sent[static_cast<std::size_t>(i)].push_back(p.message(i, j, p.S()));
+  for (int i = 0; i < n; ++i) {
+    p.work(i, gradient_s);
+    p.work(i, update_s);
+  }
+  for (int i = 0; i < n; ++i) {
+    const auto neighbours = topo.graph.neighbors(i);
+    for (int j : neighbours) {
+      const auto their = topo.graph.neighbors(j);
+      const auto at = static_cast<std::size_t>(std::find(their.begin(), their.end(), i) - their.begin());
+      p.take(i, sent[static_cast<std::size_t>(j)][at].second, 0.0);
+    }
+    for (const auto& [send, receive] : sent[static_cast<std::size_t>(i)]) p.wait_for(i, send);
+    p.work(i, static_cast<double>(neighbours.size() + 1) * p.S() / p.copy_bytes_per_s());
+  }
 }
 
 }  // namespace
@@ -227,39 +272,31 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
                                 const StepCosts& costs, int cores) {
   const int n = topo.num_peers();
   PEERTRAIN_CHECK(cores > 0 && n > 0, "replay_on_shared_cores: ", cores, " cores, ", n, " peers");
+  if (!(S > 0) || !(costs.copy_bytes_per_s > 0)) return {};
   // Steps enough for the pace to settle; the first starts with every peer at once.
   constexpr int kSteps = 6, kWarm = 2;
-  // About 5 tasks a message, a microsecond or two each; beyond half a million (hundreds of peers on
-  // one machine) the replay would take longer than the plan should, and it is left out.
-  double messages = 0;
+  // Five tasks a message (post, send, receive, take, wait) and a few a step, a microsecond
+  // or two each: beyond half a million (hundreds of peers on one machine) the replay would
+  // take longer than a plan should, and it is left out.
+  double messages = 2.0 * (n - 1);  // the tree and the server
   if (algorithm == PeerAlgorithm::kAllReduce)
     messages = 2.0 * (n - 1) * n;
   else if (algorithm == PeerAlgorithm::kDpsgd)
     messages = 2.0 * static_cast<double>(topo.graph.num_edges());
-  else
-    messages = 2.0 * n * std::max(1.0, std::log2(static_cast<double>(n)));
-  if (5 * messages * kSteps > 5e5) return {};
+  else if (algorithm == PeerAlgorithm::kRdAllReduce)
+    messages = 2.0 * n + n * std::ceil(std::log2(static_cast<double>(n)));
+  if ((5 * messages + 4.0 * n) * kSteps > 5e5) return {};
   Programs p(topo, S, costs);
-  const double compute_s = costs.compute_s + costs.tests_s / n;
+  // A step's own CPU: the gradient, with the other peers' test passes spread over the peers
+  // (network.h's Evaluation), and the optimizer's update.
+  const double update_s = std::min(costs.update_s, costs.compute_s);
+  const double gradient_s = costs.compute_s - update_s + costs.tests_s / n;
   std::vector<int> warm_end(static_cast<std::size_t>(n)), last_end(static_cast<std::size_t>(n));
   for (int step = 0; step < kSteps; ++step) {
     if (algorithm == PeerAlgorithm::kDpsgd) {
-      std::vector<std::vector<std::pair<int, int>>> sent;
-      dpsgd_sends(p, topo, n, sent);
-      for (int i = 0; i < n; ++i) p.work(i, compute_s);
-      // Mixing: each neighbour's copy as it comes (its receive), then x itself.
-      for (int i = 0; i < n; ++i) {
-        const auto neighbours = topo.graph.neighbors(i);
-        for (int j : neighbours) {
-          const auto their = topo.graph.neighbors(j);
-          const auto at = std::find(their.begin(), their.end(), i) - their.begin();
-          p.take(i, sent[static_cast<std::size_t>(j)][static_cast<std::size_t>(at)].second, S);
-        }
-        p.work(i, S / costs.copy_bytes_per_s);
-        for (const auto& [send, receive] : sent[static_cast<std::size_t>(i)]) p.wait_for(i, send);
-      }
+      dpsgd_step(p, topo, n, gradient_s, update_s);
     } else {
-      for (int i = 0; i < n; ++i) p.work(i, compute_s);
+      for (int i = 0; i < n; ++i) p.work(i, gradient_s);
       switch (algorithm) {
         case PeerAlgorithm::kAllReduce:
           ring_step(p, n);
@@ -271,9 +308,11 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
           rd_step(p, n);
           break;
         default:
-          ps_step(p, n);
+          ps_step(p, n, update_s);
           break;
       }
+      if (algorithm != PeerAlgorithm::kPs)  // each peer updates with the sum
+        for (int i = 0; i < n; ++i) p.work(i, update_s);
     }
     for (int i = 0; i < n; ++i) (step + 1 == kWarm ? warm_end : last_end)[static_cast<std::size_t>(i)] = p.step_end(i);
   }

@@ -76,6 +76,13 @@ struct Evaluation {
   long long every = 0;  // steps between rounds (0: none counted)
 };
 
+// The optimizer's pass over S parameter bytes at a copy rate: x, its gradient and its
+// state read, x and the state written (a step's update, which plan charges beside the
+// gradient's measured time).
+inline double optimizer_pass_s(double parameter_bytes, double copy_bytes_per_s) {
+  return 5 * parameter_bytes / copy_bytes_per_s;
+}
+
 // compute_s: one peer's gradient and optimizer step; parameter_bytes: S. shared_cores: the
 // cores all peers share (0: every peer has a machine of its own).
 NetworkPrediction predict_network(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
