@@ -178,7 +178,7 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   const bool tests_count = model_name == "mlp" && shared > 0;
   const PeerCompute peer = peer_compute(model_name, hidden, config, batch, tests_count);
   const double bytes = peer.bytes, test_s = peer.test_s;
-  const auto probe = plan::probe_network(bytes);
+  const auto probe = plan::probe_network(bytes, shared > 0);
   const double compute_s = peer.gradient_s + peer.optimizer_s(probe.copy_bytes_per_s);
   const plan::Evaluation evaluation{.one_s = test_s, .every = tests_count ? eval_every : 0};
   struct Row {
@@ -233,11 +233,14 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   }
   std::printf(
       "%s: %d peers%s; %s, %.0f parameter bytes, %.3f ms of compute a step%s; loopback probe %.1f us a message, "
-      "%.1f us of CPU (%.1f us for 64 bytes)\n\n",
+      "%.1f us of CPU (%.1f us for 64 bytes%s)\n\n",
       topo.name.c_str(), topo.num_peers(),
       shared > 0 ? str(", sharing ", shared, " cores").c_str() : ", a machine each", model_name.c_str(), bytes,
       compute_s * 1e3, tests_note.c_str(), probe.message_s * 1e6, probe.message_cpu_s * 1e6,
-      probe.small_message_cpu_s * 1e6);
+      probe.small_message_cpu_s * 1e6,
+      shared > 0
+          ? str("; a thread woken onto busy cores ", std::lround(probe.busy_wake_cpu_s * 1e6), " us more").c_str()
+          : "");
   std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
   for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
   std::printf("\npredicted in %.3f s\n", plan_s);

@@ -18,11 +18,15 @@ namespace {
 // thread's previous task has ended; the ready tasks take cores in the order they became
 // ready, each the first core to come free. A task on an event loop (a transport's I/O
 // thread, which takes its sends and receives in the order they come, not in program
-// order) also queues for its loop, first come first served.
+// order) also queues for its loop, first come first served. A thread's task that waited
+// for another thread (it slept) and finds every core busy pays `busy_wake_s` first: the
+// switch that takes a core from another process.
 class CoreSchedule {
  public:
-  CoreSchedule(int threads, int loops)
-      : last_on_thread_(static_cast<std::size_t>(threads), -1), loops_(static_cast<std::size_t>(loops)) {}
+  CoreSchedule(int threads, int loops, double busy_wake_s)
+      : last_on_thread_(static_cast<std::size_t>(threads), -1),
+        loops_(static_cast<std::size_t>(loops)),
+        busy_wake_s_(busy_wake_s) {}
 
   // thread < 0: on event loop `loop` instead. Every task in `after` was added before, so
   // the tasks cannot wait in a cycle.
@@ -33,6 +37,7 @@ class CoreSchedule {
                       "shared-core replay: a task waits for a later one, or a negative delay");
     if (thread >= 0) {
       int& last = last_on_thread_[static_cast<std::size_t>(thread)];
+      t.previous = last;
       if (last >= 0) t.after.push_back({last, 0.0});
       last = static_cast<int>(tasks_.size());
     }
@@ -85,7 +90,12 @@ class CoreSchedule {
         }
         l.turn = -1;
       }
-      const double cpu = tasks_[i].cpu_s;
+      double cpu = tasks_[i].cpu_s;
+      if (const int previous = tasks_[i].previous;
+          previous >= 0 && ready > end_[static_cast<std::size_t>(previous)] && free_at.top() > ready) {
+        cpu += busy_wake_s_;
+        ++busy_wakes_;
+      }
       double start = ready;
       if (cpu > 0) {  // a pure wait takes no core
         start = std::max(ready, free_at.top());
@@ -109,13 +119,15 @@ class CoreSchedule {
     PEERTRAIN_CHECK(done == n, "shared-core replay: ", n - done, " of ", n, " tasks never ran");
   }
   double end(int task) const { return end_[static_cast<std::size_t>(task)]; }
-  double busy_s() const { return busy_s_; }  // the CPU of every task
+  double busy_s() const { return busy_s_; }  // the CPU of every task, wake-ups included
+  long long busy_wakes() const { return busy_wakes_; }
   double makespan_s() const { return end_.empty() ? 0.0 : *std::max_element(end_.begin(), end_.end()); }
 
  private:
   struct Task {
     double cpu_s = 0;
     int loop = -1;
+    int previous = -1;  // the task before it on its thread
     std::vector<std::pair<int, double>> after;
   };
   struct Loop {
@@ -126,6 +138,8 @@ class CoreSchedule {
   std::vector<Task> tasks_;
   std::vector<int> last_on_thread_;
   std::vector<Loop> loops_;
+  double busy_wake_s_ = 0;
+  long long busy_wakes_ = 0;
   double busy_s_ = 0;
   std::vector<double> ready_, end_;
 };
@@ -135,7 +149,7 @@ class CoreSchedule {
 class Programs {
  public:
   Programs(const topology::Topology& topo, double S, const StepCosts& c)
-      : topo_(topo), S_(S), c_(c), s_(topo.num_peers(), topo.num_peers()) {}
+      : topo_(topo), S_(S), c_(c), s_(topo.num_peers(), topo.num_peers(), c.busy_wake_cpu_s) {}
 
   // The training thread's own CPU (compute, sums), after whatever it last did.
   int work(int peer, double cpu_s) { return s_.add(peer, cpu_s); }
@@ -320,7 +334,8 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
   // Peer 0's pace over the settled steps (every peer keeps the same pace: each waits for the others).
   const CoreSchedule& s = p.schedule();
   return {.step_s = (s.end(last_end[0]) - s.end(warm_end[0])) / (kSteps - kWarm),
-          .busy = s.busy_s() / (cores * s.makespan_s())};
+          .busy = s.busy_s() / (cores * s.makespan_s()),
+          .busy_wakes = static_cast<double>(s.busy_wakes()) / kSteps};
 }
 
 }  // namespace peertrain::plan::detail

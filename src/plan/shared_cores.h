@@ -22,6 +22,7 @@ struct StepCosts {
   double copy_bytes_per_s = 0;     // summing or copying a received vector
   double small_message_cpu_s = 0;  // both ends' CPU for a 64-byte message ...
   double message_cpu_s = 0;        // ... and for one of S bytes (linear between)
+  double busy_wake_cpu_s = 0;      // a training thread woken while every core is busy
   double small_wire_s = 0;         // a message's time beyond its CPU (wake-ups, loopback), 64 bytes ...
   double wire_s = 0;               // ... and S bytes
 };
@@ -33,6 +34,7 @@ struct StepCosts {
 struct Replayed {
   double step_s = 0;  // the settled time per step
   double busy = 0;    // the cores' busy fraction
+  double busy_wakes = 0;  // threads woken onto busy cores, a step
 };
 Replayed replay_on_shared_cores(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
                                 const StepCosts& costs, int cores);

@@ -652,6 +652,17 @@ TEST(Network, PeersOnSharedCoresReplayTheirTasks) {
   const auto ps = predict_network(pair, PeerAlgorithm::kPs, kS, kCompute, costly, 64);
   EXPECT_NEAR(ps.step_s, 3e-3, 1e-6);
   EXPECT_NEAR(ps.peers[1].cpu_s, 2e-3, 1e-6);
+  // A training thread that slept and finds every core busy pays a wake-up: with cores to
+  // spare the chain is unchanged; on 2 cores the ring's steps cost more than their CPU,
+  // at most 0.1 ms for each of a peer's 24 waits (a take and a send's wait a round), 4
+  // peers over 2 cores.
+  wired.busy_wake_cpu_s = costly.busy_wake_cpu_s = 0.1e-3;
+  EXPECT_NEAR(predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kAllReduce, kS, kCompute, wired, 64).step_s, 13e-3,
+              1e-6);
+  const auto woken = predict_network(ring_of_four(0, 0, 0), PeerAlgorithm::kAllReduce, kS, kCompute, costly, 2);
+  EXPECT_GT(woken.step_s, 14e-3 + 1e-4);
+  EXPECT_LE(woken.step_s, 14e-3 + 24 * 4 * 0.1e-3 / 2 + 1e-9);
+  EXPECT_NE(woken.where.find("threads woken onto busy cores"), std::string::npos) << woken.where;
 }
 
 // Evaluation rounds on shared cores: half of the other n − 1 peers' test passes, once

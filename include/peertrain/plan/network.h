@@ -44,10 +44,18 @@ struct NetworkProbe {
   double message_cpu_s = 0;     // the CPU it costs both ends together (framing, checksum, copies, threads)
   double small_message_cpu_s = 0;  // the same for a 64-byte message: a message's fixed cost
   double small_message_s = 0;      // a 64-byte message one way (its wake-ups beyond that CPU)
+  // A thread woken while every core is busy: the CPU of taking a core from another. The
+  // small message's CPU beside a spinning thread on every core (in the rounds where the
+  // woken threads crossed cores), less its CPU on idle cores, over the three threads each
+  // message wakes (the sender's event loop, the receiver's, the receiving thread).
+  // Measured only with shared_cores.
+  double busy_wake_cpu_s = 0;
   double bytes_per_s = 0;       // loopback's rate for such messages
   double copy_bytes_per_s = 0;  // memcpy, for mixing
 };
-NetworkProbe probe_network(double message_bytes);
+// shared_cores: also time the small message beside a spinning thread on every core
+// (busy_wake_cpu_s), for peers that will share this machine's cores.
+NetworkProbe probe_network(double message_bytes, bool shared_cores = false);
 
 struct PeerStep {
   double step_s = 0;     // this peer's time per step on its own (before the others hold it up)
