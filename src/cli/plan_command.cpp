@@ -238,9 +238,10 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
       shared > 0 ? str(", sharing ", shared, " cores").c_str() : ", a machine each", model_name.c_str(), bytes,
       compute_s * 1e3, tests_note.c_str(), probe.message_s * 1e6, probe.message_cpu_s * 1e6,
       probe.small_message_cpu_s * 1e6,
-      shared > 0
+      shared == 0 ? ""
+      : probe.busy_wake_rounds > 0
           ? str("; a thread woken onto busy cores ", std::lround(probe.busy_wake_cpu_s * 1e6), " us more").c_str()
-          : "");
+          : "; no wake-up across busy cores measured");
   std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
   for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
   std::printf("\npredicted in %.3f s\n", plan_s);

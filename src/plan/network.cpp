@@ -1,6 +1,7 @@
 // The cost model of a decentralized run; see network.h.
 #include "peertrain/plan/network.h"
 
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -8,8 +9,8 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
 
@@ -167,17 +168,28 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
     timespec cpu0{}, cpu1{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
     const double start = now_s();
+    std::exception_ptr echo_failed;  // a time-out on either side reaches the caller, not terminate()
     std::thread echo([&] {
-      for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
-        auto got = peers[1]->receive(0, net::MessageType::kParameters, k, 0, 10.0);
-        peers[1]->send(0, net::MessageType::kParameters, k, 1, net::SendBuffer(std::move(got))).wait();
+      try {
+        for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
+          auto got = peers[1]->receive(0, net::MessageType::kParameters, k, 0, 10.0);
+          peers[1]->send(0, net::MessageType::kParameters, k, 1, net::SendBuffer(std::move(got))).wait();
+        }
+      } catch (...) {
+        echo_failed = std::current_exception();
       }
     });
-    for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
-      peers[0]->send(1, net::MessageType::kParameters, k, 0, net::SendBuffer(payload)).wait();
-      peers[0]->receive(1, net::MessageType::kParameters, k, 1, 10.0);
+    try {
+      for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(trips); ++k) {
+        peers[0]->send(1, net::MessageType::kParameters, k, 0, net::SendBuffer(payload)).wait();
+        peers[0]->receive(1, net::MessageType::kParameters, k, 1, 10.0);
+      }
+    } catch (...) {
+      echo.join();  // its receive times out in turn
+      throw;
     }
     echo.join();
+    if (echo_failed) std::rethrow_exception(echo_failed);
     const double wall = now_s() - start;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
     const double cpu =
@@ -200,18 +212,29 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
   // A small message: what a message costs whatever its size (system calls, framing, the
   // thread hand-offs), which the S/n pieces of a ring all-reduce pay 2(n − 1) times.
   const auto small = median_round(64, 400);
-  // The small message again with every core kept busy by a spinning thread, as peers that
-  // share the cores keep them: a thread woken for a message now takes its core from
-  // another, and pays for the switch. The transport's CPU is the process's less the
-  // spinners' own.
+  // The small message again with every core this process may use kept busy by a spinning
+  // thread, as peers that share the cores keep them: a thread woken for a message now
+  // takes its core from another, and pays for the switch. The transport's CPU is the
+  // process's less the spinners' own (each reads its clock as it stops; thread creation
+  // and exit, a few microseconds a round, count as the transport's).
+  cpu_set_t usable;
+  const int cores = sched_getaffinity(0, sizeof usable, &usable) == 0 ? std::max(1, CPU_COUNT(&usable)) : 1;
   auto contended_cpu = [&](int trips) {
-    const unsigned spinners = std::max(1u, std::thread::hardware_concurrency());
     std::atomic<bool> stop{false};
-    std::vector<double> spun(spinners, 0.0);
+    std::vector<double> spun(static_cast<std::size_t>(cores), 0.0);
+    std::vector<std::thread> threads;
+    struct Stop {  // on every way out, a time-out's included: no spinner left running
+      std::atomic<bool>& stop;
+      std::vector<std::thread>& threads;
+      ~Stop() {
+        stop = true;
+        for (auto& t : threads)
+          if (t.joinable()) t.join();
+      }
+    } stopping{stop, threads};
     timespec cpu0{}, cpu1{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < spinners; ++t)
+    for (std::size_t t = 0; t < spun.size(); ++t)
       threads.emplace_back([&stop, &spun, t] {
         while (!stop.load(std::memory_order_relaxed)) {
         }
@@ -232,9 +255,12 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
   // idle figure (35-50: the scheduler kept the threads of the ping-pong on one core, and
   // none was woken across cores), in any proportion from one plan call to the next. Peers
   // sharing cores wake each other across them, so the rounds that did are taken.
+  // At most 7 rounds and 3 s: on a host whose cores are shared further (a cgroup quota),
+  // a round can take far longer than the 80 ms it takes here.
   std::vector<double> contended;
-  if (shared_cores)
-    for (int round = 0; round < 7; ++round) contended.push_back(contended_cpu(150));
+  const double contended_start = now_s();
+  if (shared_cores && cores > 1)
+    for (int round = 0; round < 7 && now_s() - contended_start < 3.0; ++round) contended.push_back(contended_cpu(150));
   std::thread closing([&] { peers[1]->close(); });  // goodbyes both ways, so neither sees a reset
   peers[0]->close();
   closing.join();
@@ -242,10 +268,11 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
   p.message_cpu_s = cpu;
   p.small_message_cpu_s = std::min(small.second, cpu);
   p.small_message_s = std::min(small.first, wall);
-  // A ping-pong message wakes three threads (the sender's event loop for the send, the
-  // receiver's, and the receiving thread).
+  // A ping-pong message wakes four threads: the sender's event loop for the send, the
+  // sending thread when it is done, the receiver's loop and the receiving thread.
   std::erase_if(contended, [&](double c) { return c <= small.second; });
-  if (!contended.empty()) p.busy_wake_cpu_s = (median(contended) - small.second) / 3;
+  p.busy_wake_rounds = static_cast<int>(contended.size());
+  if (!contended.empty()) p.busy_wake_cpu_s = (median(contended) - small.second) / 4;
   p.bytes_per_s = message_bytes / p.message_s;
   std::vector<char> x(64 << 20, 1), y(64 << 20);
   const double copy_start = now_s();

@@ -20,7 +20,7 @@ namespace {
 // thread, which takes its sends and receives in the order they come, not in program
 // order) also queues for its loop, first come first served. A thread's task that waited
 // for another thread (it slept) and finds every core busy pays `busy_wake_s` first: the
-// switch that takes a core from another process.
+// switch that takes a core from another thread (in a run, another peer's process).
 class CoreSchedule {
  public:
   CoreSchedule(int threads, int loops, double busy_wake_s)
@@ -91,10 +91,11 @@ class CoreSchedule {
         l.turn = -1;
       }
       double cpu = tasks_[i].cpu_s;
-      if (const int previous = tasks_[i].previous;
-          previous >= 0 && ready > end_[static_cast<std::size_t>(previous)] && free_at.top() > ready) {
+      if (const int previous = tasks_[i].previous; busy_wake_s_ > 0 && previous >= 0 &&
+                                                   ready > end_[static_cast<std::size_t>(previous)] &&
+                                                   free_at.top() > ready) {
         cpu += busy_wake_s_;
-        ++busy_wakes_;
+        if (task >= count_from_) ++busy_wakes_;
       }
       double start = ready;
       if (cpu > 0) {  // a pure wait takes no core
@@ -120,7 +121,10 @@ class CoreSchedule {
   }
   double end(int task) const { return end_[static_cast<std::size_t>(task)]; }
   double busy_s() const { return busy_s_; }  // the CPU of every task, wake-ups included
+  // The wake-ups of the tasks added from `task` on (the settled steps').
+  void count_wakes_from(int task) { count_from_ = task; }
   long long busy_wakes() const { return busy_wakes_; }
+  int size() const { return static_cast<int>(tasks_.size()); }
   double makespan_s() const { return end_.empty() ? 0.0 : *std::max_element(end_.begin(), end_.end()); }
 
  private:
@@ -140,6 +144,7 @@ class CoreSchedule {
   std::vector<Loop> loops_;
   double busy_wake_s_ = 0;
   long long busy_wakes_ = 0;
+  int count_from_ = 0;
   double busy_s_ = 0;
   std::vector<double> ready_, end_;
 };
@@ -307,6 +312,7 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
   const double gradient_s = costs.compute_s - update_s + costs.tests_s / n;
   std::vector<int> warm_end(static_cast<std::size_t>(n)), last_end(static_cast<std::size_t>(n));
   for (int step = 0; step < kSteps; ++step) {
+    if (step == kWarm) p.schedule().count_wakes_from(p.schedule().size());
     if (algorithm == PeerAlgorithm::kDpsgd) {
       dpsgd_step(p, topo, n, gradient_s, update_s);
     } else {
@@ -335,7 +341,7 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
   const CoreSchedule& s = p.schedule();
   return {.step_s = (s.end(last_end[0]) - s.end(warm_end[0])) / (kSteps - kWarm),
           .busy = s.busy_s() / (cores * s.makespan_s()),
-          .busy_wakes = static_cast<double>(s.busy_wakes()) / kSteps};
+          .busy_wakes = static_cast<double>(s.busy_wakes()) / (kSteps - kWarm)};
 }
 
 }  // namespace peertrain::plan::detail

@@ -46,10 +46,12 @@ struct NetworkProbe {
   double small_message_s = 0;      // a 64-byte message one way (its wake-ups beyond that CPU)
   // A thread woken while every core is busy: the CPU of taking a core from another. The
   // small message's CPU beside a spinning thread on every core (in the rounds where the
-  // woken threads crossed cores), less its CPU on idle cores, over the three threads each
-  // message wakes (the sender's event loop, the receiver's, the receiving thread).
-  // Measured only with shared_cores.
+  // woken threads crossed cores), less its CPU on idle cores, over the four threads each
+  // message wakes (the sender's event loop, the sending thread when the send is done, the
+  // receiver's loop, the receiving thread). Measured only with shared_cores, on a
+  // machine of 2 cores or more; 0 when no round crossed cores (busy_wake_rounds).
   double busy_wake_cpu_s = 0;
+  int busy_wake_rounds = 0;
   double bytes_per_s = 0;       // loopback's rate for such messages
   double copy_bytes_per_s = 0;  // memcpy, for mixing
 };
