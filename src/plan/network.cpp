@@ -35,6 +35,13 @@ std::string ms_3g(double seconds) {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// A CPU clock (the process's, or the calling thread's) in seconds.
+double cpu_clock_s(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // A link's time for `bytes`: its latency and its cap (0: no cap: loopback, as the probe
 // measured it, whose one-way time holds the messages' software too).
 double link_time(const topology::LinkProperties& link, double bytes, const NetworkProbe& probe) {
@@ -165,8 +172,7 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
     const net::Payload payload(static_cast<std::size_t>(std::max(1.0, bytes)), std::byte{1});
     const std::uint64_t first = tag;
     tag += static_cast<std::uint64_t>(trips);
-    timespec cpu0{}, cpu1{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const double cpu0 = cpu_clock_s(CLOCK_PROCESS_CPUTIME_ID);
     const double start = now_s();
     std::exception_ptr echo_failed;  // a time-out on either side reaches the caller, not terminate()
     std::thread echo([&] {
@@ -191,9 +197,7 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
     echo.join();
     if (echo_failed) std::rethrow_exception(echo_failed);
     const double wall = now_s() - start;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
-    const double cpu =
-        static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
+    const double cpu = cpu_clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
     return std::pair{wall / (2.0 * trips), cpu / (2.0 * trips)};
   };
   // The median of 5 rounds of each: one round's CPU per message moved by up to 40 % from
@@ -232,22 +236,17 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
           if (t.joinable()) t.join();
       }
     } stopping{stop, threads};
-    timespec cpu0{}, cpu1{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const double cpu0 = cpu_clock_s(CLOCK_PROCESS_CPUTIME_ID);
     for (std::size_t t = 0; t < spun.size(); ++t)
       threads.emplace_back([&stop, &spun, t] {
         while (!stop.load(std::memory_order_relaxed)) {
         }
-        timespec own{};
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &own);
-        spun[t] = static_cast<double>(own.tv_sec) + 1e-9 * static_cast<double>(own.tv_nsec);
+        spun[t] = cpu_clock_s(CLOCK_THREAD_CPUTIME_ID);
       });
     ping_pong(64, trips);
     stop = true;
     for (auto& t : threads) t.join();
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
-    double cpu =
-        static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
+    double cpu = cpu_clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
     for (double s : spun) cpu -= s;
     return cpu / (2.0 * trips);
   };

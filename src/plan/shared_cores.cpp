@@ -262,10 +262,25 @@ void ps_step(Programs& p, int n, double update_s) {
   for (int send : sends) p.wait_for(0, send);
 }
 
+// For each peer i and its k-th neighbour j, where i stands among j's neighbours: the
+// message j sends to i in D-PSGD is j's sent[j][slot[i][k]].
+std::vector<std::vector<std::size_t>> neighbour_slots(const topology::Topology& topo, int n) {
+  std::vector<std::vector<std::size_t>> slot(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    for (int j : topo.graph.neighbors(i)) {
+      const auto their = topo.graph.neighbors(j);
+      slot[static_cast<std::size_t>(i)].push_back(
+          static_cast<std::size_t>(std::find(their.begin(), their.end(), i) - their.begin()));
+    }
+  return slot;
+}
+
 // D-PSGD in its cta form (launch's default), as algo/gossip.cpp runs it: x goes to every
 // neighbour while the gradient and the update are computed; then each neighbour's copy is
 // received, the sends are waited for, and one pass mixes x with every copy.
-void dpsgd_step(Programs& p, const topology::Topology& topo, int n, double gradient_s, double update_s) {
+void dpsgd_step(Programs& p, const topology::Topology& topo, const std::vector<std::vector<std::size_t>>& slot,
+                double gradient_s, double update_s) {
+  const int n = topo.num_peers();
   std::vector<std::vector<std::pair<int, int>>> sent(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     for (int j : topo.graph.neighbors(i)) sent[static_cast<std::size_t>(i)].push_back(p.message(i, j, p.S()));
@@ -275,11 +290,8 @@ void dpsgd_step(Programs& p, const topology::Topology& topo, int n, double gradi
   }
   for (int i = 0; i < n; ++i) {
     const auto neighbours = topo.graph.neighbors(i);
-    for (int j : neighbours) {
-      const auto their = topo.graph.neighbors(j);
-      const auto at = static_cast<std::size_t>(std::find(their.begin(), their.end(), i) - their.begin());
-      p.take(i, sent[static_cast<std::size_t>(j)][at].second, 0.0);
-    }
+    for (std::size_t k = 0; k < neighbours.size(); ++k)
+      p.take(i, sent[static_cast<std::size_t>(neighbours[k])][slot[static_cast<std::size_t>(i)][k]].second, 0.0);
     for (const auto& [send, receive] : sent[static_cast<std::size_t>(i)]) p.wait_for(i, send);
     p.work(i, static_cast<double>(neighbours.size() + 1) * p.S() / p.copy_bytes_per_s());
   }
@@ -310,11 +322,13 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
   // (network.h's Evaluation), and the optimizer's update.
   const double update_s = std::min(costs.update_s, costs.compute_s);
   const double gradient_s = costs.compute_s - update_s + costs.tests_s / n;
-  std::vector<int> warm_end(static_cast<std::size_t>(n)), last_end(static_cast<std::size_t>(n));
+  const auto slot =
+      algorithm == PeerAlgorithm::kDpsgd ? neighbour_slots(topo, n) : std::vector<std::vector<std::size_t>>{};
+  int warm_end = -1, last_end = -1;  // peer 0's last step markers
   for (int step = 0; step < kSteps; ++step) {
     if (step == kWarm) p.schedule().count_wakes_from(p.schedule().size());
     if (algorithm == PeerAlgorithm::kDpsgd) {
-      dpsgd_step(p, topo, n, gradient_s, update_s);
+      dpsgd_step(p, topo, slot, gradient_s, update_s);
     } else {
       for (int i = 0; i < n; ++i) p.work(i, gradient_s);
       switch (algorithm) {
@@ -334,12 +348,12 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
       if (algorithm != PeerAlgorithm::kPs)  // each peer updates with the sum
         for (int i = 0; i < n; ++i) p.work(i, update_s);
     }
-    for (int i = 0; i < n; ++i) (step + 1 == kWarm ? warm_end : last_end)[static_cast<std::size_t>(i)] = p.step_end(i);
+    (step + 1 == kWarm ? warm_end : last_end) = p.step_end(0);
   }
   p.schedule().run(cores);
   // Peer 0's pace over the settled steps (every peer keeps the same pace: each waits for the others).
   const CoreSchedule& s = p.schedule();
-  return {.step_s = (s.end(last_end[0]) - s.end(warm_end[0])) / (kSteps - kWarm),
+  return {.step_s = (s.end(last_end) - s.end(warm_end)) / (kSteps - kWarm),
           .busy = s.busy_s() / (cores * s.makespan_s()),
           .busy_wakes = static_cast<double>(s.busy_wakes()) / (kSteps - kWarm)};
 }

@@ -18,9 +18,9 @@
 // Each message also costs its two ends software time (the probe's loopback round trip),
 // and peers on one machine share its cores: the step takes at least Σ CPU / cores, and at
 // least the step replayed task by task on those cores (shared_cores.h), where a
-// synchronous algorithm's peers leave cores idle while they wait for each other. The synchronous algorithms move at the pace of
-// the slowest peer, which the prediction names with its bottleneck (compute, shared cores,
-// a link's latency or bandwidth, its card).
+// synchronous algorithm's peers leave cores idle while they wait for each other. The
+// synchronous algorithms move at the pace of the slowest peer, which the prediction names
+// with its bottleneck (compute, shared cores, a link's latency or bandwidth, its card).
 #pragma once
 
 #include <string>
