@@ -560,6 +560,9 @@ void Profiler::load() {
       machine_known_ = machine_known_ && static_cast<int>(machine_.slowdown.size()) == 2 * machine_.cores;
       read = machine_known_;
       if (!read) machine_.slowdown.clear();
+    } else if (kind == "handoff") {  // keyed by contention_key
+      Contention k;
+      if ((read = static_cast<bool>(row >> k.pass_s >> k.sync_s))) machine_.contention[key] = k;
     } else if (const std::optional<int> count = count_key(key); !count) {
       // not a count: left out
     } else if (kind == "overhead") {
@@ -568,9 +571,6 @@ void Profiler::load() {
     } else if (kind == "barrier") {
       double b = 0;
       if ((read = static_cast<bool>(row >> b))) machine_.barrier_s[*count] = b;
-    } else if (kind == "handoff") {
-      Contention k;
-      if ((read = static_cast<bool>(row >> k.pass_s >> k.sync_s))) machine_.contention[*count] = k;
     }
     if (!read)
       log::warn("profile cache ", path_, " line ", number, ": cannot read '", line.substr(0, 80),
@@ -594,8 +594,8 @@ void Profiler::save() const {
       out << "\n";
     }
     for (const auto& [workers, s] : machine_.step_overhead_s) out << "overhead\t" << workers << "\t" << s << "\n";
-    for (const auto& [workers, k] : machine_.contention)
-      out << "handoff\t" << workers << "\t" << k.pass_s << " " << k.sync_s << "\n";
+    for (const auto& [key, k] : machine_.contention)
+      out << "handoff\t" << key << "\t" << k.pass_s << " " << k.sync_s << "\n";
     for (const auto& [threads, b] : machine_.barrier_s) out << "barrier\t" << threads << "\t" << b << "\n";
     for (const auto& [key, u] : units_)
       out << "unit\t" << key << "\t" << u.forward_s << " " << u.backward_s << " " << u.backward_input_s << " "
@@ -699,12 +699,12 @@ double Profiler::barrier_s(int threads) {
   return machine_.barrier_s[threads] = measure_barrier(threads);
 }
 
-const Contention* Profiler::contention(int workers) const {
-  auto it = machine_.contention.find(workers);
+const Contention* Profiler::contention(const std::string& key) const {
+  auto it = machine_.contention.find(key);
   return it == machine_.contention.end() ? nullptr : &it->second;
 }
 
-void Profiler::set_contention(int workers, Contention costs) { machine_.contention[workers] = costs; }
+void Profiler::set_contention(const std::string& key, Contention costs) { machine_.contention[key] = costs; }
 
 void Profiler::set_machine(const MachineCosts& machine) {
   machine_ = machine;

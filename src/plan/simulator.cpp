@@ -19,6 +19,9 @@
 namespace peertrain::plan {
 namespace {
 
+// The engine's ring attention's query tile and travelling block (RingAttention's default).
+constexpr int kRingBlockTokens = 256;
+
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
 UnitKind kind_of(int unit, int units) {
@@ -230,21 +233,32 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // The boundary tensors' time from one stage's mesh to another's.
   const MachineCosts& machine = profiler.machine();
   const int cores = options.cores > 0 ? options.cores : machine.cores;
-  // More workers than cores: each pass waits for a core. A mesh with more ranks than cores
-  // waits again at each ring step (sp − 1 a block, forward and backward) and all-reduce (2 a
-  // block each way) inside it, as its ranks can never all run at once; a smaller mesh's
-  // ranks can, and the scheduler keeps them running through their exchanges.
+  // More workers than cores: each pass of the pipeline's chain (a forward or a backward, the
+  // passes whose input another stage hands over) pays the calibrated cost of a hand-off;
+  // a W, S or T pass works on what its own stage holds and does not. (Charging only the
+  // passes whose thread had slept for its input measured worse: GPipe's forwards, mostly
+  // queued, came out 25 % low while 1F1B held, docs/plan.md.) A mesh with more ranks than cores waits
+  // again at each hand-off between its ranks inside a pass, as its ranks can never all run
+  // at once: each hop of the ring attention (sp − 1 for every sequence, head and query tile
+  // of a block, forward and backward) and each all-reduce (2 a block each way); a smaller
+  // mesh's ranks can, and the scheduler keeps them running through their exchanges.
   Contention contention;
   if (options.contention && options.cores <= 0 && e.workers() > cores)
-    contention = options.contention_costs ? *options.contention_costs : contention_costs(profiler, e.workers());
+    contention = options.contention_costs ? *options.contention_costs
+                                          : contention_costs(profiler, e.workers(), c, strategy.batch);
   auto contention_s = [&](const parallel::PipelineOp& op, int stage) {
     // The passes through the blocks' exchanges: forward and backward (or B); not W, nor
     // the output layer's S and T.
     const bool exchanges = op.kind == parallel::PassKind::kForward || op.kind == parallel::PassKind::kBackward;
     const auto& m = meshes[static_cast<std::size_t>(stage)];
-    const int per_block = exchanges && m.workers() > cores ? (m.sp - 1) + (m.tp > 1 ? 2 : 0) : 0;
+    int per_block = 0;
+    if (exchanges && m.workers() > cores) {
+      const int local_tokens = c.tokens() / m.sp, tiles = (local_tokens + kRingBlockTokens - 1) / kRingBlockTokens;
+      const int ring_units = e.ring == parallel::RingMode::kOnlineSoftmax ? b * (c.heads / m.tp) * tiles : 1;
+      per_block = (m.sp - 1) * ring_units + (m.tp > 1 ? 2 : 0);
+    }
     const int blocks = per_block > 0 ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
-    return contention.pass_s + contention.sync_s * per_block * blocks;
+    return (exchanges ? contention.pass_s : 0.0) + contention.sync_s * per_block * blocks;
   };
   const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
   auto plan_transfer = [&](int from, int to) {
@@ -517,15 +531,31 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   return out;
 }
 
-Contention contention_costs(Profiler& profiler, int workers) {
+std::string contention_key(const model::TransformerConfig& c, int workers, int batch) {
+  const bool gpt = c.kind == model::TransformerKind::kGpt;
+  return str(workers, " workers: ", gpt ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
+             c.tokens(), " V", gpt ? c.vocab : c.classes, c.tied_head ? " tied" : "", " mlp", c.mlp_ratio, " batch ",
+             batch);
+}
+
+Contention contention_costs(Profiler& profiler, int workers, const model::TransformerConfig& planned, int batch) {
   if (workers <= profiler.machine().cores) return {};
-  if (const Contention* known = profiler.contention(workers)) return *known;
-  model::TransformerConfig c;  // a calibration model, unlike the ones users plan
-  c.d_model = 64;
-  c.heads = 2;
-  c.layers = std::max(2, workers);
-  c.seq = 32 * workers;
-  const int batch = 2 * workers;
+  // Calibrated at the planned model's own shape: the wait for a core at a hand-off grows
+  // with the passes the other threads are in, so costs fitted on a smaller model's shorter
+  // passes under-charge a larger one's (docs/plan.md, session 32).
+  model::TransformerConfig c = planned;
+  c.layers = std::max(c.layers, workers - 2);                            // a unit per stage at least
+  batch = 2 * workers * std::max(1, (batch + workers) / (2 * workers));  // 2W micro-batches
+  if (c.tokens() % workers != 0) {  // no mesh of W sequence ranks: the small stand-in model
+    c = model::TransformerConfig{};
+    c.d_model = 64;
+    c.heads = 2;
+    c.layers = std::max(2, workers);
+    c.seq = 32 * workers;
+    batch = 2 * workers;
+  }
+  const std::string key = contention_key(c, workers, batch);
+  if (const Contention* known = profiler.contention(key)) return *known;
   Strategy pipeline;
   pipeline.batch = batch;
   pipeline.engine.pp = workers;
@@ -564,7 +594,7 @@ Contention contention_costs(Profiler& profiler, int workers) {
   Contention costs;
   costs.pass_s = fit(pipeline, median(pipeline_steps), costs, &Contention::pass_s);
   costs.sync_s = fit(mesh, median(mesh_steps), costs, &Contention::sync_s);
-  profiler.set_contention(workers, costs);
+  profiler.set_contention(key, costs);
   return costs;
 }
 

@@ -116,6 +116,14 @@ TEST(Simulator, OnOneCoreThePassesAddUp) {
   EXPECT_NEAR(p.passes_s, 3 * 4 * 6e-3, 1e-9);  // every pass of every stage, one after another
 }
 
+// The profiler's machine with `cores` cores (returned).
+MachineCosts with_cores(Profiler& profiler, int cores) {
+  MachineCosts m = profiler.machine();
+  m.cores = cores;
+  profiler.set_machine(m);
+  return m;
+}
+
 // More workers than cores: every pass waits the hand-off cost, and a mesh with more ranks
 // than cores waits the sync cost at each ring step inside it; a mesh that fits the cores
 // does not.
@@ -123,9 +131,7 @@ TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
   const auto c = tiny_gpt();  // 6 units: the embedding, 4 blocks, the head
   Profiler profiler("");
   set_uniform(profiler, c, 8, 4);
-  MachineCosts two_cores = profiler.machine();
-  two_cores.cores = 2;
-  profiler.set_machine(two_cores);
+  const MachineCosts two_cores = with_cores(profiler, 2);
   const Contention costs{.pass_s = 1e-3, .sync_s = 0.5e-3};
   Strategy ring;
   ring.batch = 8;
@@ -133,8 +139,21 @@ TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
   const auto without = simulate(c, ring, profiler);
   const auto with = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
   ASSERT_TRUE(without.feasible && with.feasible) << without.why_not << with.why_not;
-  // One stage, two passes (F, B), each over 4 blocks of 3 ring steps.
-  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 + 2 * 4 * 3 * 0.5e-3, 1e-9);
+  // One stage, two passes (F, B), each a hand-off, each over 4 blocks of ring attention:
+  // 3 hops for each of the 8 sequences' 4 heads (one query tile each).
+  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 + 2 * 4 * (3 * 8 * 4) * 0.5e-3, 1e-9);
+
+  // Two stages of 3 units on one core, one micro-batch of ZB-H1: the F and B passes pay the
+  // hand-off, the W passes (the stage's own data) do not. The chain F, F, B, B leaves nothing
+  // to overlap its waits but stage 1's W, which shares the core with stage 0's B.
+  with_cores(profiler, 1);
+  const auto two_stages = pipeline(2, 1, parallel::Schedule::kZbH1, {0, 3});
+  const auto alone = simulate(c, two_stages, profiler);
+  const auto charged = simulate(c, two_stages, profiler, {.contention = true, .contention_costs = &costs});
+  ASSERT_TRUE(alone.feasible && charged.feasible) << alone.why_not << charged.why_not;
+  EXPECT_NEAR(alone.passes_s, 6 * (kForward + kBackward), 1e-9);           // one core: every pass in turn
+  EXPECT_NEAR(charged.passes_s - alone.passes_s, 4 * costs.pass_s, 1e-9);  // 2 stages × (F, B)
+  profiler.set_machine(two_cores);
 
   Strategy meshes;  // 2 stages of 2 sequence ranks: 4 workers, but each mesh fits the cores
   meshes.batch = 8;
@@ -154,6 +173,32 @@ TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
   const auto roomy = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
   ASSERT_TRUE(roomy.feasible) << roomy.why_not;
   EXPECT_NEAR(roomy.passes_s, simulate(c, ring, profiler).passes_s, 1e-12);
+}
+
+// The hand-off costs a plan uses are those calibrated on the planned model at its batch
+// (rounded to 2W micro-batches): another model's, or another batch's, are not its own.
+TEST(Simulator, OversubscribedPassesUseThePlannedModelsCalibration) {
+  const auto c = tiny_gpt();
+  Profiler profiler("");
+  set_uniform(profiler, c, 8, 4);
+  with_cores(profiler, 2);
+  const Contention costs{.pass_s = 1e-3, .sync_s = 0.5e-3};
+  auto wider = c;
+  wider.d_model = 32;
+  // A different model, batch or worker count is a different calibration.
+  EXPECT_NE(contention_key(c, 4, 8), contention_key(wider, 4, 8));
+  EXPECT_NE(contention_key(c, 4, 8), contention_key(c, 4, 16));
+  EXPECT_NE(contention_key(c, 4, 8), contention_key(c, 3, 8));
+  profiler.set_contention(contention_key(wider, 4, 8), {.pass_s = 1.0, .sync_s = 1.0});  // not c's
+  profiler.set_contention(contention_key(c, 4, 8), costs);
+  Strategy ring;
+  ring.batch = 6;  // rounded up to 8, two micro-batches of the 4-stage calibration pipeline each
+  ring.engine.sp = 4;
+  const auto calibrated = simulate(c, ring, profiler, {.contention = true});
+  const auto given = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
+  ASSERT_TRUE(calibrated.feasible && given.feasible) << calibrated.why_not << given.why_not;
+  EXPECT_NEAR(calibrated.passes_s, given.passes_s, 1e-12);
+  EXPECT_GT(calibrated.passes_s, simulate(c, ring, profiler).passes_s);
 }
 
 TEST(Simulator, MemoryIsParameterCopiesPlusMicroBatchesInFlight) {
@@ -421,16 +466,16 @@ TEST(Profiler, CacheReadsBackWhatItMeasured) {
   }
   {
     Profiler profiler(path.string(), 1);  // adds the contention costs to the file
-    profiler.set_contention(4, {.pass_s = 1.5e-4, .sync_s = 4.5e-4});
+    profiler.set_contention("4 workers: a model", {.pass_s = 1.5e-4, .sync_s = 4.5e-4});
     profiler.save();
   }
   Profiler again(path.string(), 1);
   const UnitCost read = again.unit(c, shape);
-  const Contention* costs = again.contention(4);
+  const Contention* costs = again.contention("4 workers: a model");
   ASSERT_NE(costs, nullptr);
   EXPECT_DOUBLE_EQ(costs->pass_s, 1.5e-4);
   EXPECT_DOUBLE_EQ(costs->sync_s, 4.5e-4);
-  EXPECT_EQ(again.contention(3), nullptr);
+  EXPECT_EQ(again.contention("3 workers: a model"), nullptr);
   EXPECT_EQ(again.measured(), 0);
   EXPECT_NEAR(read.forward_s, first.forward_s, 1e-7 * first.forward_s);  // 9 significant digits in the file
   EXPECT_DOUBLE_EQ(read.activation_bytes, first.activation_bytes);
@@ -487,23 +532,25 @@ TEST(Profiler, CacheSkipsLinesItCannotRead) {
   {
     std::ofstream out(path);
     out << "machine\t" << Profiler::machine_key() << "\n"
-        << "handoff\tfour\t1e-4 2e-4\n"     // key not a count: std::stoi threw here once
-        << "handoff\t4\t1.5e-4 4.5e-4\n"    // good
-        << "handoff\t4x\t1e-4 2e-4\n"       // trailing junk: must not overwrite 4
-        << "handoff\t0\t1e-4 2e-4\n"        // not a positive count
-        << "handoff\t-2\t1e-4 2e-4\n"       // nor this
-        << "handoff\t3\t1e-4\n"             // a number missing
-        << "overhead\t99999999999\t1e-3\n"  // out of range
-        << "whatever\t1\t2\n"               // unknown kind
-        << "handoff\t6\t2e-4 5e-4\n";       // good, after the damage
+        << "barrier\tfour\t1e-4\n"                   // count not a number: std::stoi threw here once
+        << "handoff\t4 workers: m\t1.5e-4 4.5e-4\n"  // good
+        << "barrier\t4x\t1e-4\n"                     // trailing junk
+        << "barrier\t0\t1e-4\n"                      // not a positive count
+        << "overhead\t-2\t1e-4\n"                    // nor this
+        << "handoff\t3 workers: m\t1e-4\n"           // a number missing
+        << "handoff\t5 workers: m\tx y\n"            // not numbers
+        << "overhead\t99999999999\t1e-3\n"           // out of range
+        << "whatever\t1\t2\n"                        // unknown kind
+        << "handoff\t6 workers: m\t2e-4 5e-4\n";     // good, after the damage
   }
   Profiler profiler(path.string(), 1);
-  const Contention* four = profiler.contention(4);
+  const Contention* four = profiler.contention("4 workers: m");
   ASSERT_NE(four, nullptr);
   EXPECT_DOUBLE_EQ(four->pass_s, 1.5e-4);
   EXPECT_DOUBLE_EQ(four->sync_s, 4.5e-4);
-  for (int left_out : {0, -2, 3}) EXPECT_EQ(profiler.contention(left_out), nullptr) << left_out;
-  const Contention* six = profiler.contention(6);
+  for (const char* left_out : {"3 workers: m", "5 workers: m"})
+    EXPECT_EQ(profiler.contention(left_out), nullptr) << left_out;
+  const Contention* six = profiler.contention("6 workers: m");
   ASSERT_NE(six, nullptr);
   EXPECT_DOUBLE_EQ(six->sync_s, 5e-4);
   std::filesystem::remove(path);

@@ -72,7 +72,7 @@ struct UnitShape {
 // (or for the next stage's pass) waits for a core, and so, in a mesh with more ranks than
 // cores, does every rank at each ring step or all-reduce inside it.
 struct Contention {
-  double pass_s = 0;  // per pass
+  double pass_s = 0;  // per forward or backward pass
   double sync_s = 0;  // per ring step or all-reduce inside a pass
 };
 
@@ -90,10 +90,11 @@ struct MachineCosts {
   // cores, time-sharing one, each evicting the other's working set).
   std::vector<double> slowdown;
   double slowdown_at(int threads) const;
-  // Per worker count above the cores: what oversubscribed threads lose to the scheduler at
-  // each hand-off, which the profiles, taken with a mesh alone and its threads started
-  // together, do not show (simulator.h's contention_costs).
-  std::map<int, Contention> contention;
+  // Per worker count above the cores and calibration model (contention_key): what
+  // oversubscribed threads lose to the scheduler at each hand-off, which the profiles, taken
+  // with a mesh alone and its threads started together, do not show (simulator.h's
+  // contention_costs).
+  std::map<std::string, Contention> contention;
   // Per thread count P: what one barrier of P threads that compute between barriers costs
   // beyond their work (vocabulary parallelism's S and T passes end in one). Small while P
   // fits the cores; a scheduler's wake-up or more once it does not.
@@ -115,11 +116,11 @@ class Profiler {
   const UnitCost& unit(const model::TransformerConfig& config, const UnitShape& shape);
   const MachineCosts& machine();
   double step_overhead_s(int workers);
-  // The calibrated contention for `workers` threads (null when not measured yet);
+  // The calibrated contention under contention_key's key (null when not measured yet);
   // set_contention keeps a measured one (the cache saves it).
-  const Contention* contention(int workers) const;
+  const Contention* contention(const std::string& key) const;
   double barrier_s(int threads);  // measured once per thread count (MachineCosts::barrier_s)
-  void set_contention(int workers, Contention costs);
+  void set_contention(const std::string& key, Contention costs);
 
   // Figures from elsewhere (tests; another machine's measurements), used instead of measuring.
   void set_unit(const model::TransformerConfig& config, const UnitShape& shape, const UnitCost& cost);

@@ -74,12 +74,17 @@ Prediction simulate(const model::TransformerConfig& model, const Strategy& strat
                     const SimulationOptions& options = {});
 
 // What W oversubscribed workers lose to the scheduler beyond the profiles (nothing when W
-// fits the cores), calibrated on real engine steps of a calibration model — not the
-// user's, so the figures are the machine's, measured once and cached. A cost per pass, so
-// that a pipeline of W stages (2W micro-batches of 1F1B) replays in its measured time;
-// then a cost per ring step, so that one mesh of W sequence ranks does. A cost per
-// hand-off rather than a factor on the passes: the loss is a wait for a core, about the
-// same for a small model's passes as for a large one's.
-Contention contention_costs(Profiler& profiler, int workers);
+// fits the cores), calibrated on real engine steps of the planned model (batch rounded to
+// 2W micro-batches), measured once per model and cached. A cost per pass, so that a
+// pipeline of W stages (2W micro-batches of 1F1B) replays in its measured time; then a cost
+// per ring step, so that one mesh of W sequence ranks does. A model whose tokens W does not
+// divide is calibrated on a small stand-in instead (d 64, 32·W tokens). At the planned
+// model's shape because the wait for a core at a hand-off grows with the passes the other
+// threads are in: costs fitted on the stand-in under-charged the validation grid's
+// 4-worker pipelines by 18–27 % (docs/plan.md).
+Contention contention_costs(Profiler& profiler, int workers, const model::TransformerConfig& planned, int batch);
+
+// The cache's key of a calibration: the worker count, the model and the batch.
+std::string contention_key(const model::TransformerConfig& calibration, int workers, int batch);
 
 }  // namespace peertrain::plan
