@@ -319,13 +319,19 @@ def main():
 
     @guarded(table, "parallel", "pipeline bubble")
     def pipeline():
-        out = run([os.path.join(build, "bench", "pipeline_bench"), "--steps", "1" if quick else "3"], timeout=1800)
+        # 3 steps in both modes (the best kept): one step carried one measurement of each pass,
+        # and its replay read +1.8 and +5.1 points over theory in two --quick runs before session 32.
+        out = run([os.path.join(build, "bench", "pipeline_bench"), "--steps", "3"], timeout=1800)
         for schedule in ("gpipe", "1f1b"):
             block = out[out.index(schedule + ":"):]
             m = re.search(r"replayed \(thread CPU, core per stage\) ([\d.]+) \| theory \S+ ([\d.]+)", block)
             replayed, theory = float(m.group(1)), float(m.group(2))
+            # What the stages' unequal CPU alone leaves, beside theory: most of the excess.
+            floor = re.search(r"with the stages' imbalance \(balance [\d.]+\) ([\d.]+)", block)
+            limit = f"theory {theory:.3f}" + (f" ({float(floor.group(1)):.3f} with the stages' imbalance)"
+                                               if floor else "")
             table.add("parallel", f"pipeline bubble, {schedule}, PP 4, M 8 (replayed, a core per stage)",
-                      f"{replayed:.3f}", f"theory {theory:.3f}", f"{100 * (replayed - theory):+.1f} points",
+                      f"{replayed:.3f}", limit, f"{100 * (replayed - theory):+.1f} points",
                       "theory ± 5 points", met(5, abs(100 * (replayed - theory))))
 
     for bench in (ring, pipeline):
