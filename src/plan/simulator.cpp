@@ -546,7 +546,27 @@ Contention contention_costs(Profiler& profiler, int workers, const model::Transf
   model::TransformerConfig c = planned;
   c.layers = std::max(c.layers, workers - 2);                            // a unit per stage at least
   batch = 2 * workers * std::max(1, (batch + workers) / (2 * workers));  // 2W micro-batches
-  if (c.tokens() % workers != 0) {  // no mesh of W sequence ranks: the small stand-in model
+  Strategy pipeline;
+  pipeline.engine.pp = workers;
+  pipeline.engine.microbatches = 2 * workers;
+  Strategy mesh;
+  mesh.engine.sp = workers;
+  // Kept under the planned model's key, whichever model calibrated it: the engine's check
+  // below builds the model and two engines, too much for every simulation of a search.
+  const std::string planned_key = contention_key(c, workers, batch);
+  if (const Contention* known = profiler.contention(planned_key)) return *known;
+  // Both calibration strategies as the engine would take them (its constructor is the check).
+  auto engine_runs = [&] {
+    try {
+      model::Transformer model(c);
+      for (const Strategy* s : {&pipeline, &mesh}) parallel::PipelineEngine probe(model, s->engine);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (c.tokens() % workers != 0 || !engine_runs()) {
+    // No mesh of W sequence ranks, or no W stages, of this model: the small stand-in.
     c = model::TransformerConfig{};
     c.d_model = 64;
     c.heads = 2;
@@ -554,15 +574,12 @@ Contention contention_costs(Profiler& profiler, int workers, const model::Transf
     c.seq = 32 * workers;
     batch = 2 * workers;
   }
+  pipeline.batch = mesh.batch = batch;
   const std::string key = contention_key(c, workers, batch);
-  if (const Contention* known = profiler.contention(key)) return *known;
-  Strategy pipeline;
-  pipeline.batch = batch;
-  pipeline.engine.pp = workers;
-  pipeline.engine.microbatches = 2 * workers;
-  Strategy mesh;
-  mesh.batch = batch;
-  mesh.engine.sp = workers;
+  if (const Contention* known = profiler.contention(key)) {
+    profiler.set_contention(planned_key, *known);
+    return *known;
+  }
   // The two strategies' units and their engine steps measured in the same rounds, so that
   // the costs fitted below compare figures of the same spells of the machine's speed: a
   // step measured once, in a slow second, put its whole difference from units measured
@@ -595,6 +612,7 @@ Contention contention_costs(Profiler& profiler, int workers, const model::Transf
   costs.pass_s = fit(pipeline, median(pipeline_steps), costs, &Contention::pass_s);
   costs.sync_s = fit(mesh, median(mesh_steps), costs, &Contention::sync_s);
   profiler.set_contention(key, costs);
+  profiler.set_contention(planned_key, costs);
   return costs;
 }
 

@@ -77,8 +77,9 @@ Prediction simulate(const model::TransformerConfig& model, const Strategy& strat
 // fits the cores), calibrated on real engine steps of the planned model (batch rounded to
 // 2W micro-batches), measured once per model and cached. A cost per pass, so that a
 // pipeline of W stages (2W micro-batches of 1F1B) replays in its measured time; then a cost
-// per ring step, so that one mesh of W sequence ranks does. A model whose tokens W does not
-// divide is calibrated on a small stand-in instead (d 64, 32·W tokens). At the planned
+// per ring hop, so that one mesh of W sequence ranks does. A model whose tokens W does not
+// divide, or whose W stages or W sequence ranks the engine refuses, is calibrated on a
+// small stand-in instead (d 64, 32·W tokens). At the planned
 // model's shape because the wait for a core at a hand-off grows with the passes the other
 // threads are in: costs fitted on the stand-in under-charged the validation grid's
 // 4-worker pipelines by 18–27 % (docs/plan.md).
