@@ -240,7 +240,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // queued, came out 25 % low while 1F1B held, docs/plan.md.) A mesh with more ranks than cores waits
   // again at each hand-off between its ranks inside a pass, as its ranks can never all run
   // at once: each hop of the ring attention (sp − 1 for every sequence, head and query tile
-  // of a block, forward and backward) and each all-reduce (2 a block each way); a smaller
+  // of a block forward, sp backward) and each all-reduce (2 a block each way); a smaller
   // mesh's ranks can, and the scheduler keeps them running through their exchanges.
   Contention contention;
   if (options.contention && options.cores <= 0 && e.workers() > cores)
@@ -253,9 +253,18 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     const auto& m = meshes[static_cast<std::size_t>(stage)];
     int per_block = 0;
     if (exchanges && m.workers() > cores) {
-      const int local_tokens = c.tokens() / m.sp, tiles = (local_tokens + kRingBlockTokens - 1) / kRingBlockTokens;
-      const int ring_units = e.ring == parallel::RingMode::kOnlineSoftmax ? b * (c.heads / m.tp) * tiles : 1;
-      per_block = (m.sp - 1) * ring_units + (m.tp > 1 ? 2 : 0);
+      const bool forward = op.kind == parallel::PassKind::kForward;
+      if (m.sp > 1 && e.ring == parallel::RingMode::kOnlineSoftmax) {
+        // One ring pass of a unit per sequence, head and query tile: sp − 1 hops forward;
+        // backward its dK and dV sums wait at every hop, and once more on their way home.
+        const int local_tokens = c.tokens() / m.sp, tiles = (local_tokens + kRingBlockTokens - 1) / kRingBlockTokens;
+        per_block = b * (c.heads / m.tp) * tiles * (forward ? m.sp - 1 : m.sp);
+      } else if (m.sp > 1) {
+        // Ring Self-Attention: the keys' and values' passes forward; backward three, two
+        // of them carrying sums home.
+        per_block = forward ? 2 * (m.sp - 1) : 3 * (m.sp - 1) + 2;
+      }
+      per_block += m.tp > 1 ? 2 : 0;
     }
     const int blocks = per_block > 0 ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
     return (exchanges ? contention.pass_s : 0.0) + contention.sync_s * per_block * blocks;

@@ -140,8 +140,9 @@ TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
   const auto with = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
   ASSERT_TRUE(without.feasible && with.feasible) << without.why_not << with.why_not;
   // One stage, two passes (F, B), each a hand-off, each over 4 blocks of ring attention:
-  // 3 hops for each of the 8 sequences' 4 heads (one query tile each).
-  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 + 2 * 4 * (3 * 8 * 4) * 0.5e-3, 1e-9);
+  // for each of the 8 sequences' 4 heads (one query tile each), 3 hops forward and 4
+  // backward (ring_pass's sums wait at each hop and on their way home).
+  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 + 4 * (3 + 4) * 8 * 4 * 0.5e-3, 1e-9);
 
   // Two stages of 3 units on one core, one micro-batch of ZB-H1: the F and B passes pay the
   // hand-off, the W passes (the stage's own data) do not. The chain F, F, B, B leaves nothing
@@ -532,6 +533,8 @@ TEST(Profiler, CacheSkipsLinesItCannotRead) {
   {
     std::ofstream out(path);
     out << "machine\t" << Profiler::machine_key() << "\n"
+        << "machine\t-\t1 1e10 1e-5 1e-5 1 1\n"      // so that machine() reads, not measures
+        << "barrier\t3\t2e-4\n"                      // good
         << "barrier\tfour\t1e-4\n"                   // count not a number: std::stoi threw here once
         << "handoff\t4 workers: m\t1.5e-4 4.5e-4\n"  // good
         << "barrier\t4x\t1e-4\n"                     // trailing junk
@@ -553,6 +556,12 @@ TEST(Profiler, CacheSkipsLinesItCannotRead) {
   const Contention* six = profiler.contention("6 workers: m");
   ASSERT_NE(six, nullptr);
   EXPECT_DOUBLE_EQ(six->sync_s, 5e-4);
+  // The count-keyed lines: only the good one was read.
+  const MachineCosts& m = profiler.machine();
+  EXPECT_EQ(m.cores, 1);
+  ASSERT_EQ(m.barrier_s.size(), 1u);
+  EXPECT_DOUBLE_EQ(m.barrier_s.at(3), 2e-4);
+  EXPECT_TRUE(m.step_overhead_s.empty());
   std::filesystem::remove(path);
 }
 
