@@ -466,10 +466,14 @@ double MachineCosts::slowdown_at(int threads) const {
   return slowdown[static_cast<std::size_t>(std::min<int>(threads, static_cast<int>(slowdown.size())) - 1)];
 }
 
-std::string UnitShape::key(const model::TransformerConfig& c) const {
+std::string model_key(const model::TransformerConfig& c) {
   return str(c.kind == model::TransformerKind::kGpt ? "gpt" : "vit", " d", c.d_model, " H", c.heads, " T", c.tokens(),
              " V", c.kind == model::TransformerKind::kGpt ? c.vocab : c.classes, c.tied_head ? " tied" : "", " mlp",
-             c.mlp_ratio, " ",
+             c.mlp_ratio);
+}
+
+std::string UnitShape::key(const model::TransformerConfig& c) const {
+  return str(model_key(c), " ",
              unit == UnitKind::kEmbedding ? "embedding"
              : unit == UnitKind::kBlock   ? "block"
              : unit == UnitKind::kHead    ? "head"

@@ -90,7 +90,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   static std::map<std::string, std::unique_ptr<model::Transformer>> models;
   model::Transformer* built = nullptr;
   {
-    const std::string key = str(UnitShape{}.key(config), " L", config.layers);
+    const std::string key = str(model_key(config), " L", config.layers);
     std::lock_guard lock(models_mutex);
     auto& slot = models[key];
     if (!slot) slot = std::make_unique<model::Transformer>(config);
@@ -541,10 +541,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
 }
 
 std::string contention_key(const model::TransformerConfig& c, int workers, int batch) {
-  const bool gpt = c.kind == model::TransformerKind::kGpt;
-  return str(workers, " workers: ", gpt ? "gpt" : "vit", " d", c.d_model, " L", c.layers, " H", c.heads, " T",
-             c.tokens(), " V", gpt ? c.vocab : c.classes, c.tied_head ? " tied" : "", " mlp", c.mlp_ratio, " batch ",
-             batch);
+  return str(workers, " workers: ", model_key(c), " L", c.layers, " batch ", batch);
 }
 
 Contention contention_costs(Profiler& profiler, int workers, const model::TransformerConfig& planned, int batch) {

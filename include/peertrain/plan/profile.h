@@ -51,6 +51,10 @@ struct UnitCost {
   double stash_bytes = 0;       // kept from B to W
 };
 
+// The model's part of a cache key: its kind, width, heads, tokens, vocabulary or classes,
+// tied head and MLP ratio (not its depth: a unit is one layer's).
+std::string model_key(const model::TransformerConfig& config);
+
 // What a unit's cost depends on.
 struct UnitShape {
   UnitKind unit = UnitKind::kBlock;
