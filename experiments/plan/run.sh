@@ -17,31 +17,36 @@ usage() {
 Usage: experiments/plan/run.sh [--quick] [--out DIR]
 
 Measures each strategy of the grid (gpt d128 L4 H4 T128, batch 8) with bench pipeline
-(the median of its steps; the median of 3 rounds over the grid) and predicts it with plan
---strategy, then checks plan's pick.
+(the median of its steps; the median of 5 rounds over the grid) and predicts it with plan
+--strategy from profiles taken afresh before each round (the median of the rounds'
+predictions), then checks plan's pick, then predicts lian2017's runs across peers.
 
-  --quick     3 measured steps a strategy instead of 9, one round of the grid instead of 3,
-              and 3 side-by-side rounds of the search's check instead of 5 (about 2 minutes)
+  --quick     3 measured steps a strategy instead of 9, one round of the grid instead of 5
+              (profiled once, as plan does), 3 side-by-side rounds of the search's check
+              instead of 5, and each fast lian2017 run retrained once instead of 3 times
+              (about 4 minutes)
   --peers-only  redo only the across-peers part (after a new lian2017 run or a change to
-              plan --topology), keeping DIR's grid and search results; about 1 minute
+              plan --topology), keeping DIR's grid and search results; about 4 minutes
   --out DIR   where results go (default: experiments/plan/results)
   -h, --help  this help
 
-Full mode: about 10 minutes on 2 cores (5 of them profiling). The profiles go to DIR/profile.tsv, measured
-once. Environment: PEERTRAIN (default: <repo>/build/peertrain).
+Full mode: about 14 minutes on 2 cores (5 of them profiling). The last round's profiles
+are kept in DIR/profile.tsv. Environment: PEERTRAIN (default: <repo>/build/peertrain).
 EOF
 }
 
 command_line="experiments/plan/run.sh${*:+ $*}"
 steps=9
 rounds=5
-grid_rounds=3
+grid_rounds=5
+profile_rounds=2
+retrain_rounds=3
 mode=full
 peers_only=0
 out=$PT_SCRIPT_DIR/results
 while (($#)); do
   case $1 in
-    --quick) steps=3 rounds=3 grid_rounds=1 mode=quick ;;
+    --quick) steps=3 rounds=3 grid_rounds=1 profile_rounds=7 retrain_rounds=1 mode=quick ;;
     --peers-only) peers_only=1 ;;
     --out) out=$2; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -63,6 +68,8 @@ fi
 model=(--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8)
 cache="$out/profile.tsv"
 ((peers_only)) || rm -f "$cache"  # a validation profiles this machine afresh
+# median A,B,...: the median of comma-separated numbers.
+median() { /usr/bin/python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1].split(","))))' "$1"; }
 json() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d, list) else d; print($1)"; }
 # flags ← a strategy's flags, with --pp and --microbatches always said (bench pipeline and
 # plan default differently).
@@ -114,65 +121,84 @@ grid=(
   "2|--pp 2 --microbatches 4 --vocab-parallel vocab-2|--d-model 128 --layers 4 --heads 4 --seq 128 --batch 8 --vocab-size 8192"
 )
 if ((!peers_only)); then
-echo "grid: ${#grid[@]} strategies, $grid_rounds rounds of $steps measured steps each; profiles cached in $cache"
+echo "grid: ${#grid[@]} strategies, $grid_rounds rounds of $steps measured steps each, each round predicted from profiles taken just before it; the last round's kept in $cache"
 base_model="${model[*]}"
 # Round 1 measures and predicts every strategy; the later rounds measure them again with
 # the same stage boundaries, the rounds interleaved over the grid, so a slow minute of this
 # machine moves one measurement of many strategies rather than all of one. Its measured
 # step is the median over the rounds.
 declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stages r_steps
-# The profiles first: for each model and worker count of the grid, the search over them
-# measures every unit shape it needs together, in rounds (docs/plan.md), as a user's
-# `plan --workers W` does; the grid's predictions then read them from the cache. Not the
-# base model's vocabulary-parallel rows: with its 256-byte vocabulary the search leaves
-# vocabulary parallelism out, so those rows profile their own shapes.
-declare -A profiled
-for row in "${grid[@]}"; do
-  [[ $mode == quick ]] && break  # --quick: each row profiles what it lacks
-  IFS='|' read -r workers _ row_model <<< "$row"
-  row_model=${row_model:-$base_model}
-  [[ -n ${profiled["$workers|$row_model"]:-} ]] && continue
-  profiled["$workers|$row_model"]=1
-  read -r -a model <<< "$row_model"
-  "$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$cache" --format json > /dev/null
-done
-((${#profiled[@]} == 0)) || echo "  profiled: ${#profiled[@]} searches (model, workers)"
+# profile ROUND: the profiles a round's predictions read, in their own cache. For each
+# model and worker count of the grid, the search over them measures every unit shape it
+# needs together, in rounds (docs/plan.md), as a user's `plan --workers W` does; the grid's
+# predictions then read them from the cache. Not the base model's vocabulary-parallel rows:
+# with its 256-byte vocabulary the search leaves vocabulary parallelism out, so those rows
+# profile their own shapes. In full mode every round of the grid profiles the machine
+# afresh, just before it measures (2 rounds a unit instead of plan's 7: 10 in all): this
+# host's speed drifts by 10-25 % over minutes, and profiles taken once, in one spell, moved
+# every prediction of a run with that spell (docs/plan.md, session 33). A row's
+# prediction is then the median of its rounds', as its measurement is.
+profile() {
+  local round=$1 workers row_model
+  round_cache="$out/profile.round$round.tsv"
+  rm -f "$round_cache"
+  [[ $mode == quick ]] && return  # --quick: each row profiles what it lacks, plan's 7 rounds
+  declare -A profiled=()
+  for row in "${grid[@]}"; do
+    IFS='|' read -r workers _ row_model <<< "$row"
+    row_model=${row_model:-$base_model}
+    [[ -n ${profiled["$workers|$row_model"]:-} ]] && continue
+    profiled["$workers|$row_model"]=1
+    read -r -a model <<< "$row_model"
+    "$PEERTRAIN" plan "${model[@]}" --workers "$workers" --profile-cache "$round_cache" \
+      --profile-rounds "$profile_rounds" --format json > /dev/null
+  done
+  echo "  round $round: profiled by ${#profiled[@]} searches (model, workers), $profile_rounds rounds a unit"
+}
+# predict I ROUND: row I's prediction from ROUND's profiles, with its measured stages.
+predict() {
+  local i=$1 round=$2
+  predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "${r_stages[i]}" \
+    --profile-cache "$round_cache" --profile-rounds "$profile_rounds" --format json)
+  r_predicted[i]+="${r_predicted[i]:+,}$(json 'd["step_s"]' <<< "$predicted")"
+  r_simulate[i]+="${r_simulate[i]:+,}$(json 'd.get("simulate_s", 0)' <<< "$predicted")"
+}
 for ((round = 1; round <= grid_rounds; round++)); do
+  profile "$round"
   i=0
   for row in "${grid[@]}"; do
     IFS='|' read -r workers strategy row_model <<< "$row"
     row_model=${row_model:-$base_model}
     strategy_flags "$strategy"
     read -r -a model <<< "$row_model"
-    if ((round == 1)); then
+    if ((round == 1)); then  # the engine chooses the stage boundaries; later rounds keep them
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --steps "$steps" --format json)
-      stages=$(json 'd["split"]' <<< "$measured")
-      predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "$stages" \
-        --profile-cache "$cache" --format json)
-      r_workers[i]=$workers r_strategy[i]=$strategy r_model[i]=$row_model r_stages[i]=$stages
+      r_stages[i]=$(json 'd["split"]' <<< "$measured")
+      r_workers[i]=$workers r_strategy[i]=$strategy r_model[i]=$row_model
       r_replayed[i]=$(json 'd["replayed_step_s"]' <<< "$measured")
-      r_predicted[i]=$(json 'd["step_s"]' <<< "$predicted")
-      r_simulate[i]=$(json 'd.get("simulate_s", 0)' <<< "$predicted")
       r_steps[i]=$(json 'd["step_s"]' <<< "$measured")
+      predict "$i" "$round"
       printf '  %-50s %-40s measured %6.2f ms, predicted %6.2f ms\n' "$strategy" "${row_model/$base_model/}" \
         "$(json 'd*1e3' <<< "${r_steps[i]}")" "$(json 'd*1e3' <<< "${r_predicted[i]}")"
     else
+      predict "$i" "$round"
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "${r_stages[i]}" --steps "$steps" \
         --format json)
       r_steps[i]+=",$(json 'd["step_s"]' <<< "$measured")"
     fi
     i=$((i + 1))
   done
-  ((round == 1)) || echo "  round $round of $grid_rounds measured"
+  ((round == 1)) || echo "  round $round of $grid_rounds measured and predicted"
 done
-printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\tmeasured_rounds_s\n' \
+cp "$round_cache" "$cache"  # the last round's profiles: the search below reads them
+printf 'workers\tflags\tmodel\tmeasured_s\treplayed_s\tpredicted_s\tsimulate_s\tstages\tmeasured_rounds_s\tpredicted_rounds_s\n' \
   > "$out/grid.tsv"
 for ((i = 0; i < ${#grid[@]}; i++)); do
-  median=$(/usr/bin/python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1].split(","))))' \
-    "${r_steps[i]}")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${r_workers[i]}" "${r_strategy[i]}" "${r_model[i]}" "$median" \
-    "${r_replayed[i]}" "${r_predicted[i]}" "${r_simulate[i]}" "${r_stages[i]}" "${r_steps[i]}" >> "$out/grid.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${r_workers[i]}" "${r_strategy[i]}" "${r_model[i]}" \
+    "$(median "${r_steps[i]}")" "${r_replayed[i]}" "$(median "${r_predicted[i]}")" "$(median "${r_simulate[i]}")" \
+    "${r_stages[i]}" "${r_steps[i]}" "${r_predicted[i]}" >> "$out/grid.tsv"
 done
+rm -f "$out"/profile.round*.tsv
 read -r -a model <<< "$base_model"
 # The search's pick for 2 and 4 workers, measured like the grid: the simulator's alone
 # (`plan`), and with its best 3 run on the engine (`plan --measure 3`).
@@ -260,11 +286,13 @@ fi
 # The network-bound runs (high latency, low bandwidth) are taken from lian2017's committed
 # measurements (the seconds per step of peer 0; the other seeds step at the same pace).
 # The fast network's runs are bound by the CPU, so by the binary, and are trained again
-# here with this one (12 runs, about a minute).
+# here with this one: 12 runs of about 5 s, in $retrain_rounds rounds over the 12 (each run's
+# figure the median of its rounds), since one fast run's pace moves by up to 20 % from one
+# minute to the next on this host (docs/plan.md, session 31).
 lian=$PT_SCRIPT_DIR/../lian2017/results
 remeasured=$(mktemp -d)
 trap 'rm -rf "$remeasured"' EXIT
-printf 'label\tmeasured_s\tpredicted_s\twhere\tsource\twhole_run_s\n' > "$out/peers.tsv"
+printf 'label\tmeasured_s\tpredicted_s\twhere\tsource\twhole_run_s\tmeasured_rounds_s\n' > "$out/peers.tsv"
 # Peer 0's seconds per step from a run's metrics.csv, as "STEADY WHOLE": STEADY from its
 # first evaluation to its last (what plan predicts: a step of a running training), WHOLE
 # over every step, as lian2017's report takes it. The difference is the first steps'
@@ -286,36 +314,52 @@ seconds_per_step() {  # METRICS_CSV STEPS EVAL_EVERY
       printf "%.9g %.9g\n", steady, w / steps
     }' "$1"
 }
-/usr/bin/python3 -c '
+mapfile -t lian_runs < <(/usr/bin/python3 -c '
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     if r.get("seed", "1") == "1":
-        print("\t".join(r[k] for k in ("label", "algorithm", "hidden", "batch", "s_per_step", "run_dir", "eval_every", "steps")))' "$lian/runs.csv" |
-  while IFS=$'\t' read -r label algorithm hidden batch s_per_step run_dir eval_every steps; do
-    flags=(--algorithm "$algorithm")
-    [[ $algorithm == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
+        print("\t".join(r[k] for k in ("label", "algorithm", "hidden", "batch", "s_per_step", "run_dir", "eval_every", "steps")))' "$lian/runs.csv")
+((${#lian_runs[@]} > 0)) || { echo "error: no seed-1 run in $lian/runs.csv" >&2; exit 1; }
+declare -A steady_rounds whole_rounds
+for ((round = 1; round <= retrain_rounds; round++)); do
+  for run in "${lian_runs[@]}"; do
+    IFS=$'\t' read -r label _ _ _ _ run_dir eval_every steps <<< "$run"
+    [[ $label == fast/* ]] || continue
+    # lian2017's own command, with this binary, its topology here and a scratch folder.
+    read -r -a command < "$lian/$run_dir/command.txt"
+    for ((i = 1; i < ${#command[@]}; i++)); do
+      [[ ${command[i - 1]} == --topology ]] && command[i]="$lian/$run_dir/topology.yaml"
+      [[ ${command[i - 1]} == --out ]] && command[i]="$remeasured/round$round/$run_dir"
+    done
+    "$PEERTRAIN" "${command[@]:1}" < /dev/null > "$remeasured/launch.log" 2>&1 ||
+      { echo "error: retraining $label failed; see its log:" >&2; tail -5 "$remeasured/launch.log" >&2; exit 1; }
+    metrics=$remeasured/round$round/$run_dir/metrics.csv
+    read -r steady whole < <(seconds_per_step "$metrics" "$steps" "$eval_every") ||
+      { echo "error: no wall_s of peer 0 in $metrics ($label)" >&2; exit 1; }
+    steady_rounds[$label]+="${steady_rounds[$label]:+,}$steady"
+    whole_rounds[$label]+="${whole_rounds[$label]:+,}$whole"
+  done
+  echo "  across peers: the fast network's runs retrained, round $round of $retrain_rounds"
+done
+for run in "${lian_runs[@]}"; do
+  IFS=$'\t' read -r label algorithm hidden batch _ run_dir eval_every steps <<< "$run"
+  flags=(--algorithm "$algorithm")
+  [[ $algorithm == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
+  if [[ $label == fast/* ]]; then
+    source="retrained" rounds_s=${steady_rounds[$label]}
+    s_per_step=$(median "$rounds_s") whole_s=$(median "${whole_rounds[$label]}")
+  else
+    metrics=$lian/$run_dir/metrics.csv
     source="lian2017"
-    if [[ $label == fast/* ]]; then
-      # lian2017's own command, with this binary, its topology here and a scratch folder.
-      read -r -a command < "$lian/$run_dir/command.txt"
-      for ((i = 1; i < ${#command[@]}; i++)); do
-        [[ ${command[i - 1]} == --topology ]] && command[i]="$lian/$run_dir/topology.yaml"
-        [[ ${command[i - 1]} == --out ]] && command[i]="$remeasured/$run_dir"
-      done
-      "$PEERTRAIN" "${command[@]:1}" < /dev/null > "$remeasured/launch.log" 2>&1 ||
-        { echo "error: retraining $label failed; see its log:" >&2; tail -5 "$remeasured/launch.log" >&2; exit 1; }
-      metrics=$remeasured/$run_dir/metrics.csv
-      source="retrained"
-    else
-      metrics=$lian/$run_dir/metrics.csv
-    fi
     read -r s_per_step whole_s < <(seconds_per_step "$metrics" "$steps" "$eval_every") ||
       { echo "error: no wall_s of peer 0 in $metrics ($label)" >&2; exit 1; }
-    predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
-      --hidden "$hidden" --batch "$batch" --eval-every "$eval_every" --cores "$(nproc)" --format json)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$(json 'd["step_s"]' <<< "$predicted")" \
-      "$(json 'd["where"]' <<< "$predicted")" "$source" "$whole_s" >> "$out/peers.tsv"
-  done
+    rounds_s=$s_per_step
+  fi
+  predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
+    --hidden "$hidden" --batch "$batch" --eval-every "$eval_every" --cores "$(nproc)" --format json)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$(json 'd["step_s"]' <<< "$predicted")" \
+    "$(json 'd["where"]' <<< "$predicted")" "$source" "$whole_s" "$rounds_s" >> "$out/peers.tsv"
+done
 echo "  across peers: $(($(wc -l < "$out/peers.tsv") - 1)) lian2017 runs predicted"
 if ((peers_only)); then  # the grid's dates and duration stay those of the full run
   mv "$out/meta.grid.json" "$out/meta.json"

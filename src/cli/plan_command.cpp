@@ -273,7 +273,12 @@ int run_plan(int argc, char** argv) {
       "with more workers than cores, do not add the hand-off costs measured on a calibration model to the passes "
       "(added by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
       "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
-      cxxopts::value<std::string>())("format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
+      cxxopts::value<std::string>())(
+      "profile-rounds",
+      "rounds over the unit shapes the cache lacks, each measured once a round (their median kept): more rounds "
+      "average more of a shared host's drift",
+      cxxopts::value<std::string>()->default_value("7"))("format", "table or json",
+                                                         cxxopts::value<std::string>()->default_value("table"))(
       "measure",
       "then run the best predicted of each of the K best layouts (sp, tp, pp, micro-batches, meshes, vocabulary; "
       "a layout's schedules share its profiles' error) on the engine here, in rotated rounds, and pick the fastest "
@@ -331,6 +336,8 @@ int run_plan(int argc, char** argv) {
       throw UsageError("--eval-every is for plan --topology FILE without --run (across peers)");
     if (across) {
       if (args.count("measure")) throw UsageError("--measure is for one peer's strategies, not with --topology");
+      if (args.count("profile-rounds"))
+        throw UsageError("--profile-rounds is for one peer's strategies, not with --topology");
       return plan_network(args, model_name, config, batch, format);
     }
     const int measure = number_flag<int>(args, "measure");
@@ -347,7 +354,9 @@ int run_plan(int argc, char** argv) {
     std::string cache =
         args.count("profile-cache") ? args["profile-cache"].as<std::string>() : plan::Profiler::default_cache_path();
     if (cache == "none") cache.clear();
-    plan::Profiler profiler(cache);
+    const int profile_rounds = number_flag<int>(args, "profile-rounds");
+    if (profile_rounds < 1) throw UsageError("--profile-rounds must be at least 1");
+    plan::Profiler profiler(cache, profile_rounds);
 
     // What to predict: one --strategy, or the search over --workers.
     std::optional<plan::Candidate> one;

@@ -22,6 +22,9 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --top 4 --measure 2 --measure-rounds 
 out=$("$bin" plan "${tiny[@]}" --workers 2 --measure 2 --measure-rounds 2 --measure-steps 1 --format json 2>&1)
 [[ $(grep -o '"measured_rounds_s":\[[0-9.e-]*, [0-9.e-]*\]' <<<"$out" | wc -l) -eq 2 ]] && ok ||
   fail "plan --measure 2 --format json: two strategies with two rounds each expected: $out"
+# --profile-rounds R: a fresh cache's unit shapes measured in R rounds.
+out=$("$bin" plan "${tiny[@]/$work\/profile.tsv/none}" --strategy --pp 2 --microbatches 2 --profile-rounds 2 2>&1)
+[[ $? -eq 0 ]] && grep -q "unit shapes in 2 rounds" <<<"$out" && ok || fail "plan --profile-rounds 2: $out"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --memory-per-worker 1KiB 2>&1)
 grep -q "no strategy fits" <<<"$out" && grep -q "does not fit: stage 0's workers need" <<<"$out" && ok ||
   fail "plan under a 1 KiB cap: $out"
@@ -72,6 +75,8 @@ expect_error "--contention and --no-contention: choose one" --topology "$work/pa
 expect_error "--measure must be 0" "${tiny[@]}" --workers 2 --measure -1
 expect_error "--measure-rounds and --measure-steps must be at least 1" "${tiny[@]}" --workers 2 --measure 2 --measure-steps 0
 expect_error "--measure is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --measure 2
+expect_error "--profile-rounds must be at least 1" "${tiny[@]}" --workers 2 --profile-rounds 0
+expect_error "--profile-rounds is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --profile-rounds 3
 expect_error "--eval-every is for plan --topology" "${tiny[@]}" --workers 2 --eval-every 5
 
 echo "plan cli tests: $pass passed, $failures failed"
