@@ -9,7 +9,7 @@ set -u
 root=$1
 source "$(dirname "$0")/common.sh"
 
-base=$((31000 + ($$ * 16) % 9000))
+base=$((24000 + ($$ * 16) % 8000))  # below 32768, where the ephemeral ports begin
 write_topology "$work/ring4.yaml" ring4 ring 4 "$base"
 
 probe=$("$bin" launch --topology "$work/ring4.yaml" --model gpt --d-model 32 --heads 2 --layers 1 --seq 16 \
