@@ -44,6 +44,16 @@ def base_or(model):
     return "base" if model == BASE else f"`{model}`"
 
 
+def floats(row, key):
+    """A comma-separated column's numbers (empty where an older run has no such column)."""
+    return [float(x) for x in row.get(key, "").split(",") if x]
+
+
+def spread(values, digits):
+    """'least–most' in ms, or a dash for a single value."""
+    return f"{min(values) * 1e3:.{digits}f}–{max(values) * 1e3:.{digits}f}" if len(values) > 1 else "—"
+
+
 def main(out):
     grid = ek.read_tsv(os.path.join(out, "grid.tsv"))
     search = ek.read_tsv(os.path.join(out, "search.tsv"))
@@ -53,11 +63,10 @@ def main(out):
             r[k] = float(r[k])
         r["error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
         # Each round's measurement (runs before session 20 kept one, in measured_s).
-        r["rounds"] = [float(x) for x in r.get("measured_rounds_s", "").split(",") if x] or [r["measured_s"]]
+        r["rounds"] = floats(r, "measured_rounds_s") or [r["measured_s"]]
         # Each round's prediction, from profiles taken just before it (runs before session 33
         # profiled once: one prediction).
-        r["predicted_rounds"] = [float(x) for x in r.get("predicted_rounds_s", "").split(",") if x] or [
-            r["predicted_s"]]
+        r["predicted_rounds"] = floats(r, "predicted_rounds_s") or [r["predicted_s"]]
     errors = [abs(r["error"]) for r in grid]
     grid_rounds = max(len(r["rounds"]) for r in grid)
     rounds_phrase = f"; the median of {grid_rounds} rounds over the whole grid" if grid_rounds > 1 else ""
@@ -95,11 +104,9 @@ plot x title 'predicted = measured' lc rgb '#888888', \\
 
     rows = []
     for r in grid:
-        def spread(values):
-            return f"{min(values) * 1e3:.1f}–{max(values) * 1e3:.1f}" if len(values) > 1 else "—"
         rows.append([r["workers"], f"`{r['flags']}`", base_or(r["model"]), r["stages"], f"{r['measured_s'] * 1e3:.2f}",
-                     spread(r["rounds"]),
-                     f"{r['predicted_s'] * 1e3:.2f}", spread(r["predicted_rounds"]), f"{r['error'] * 100:+.1f} %",
+                     spread(r["rounds"], 1),
+                     f"{r['predicted_s'] * 1e3:.2f}", spread(r["predicted_rounds"], 1), f"{r['error'] * 100:+.1f} %",
                      f"{r['replayed_s'] * 1e3:.2f}", f"{r['simulate_s'] * 1e6:.0f}"])
     picks = []
     mode_names = {"simulator": "the simulator alone", "measured": "`--measure 3`"}
@@ -192,9 +199,8 @@ with W workers (target: within 5 %).
         within += abs(err) <= 0.2
         whole = f"{float(r['whole_run_s']) * 1e3:.3f}" if r.get("whole_run_s") else "—"
         # A retrained run's rounds (runs before session 33 retrained once).
-        rounds = [float(x) for x in r.get("measured_rounds_s", "").split(",") if x]
-        spread = f"{min(rounds) * 1e3:.3f}–{max(rounds) * 1e3:.3f}" if len(rounds) > 1 else "—"
-        prow.append([r["label"], r.get("source", "lian2017"), f"{m * 1e3:.3f}", spread, whole, f"{p * 1e3:.3f}",
+        rounds = floats(r, "measured_rounds_s")
+        prow.append([r["label"], r.get("source", "lian2017"), f"{m * 1e3:.3f}", spread(rounds, 3), whole, f"{p * 1e3:.3f}",
                      f"{err * 100:+.1f} %", r["where"]])
         retrain_rounds = max(retrain_rounds, len(rounds))
     text += f"""

@@ -155,9 +155,9 @@ profile() {
   done
   echo "  round $round: profiled by ${#profiled[@]} searches (model, workers), $profile_rounds rounds a unit"
 }
-# predict I ROUND: row I's prediction from ROUND's profiles, with its measured stages.
+# predict I: row I's prediction from this round's profiles, with its measured stages.
 predict() {
-  local i=$1 round=$2
+  local i=$1
   predicted=$("$PEERTRAIN" plan --strategy "${model[@]}" "${flags[@]}" --stages "${r_stages[i]}" \
     --profile-cache "$round_cache" --profile-rounds "$profile_rounds" --format json)
   r_predicted[i]+="${r_predicted[i]:+,}$(json 'd["step_s"]' <<< "$predicted")"
@@ -177,11 +177,11 @@ for ((round = 1; round <= grid_rounds; round++)); do
       r_workers[i]=$workers r_strategy[i]=$strategy r_model[i]=$row_model
       r_replayed[i]=$(json 'd["replayed_step_s"]' <<< "$measured")
       r_steps[i]=$(json 'd["step_s"]' <<< "$measured")
-      predict "$i" "$round"
+      predict "$i"
       printf '  %-50s %-40s measured %6.2f ms, predicted %6.2f ms\n' "$strategy" "${row_model/$base_model/}" \
         "$(json 'd*1e3' <<< "${r_steps[i]}")" "$(json 'd*1e3' <<< "${r_predicted[i]}")"
     else
-      predict "$i" "$round"
+      predict "$i"
       measured=$("$PEERTRAIN" bench pipeline "${model[@]}" "${flags[@]}" --stages "${r_stages[i]}" --steps "$steps" \
         --format json)
       r_steps[i]+=",$(json 'd["step_s"]' <<< "$measured")"

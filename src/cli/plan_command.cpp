@@ -277,8 +277,8 @@ int run_plan(int argc, char** argv) {
       "profile-rounds",
       "rounds over the unit shapes the cache lacks, each measured once a round (their median kept): more rounds "
       "average more of a shared host's drift",
-      cxxopts::value<std::string>()->default_value("7"))("format", "table or json",
-                                                         cxxopts::value<std::string>()->default_value("table"))(
+      cxxopts::value<std::string>()->default_value(std::to_string(plan::Profiler::kDefaultRounds)))(
+      "format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "measure",
       "then run the best predicted of each of the K best layouts (sp, tp, pp, micro-batches, meshes, vocabulary; "
       "a layout's schedules share its profiles' error) on the engine here, in rotated rounds, and pick the fastest "

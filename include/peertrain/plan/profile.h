@@ -115,7 +115,10 @@ class Profiler {
  public:
   // cache_path: the cache, a text file (empty: no cache, measure every time). The file holds
   // entries of this machine and build only; another's are dropped on save.
-  explicit Profiler(std::string cache_path = default_cache_path(), int repetitions = 7);
+  // The rounds over the unit shapes a search measures (plan --profile-rounds).
+  static constexpr int kDefaultRounds = 7;
+
+  explicit Profiler(std::string cache_path = default_cache_path(), int repetitions = kDefaultRounds);
 
   const UnitCost& unit(const model::TransformerConfig& config, const UnitShape& shape);
   const MachineCosts& machine();
