@@ -292,7 +292,7 @@ fi
 lian=$PT_SCRIPT_DIR/../lian2017/results
 remeasured=$(mktemp -d)
 trap 'rm -rf "$remeasured"' EXIT
-printf 'label\tmeasured_s\tpredicted_s\twhere\tsource\twhole_run_s\tmeasured_rounds_s\n' > "$out/peers.tsv"
+printf 'label\tmeasured_s\tpredicted_s\twhere\tsource\twhole_run_s\tmeasured_rounds_s\tpredicted_rounds_s\n' > "$out/peers.tsv"
 # Peer 0's seconds per step from a run's metrics.csv, as "STEADY WHOLE": STEADY from its
 # first evaluation to its last (what plan predicts: a step of a running training), WHOLE
 # over every step, as lian2017's report takes it. The difference is the first steps'
@@ -320,10 +320,17 @@ for r in csv.DictReader(open(sys.argv[1])):
     if r.get("seed", "1") == "1":
         print("\t".join(r[k] for k in ("label", "algorithm", "hidden", "batch", "s_per_step", "run_dir", "eval_every", "steps")))' "$lian/runs.csv")
 ((${#lian_runs[@]} > 0)) || { echo "error: no seed-1 run in $lian/runs.csv" >&2; exit 1; }
-declare -A steady_rounds whole_rounds
+# predict LABEL ALGORITHM HIDDEN BATCH RUN_DIR EVAL_EVERY: plan's JSON for one run.
+predict_run() {
+  local flags=(--algorithm "$2")
+  [[ $2 == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
+  "$PEERTRAIN" plan --topology "$lian/$5/topology.yaml" "${flags[@]}" --model mlp \
+    --hidden "$3" --batch "$4" --eval-every "$6" --cores "$(nproc)" --format json
+}
+declare -A steady_rounds whole_rounds predicted_rounds where
 for ((round = 1; round <= retrain_rounds; round++)); do
   for run in "${lian_runs[@]}"; do
-    IFS=$'\t' read -r label _ _ _ _ run_dir eval_every steps <<< "$run"
+    IFS=$'\t' read -r label algorithm hidden batch _ run_dir eval_every steps <<< "$run"
     [[ $label == fast/* ]] || continue
     # lian2017's own command, with this binary, its topology here and a scratch folder.
     read -r -a command < "$lian/$run_dir/command.txt"
@@ -338,27 +345,32 @@ for ((round = 1; round <= retrain_rounds; round++)); do
       { echo "error: no wall_s of peer 0 in $metrics ($label)" >&2; exit 1; }
     steady_rounds[$label]+="${steady_rounds[$label]:+,}$steady"
     whole_rounds[$label]+="${whole_rounds[$label]:+,}$whole"
+    # Predicted right after it was measured, with the host at the same pace (a plan's
+    # probe and profile, like a run, move with it; docs/plan.md, session 34).
+    prediction=$(predict_run "$label" "$algorithm" "$hidden" "$batch" "$run_dir" "$eval_every")
+    predicted_rounds[$label]+="${predicted_rounds[$label]:+,}$(json 'd["step_s"]' <<< "$prediction")"
+    where[$label]=$(json 'd["where"]' <<< "$prediction")
   done
   echo "  across peers: the fast network's runs retrained, round $round of $retrain_rounds"
 done
 for run in "${lian_runs[@]}"; do
   IFS=$'\t' read -r label algorithm hidden batch _ run_dir eval_every steps <<< "$run"
-  flags=(--algorithm "$algorithm")
-  [[ $algorithm == tree ]] && flags=(--algorithm allreduce --allreduce-algo tree)
   if [[ $label == fast/* ]]; then
     source="retrained" rounds_s=${steady_rounds[$label]}
     s_per_step=$(median "$rounds_s") whole_s=$(median "${whole_rounds[$label]}")
+    predicted_s=$(median "${predicted_rounds[$label]}") where_s=${where[$label]} predicted_rounds_s=${predicted_rounds[$label]}
   else
     metrics=$lian/$run_dir/metrics.csv
     source="lian2017"
     read -r s_per_step whole_s < <(seconds_per_step "$metrics" "$steps" "$eval_every") ||
       { echo "error: no wall_s of peer 0 in $metrics ($label)" >&2; exit 1; }
     rounds_s=$s_per_step
+    prediction=$(predict_run "$label" "$algorithm" "$hidden" "$batch" "$run_dir" "$eval_every")
+    predicted_s=$(json 'd["step_s"]' <<< "$prediction") where_s=$(json 'd["where"]' <<< "$prediction")
+    predicted_rounds_s=$predicted_s
   fi
-  predicted=$("$PEERTRAIN" plan --topology "$lian/$run_dir/topology.yaml" "${flags[@]}" --model mlp \
-    --hidden "$hidden" --batch "$batch" --eval-every "$eval_every" --cores "$(nproc)" --format json)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$(json 'd["step_s"]' <<< "$predicted")" \
-    "$(json 'd["where"]' <<< "$predicted")" "$source" "$whole_s" "$rounds_s" >> "$out/peers.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$s_per_step" "$predicted_s" \
+    "$where_s" "$source" "$whole_s" "$rounds_s" "$predicted_rounds_s" >> "$out/peers.tsv"
 done
 echo "  across peers: $(($(wc -l < "$out/peers.tsv") - 1)) lian2017 runs predicted"
 if ((peers_only)); then  # the grid's dates and duration stay those of the full run

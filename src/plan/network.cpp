@@ -394,7 +394,7 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
     double cpu = 0;
     for (const auto& p : out.peers) cpu += p.cpu_s;
     const double tests =
-        evaluation.every > 0 ? (n - 1) / 2.0 * evaluation.one_s / static_cast<double>(evaluation.every) : 0.0;
+        evaluation.every > 0 ? kTestsLanding * (n - 1) * evaluation.one_s / static_cast<double>(evaluation.every) : 0.0;
     cpu += tests;
     const std::string cpu_note =
         str(ms_3g(cpu), " ms of CPU a step",

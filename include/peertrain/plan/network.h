@@ -76,11 +76,14 @@ struct NetworkPrediction {
 
 // The evaluation rounds of launch --eval-every: every `every` steps each peer tests its
 // model (one_s of CPU). They are outside the step timings, but on shared cores the peers
-// are not in lockstep: those that reach the round before a peer ends its last step test
-// while it still trains, and their tests land in its step time (the lian2017 run at 16
-// peers, --eval-every 5: 6.5 ms a step against 2.6 without the rounds). Any peer is as
-// likely to be early as late, so half of the other n − 1 peers' tests count; measured on
-// the lian2017 runs, 0.5–1.0 of them did (docs/plan.md).
+// are not in lockstep: those that end the step before a round first test while the others
+// still train, and their tests land in those steps (the lian2017 run at 16 peers,
+// --eval-every 5: 6.5 ms a step against 2.6 without the rounds). Peer 0, the coordinator
+// whose steps are timed, starts each period last (it first sends every peer its release)
+// and so ends it last. Not all of the early peers' tests land in its step, though: a test
+// (7 ms) outlasts what is left of that step, and runs on after it. Measured on the
+// lian2017 runs, 0.34–0.50 of the other n − 1 peers' tests landed (docs/plan.md, session 34).
+inline constexpr double kTestsLanding = 0.4;
 struct Evaluation {
   double one_s = 0;     // one peer's test pass
   long long every = 0;  // steps between rounds (0: none counted)
