@@ -303,7 +303,7 @@ int run_plan(int argc, char** argv) {
       "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
       "eval-every",
       "mlp: steps between evaluation rounds, as launch takes it (0: once per epoch); on shared --cores "
-      "half the other peers' test passes land in the step time",
+      "0.4 of the other peers' test passes land in the step time",
       cxxopts::value<std::string>()->default_value("0"));
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
