@@ -63,6 +63,7 @@ std::string mib(double bytes) { return str(static_cast<long long>(std::llround(b
 // Fashion-MNIST, which launch trains the mlp on: its training and test images.
 constexpr long long kMlpTrainImages = 60000;
 constexpr int kMlpTestImages = 10000;
+constexpr int kMlpPixels = 784;  // Fashion-MNIST's 28 × 28
 
 struct PeerCompute {
   double gradient_s = 0;  // one peer's gradient on this machine (its optimizer pass: optimizer_s)
@@ -86,8 +87,9 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
   std::vector<double> times;
   double floats = 0, test_s = 0;
   if (model_name == "mlp") {
-    model::Mlp mlp(model::MlpConfig{.inputs = 784, .hidden = hidden, .classes = 10});
-    std::vector<float> params(mlp.num_parameters()), grads(params.size()), x(784 * static_cast<std::size_t>(batch));
+    model::Mlp mlp(model::MlpConfig{.inputs = kMlpPixels, .hidden = hidden, .classes = 10});
+    std::vector<float> params(mlp.num_parameters()), grads(params.size()),
+        x(kMlpPixels * static_cast<std::size_t>(batch));
     mlp.initialize(params, 1);
     for (auto& v : x) v = static_cast<float>(rng.normal());
     std::vector<std::int32_t> labels(static_cast<std::size_t>(batch), 3);
@@ -102,14 +104,15 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
       // distinct images streamed from memory (a single chunk again and again stays in
       // the cache and measured 0.75 of a real test pass).
       constexpr int kChunk = 1000;
-      std::vector<float> test(784 * static_cast<std::size_t>(kMlpTestImages));
+      std::vector<float> test(kMlpPixels * static_cast<std::size_t>(kMlpTestImages));
       for (auto& v : test) v = static_cast<float>(rng.normal());
       std::vector<std::int32_t> test_labels(kMlpTestImages, 3);
       std::vector<double> passes;  // 7 of about 7 ms: the median of 3 read 6.9-9.8 ms across runs
       for (int r = 0; r < 7; ++r) {
         const auto start = std::chrono::steady_clock::now();
         for (int done = 0; done < kMlpTestImages; done += kChunk)
-          mlp.evaluate(params, test.data() + static_cast<std::size_t>(done) * 784, test_labels.data() + done, kChunk);
+          mlp.evaluate(params, test.data() + static_cast<std::size_t>(done) * kMlpPixels, test_labels.data() + done,
+                       kChunk);
         passes.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       test_s = plan::median(passes);
@@ -302,8 +305,8 @@ int run_plan(int argc, char** argv) {
       "rank the algorithms (the three all-reduces among them), and D-PSGD on other graphs, for the "
       "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
       "eval-every",
-      "mlp: steps between evaluation rounds, as launch takes it (0: once per epoch); on shared --cores "
-      "0.4 of the other peers' test passes land in the step time",
+      str("mlp: steps between evaluation rounds, as launch takes it (0: once per epoch); on shared --cores ",
+          std::lround(100 * plan::kTestsLanding), " % of the other peers' test passes land in the step time"),
       cxxopts::value<std::string>()->default_value("0"));
   options.add_options("one strategy")("strategy", "predict the strategy these flags give instead of searching")(
       "sp", "sequence ranks per stage", cxxopts::value<std::string>()->default_value("1"))(
