@@ -39,7 +39,7 @@ command_line="experiments/plan/run.sh${*:+ $*}"
 steps=9
 rounds=5
 grid_rounds=5
-profile_rounds=2
+profile_rounds=3
 retrain_rounds=3
 mode=full
 peers_only=0
@@ -134,7 +134,8 @@ declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stag
 # predictions then read them from the cache. Not the base model's vocabulary-parallel rows:
 # with its 256-byte vocabulary the search leaves vocabulary parallelism out, so those rows
 # profile their own shapes. In full mode every round of the grid profiles the machine
-# afresh, just before it measures (2 rounds a unit instead of plan's 7: 10 in all): this
+# afresh, just before it measures (3 rounds a unit instead of plan's 7: 15 in all; with 2,
+# a unit's figure was the mean of two, and one slow burst moved it): this
 # host's speed drifts by 10-25 % over minutes, and profiles taken once, in one spell, moved
 # every prediction of a run with that spell (docs/plan.md, session 33). A row's
 # prediction is then the median of its rounds', as its measurement is.

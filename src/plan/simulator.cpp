@@ -237,11 +237,17 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // passes whose input another stage hands over) pays the calibrated cost of a hand-off;
   // a W, S or T pass works on what its own stage holds and does not. (Charging only the
   // passes whose thread had slept for its input measured worse: GPipe's forwards, mostly
-  // queued, came out 25 % low while 1F1B held, docs/plan.md.) A mesh with more ranks than cores waits
-  // again at each hand-off between its ranks inside a pass, as its ranks can never all run
-  // at once: each hop of the ring attention (sp − 1 for every sequence, head and query tile
-  // of a block forward, sp backward) and each all-reduce (2 a block each way); a smaller
-  // mesh's ranks can, and the scheduler keeps them running through their exchanges.
+  // queued, came out 25 % low while 1F1B held, docs/plan.md.) That cost is CPU work, done
+  // on a shared core like the pass's own: the switch to the woken thread and the caches
+  // it refills. Charged as a wait that left the cores to others (until session 35), it
+  // cost only where a core would otherwise idle, so the fit swung with the calibration's
+  // noise, and it charged GPipe's queued forwards, whose cores stay busy, more than
+  // 1F1B's (GPipe +12…17 % against 1F1B's −1…+6 % in five runs side by side).
+  // A mesh with more ranks than cores waits again at each hand-off between its ranks inside
+  // a pass, as its ranks can never all run at once: each hop of the ring attention (sp − 1
+  // for every sequence, head and query tile of a block forward, sp backward) and each
+  // all-reduce (2 a block each way); a smaller mesh's ranks can, and the scheduler keeps
+  // them running through their exchanges.
   Contention contention;
   if (options.contention && options.cores <= 0 && e.workers() > cores)
     contention = options.contention_costs ? *options.contention_costs
@@ -267,7 +273,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
       per_block += m.tp > 1 ? 2 : 0;
     }
     const int blocks = per_block > 0 ? chunk[static_cast<std::size_t>(shape.virtual_stage(stage, op.chunk))].blocks : 0;
-    return (exchanges ? contention.pass_s : 0.0) + contention.sync_s * per_block * blocks;
+    return std::pair{exchanges ? contention.pass_s : 0.0, contention.sync_s * per_block * blocks};
   };
   const std::vector<std::int64_t> tensor{b, c.tokens(), c.d_model};
   auto plan_transfer = [&](int from, int to) {
@@ -397,9 +403,9 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         const auto [cpu, wall] = pass_cost(list[next[p]], p);
         const int w = meshes[p].workers();
         phase[p] = kComputing;
-        cpu_left[p] = cpu;
-        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores)) + machine.pass_overhead_s +
-                       contention_s(list[next[p]], p);
+        const auto [handoff_cpu, handoff_wait] = contention_s(list[next[p]], p);
+        cpu_left[p] = cpu + handoff_cpu;
+        wait_left[p] = std::max(0.0, wall - cpu * w / std::min(w, cores)) + machine.pass_overhead_s + handoff_wait;
         work[p] += wall;
       } else {
         wake = std::min(wake, ready);
