@@ -3,8 +3,8 @@ set output 'experiments/plan/results/predicted_vs_measured.png'
 set title 'Step time: simulator against the engine (38 strategies, 2 cores)'
 set xlabel 'measured step time (ms)'
 set ylabel 'predicted step time (ms)'
-set xrange [0:136.47741022876605]
-set yrange [0:136.47741022876605]
+set xrange [0:131.45236413608217]
+set yrange [0:131.45236413608217]
 set key top left
 set grid
 plot x title 'predicted = measured' lc rgb '#888888', \
