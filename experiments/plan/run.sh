@@ -30,7 +30,7 @@ predictions), then checks plan's pick, then predicts lian2017's runs across peer
   --out DIR   where results go (default: experiments/plan/results)
   -h, --help  this help
 
-Full mode: about 14 minutes on 2 cores (5 of them profiling). The last round's profiles
+Full mode: about 19 minutes on 2 cores (about half of it profiling). The last round's profiles
 are kept in DIR/profile.tsv. Environment: PEERTRAIN (default: <repo>/build/peertrain).
 EOF
 }
