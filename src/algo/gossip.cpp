@@ -173,14 +173,16 @@ double Gossip::deadline_s() const {
 // deadline, not a whole deadline more. We often start waiting a little before a
 // neighbour stalls; a whole second wait then gave up on it at up to twice the deadline,
 // the whole bound, when the next peer down the chain, waiting on us for the whole bound
-// too, gave up on us as well (seen on a ring of 6 under load).
+// too, gave up on us as well (seen on a ring of 6 under load). A silence no longer than a
+// live link shows (its heartbeats' period) never counts.
 net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_t part) {
   constexpr double kMinSlice = 0.01;  // s; the silence is read this often at most
   const auto start = std::chrono::steady_clock::now();
   const double limit = network_.peer_timeout_s();
-  double slice = deadline_s();
+  const double deadline = deadline_s();
+  const double silent_enough = std::max(deadline, network_.live_silence_s());
+  double slice = deadline;
   for (int slices = 1;; ++slices) {
-    const double deadline = deadline_s();
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     try {
       return network_.receive(peer, net::MessageType::kParameters, step, part_tag(part),
@@ -188,15 +190,20 @@ net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_
     } catch (const Error& e) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double silence = network_.silence_s(peer);
-      if (e.kind() != ErrorKind::kTimeout || waited >= limit - 1e-3 || silence >= deadline) {
-        // The transport names the last slice only; the user wants the whole wait.
-        const std::string total =
-            e.kind() == ErrorKind::kTimeout && slices > 1 ? str("; ", std::round(waited * 100) / 100, " s in all") : "";
-        if (parts_.size() > 1 || !total.empty())
-          throw Error(e.kind(), str(e.what(), total, parts_.size() > 1 ? str("; gossip", part_name(part)) : ""));
+      const bool bound = waited >= limit - 1e-3;
+      if (e.kind() != ErrorKind::kTimeout || bound || silence >= silent_enough) {
+        // The transport names the last slice only: say which rule gave up, after how long.
+        const std::string rule =
+            e.kind() != ErrorKind::kTimeout || slices == 1 ? ""
+            : bound
+                ? str("; ", std::round(waited * 100) / 100, " s in all, the whole --peer-timeout")
+                : str("; ", std::round(waited * 100) / 100, " s in all, silent for ", std::round(silence * 100) / 100,
+                      " s (the adaptive deadline is ", std::round(deadline * 100) / 100, " s)");
+        if (parts_.size() > 1 || !rule.empty())
+          throw Error(e.kind(), str(e.what(), rule, parts_.size() > 1 ? str("; gossip", part_name(part)) : ""));
         throw;
       }
-      slice = std::max(kMinSlice, deadline - silence);
+      slice = std::max(kMinSlice, silent_enough - silence);
     }
   }
 }

@@ -74,6 +74,7 @@ class FaultyTransport final : public Transport {
   int rejoins(int peer) const override { return inner_->rejoins(peer); }
   bool alive(int peer) const override { return inner_->alive(peer); }
   double silence_s(int peer) const override { return inner_->silence_s(peer); }
+  double live_silence_s() const override { return inner_->live_silence_s(); }
   std::string link_report(int peer) const override { return inner_->link_report(peer); }
   std::vector<std::string> lost_links() override { return inner_->lost_links(); }
   void recycle(Payload payload) override { inner_->recycle(std::move(payload)); }

@@ -628,6 +628,10 @@ class TcpTransport final : public Transport {
     std::lock_guard lock(core_->mutex);
     return std::chrono::duration<double>(Clock::now() - core_->link(peer).last_heard).count();
   }
+  // A quiet link carries a heartbeat once it has not been written for 0.9 s, checked every
+  // second, and a frame is heard when it has arrived whole: up to about 2 s between two
+  // from a live peer, and a second more for an I/O thread kept off a busy core.
+  double live_silence_s() const override { return 3.0; }
   std::vector<std::string> lost_links() override {
     TcpCore& m = *core_;
     // The reactor queues the handlers of every event one poll found before a handler

@@ -124,10 +124,10 @@ MachineCosts with_cores(Profiler& profiler, int cores) {
   return m;
 }
 
-// More workers than cores: every pass waits the hand-off cost, and a mesh with more ranks
-// than cores waits the sync cost at each ring step inside it; a mesh that fits the cores
-// does not.
-TEST(Simulator, OversubscribedPassesWaitTheirHandOffs) {
+// More workers than cores: every pass does the hand-off's CPU work, and a mesh with more
+// ranks than cores waits the sync cost at each ring step inside it; a mesh that fits the
+// cores does not.
+TEST(Simulator, OversubscribedPassesPayTheirHandOffs) {
   const auto c = tiny_gpt();  // 6 units: the embedding, 4 blocks, the head
   Profiler profiler("");
   set_uniform(profiler, c, 8, 4);

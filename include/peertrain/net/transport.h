@@ -124,6 +124,9 @@ class Transport {
   // come from the transport's own thread, so a peer blocked waiting for someone else still
   // sounds alive, while a stopped or cut-off one falls silent.
   virtual double silence_s(int peer) const = 0;
+  // The longest silence_s a live, idle link may show: a shorter silence says nothing about
+  // the peer. Zero where silence is exact (the in-process transport's stalls).
+  virtual double live_silence_s() const { return 0; }
   // What the operating system knows of the link to `peer`, for an error that gives up on
   // it: whether its data or only its acknowledgements stopped, and TCP's own retransmission
   // timer. Empty where the transport has no such view (loopback) or the link is closed.

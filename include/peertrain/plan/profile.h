@@ -72,11 +72,13 @@ struct UnitShape {
   std::string key(const model::TransformerConfig& config) const;
 };
 
-// Seconds an oversubscribed peer's pass waits beyond its profile: a thread woken for it
-// (or for the next stage's pass) waits for a core, and so, in a mesh with more ranks than
-// cores, does every rank at each ring step or all-reduce inside it.
+// What an oversubscribed peer's pass costs beyond its profile. pass_s: CPU seconds (at full
+// speed, so shared out among the runnable threads like the pass's own work) of the hand-off
+// that starts a forward or backward pass: the switch to the woken thread and the caches it
+// refills. sync_s: seconds every rank of a mesh with more ranks than cores waits for a core
+// at each ring step or all-reduce inside a pass.
 struct Contention {
-  double pass_s = 0;  // per forward or backward pass
+  double pass_s = 0;  // per forward or backward pass, CPU work
   double sync_s = 0;  // per ring step or all-reduce inside a pass
 };
 
