@@ -193,12 +193,14 @@ net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_
       const bool bound = waited >= limit - 1e-3;
       if (e.kind() != ErrorKind::kTimeout || bound || silence >= silent_enough) {
         // The transport names the last slice only: say which rule gave up, after how long.
-        const std::string rule =
-            e.kind() != ErrorKind::kTimeout || slices == 1 ? ""
-            : bound
-                ? str("; ", std::round(waited * 100) / 100, " s in all, the whole --peer-timeout")
-                : str("; ", std::round(waited * 100) / 100, " s in all, silent for ", std::round(silence * 100) / 100,
-                      " s (the adaptive deadline is ", std::round(deadline * 100) / 100, " s)");
+        std::string rule;
+        if (e.kind() == ErrorKind::kTimeout && slices > 1) {
+          auto centis = [](double s) { return std::round(s * 100) / 100; };
+          rule = str(
+              "; ", centis(waited), " s in all, ",
+              bound ? std::string("the whole --peer-timeout")
+                    : str("silent for ", centis(silence), " s (the adaptive deadline is ", centis(deadline), " s)"));
+        }
         if (parts_.size() > 1 || !rule.empty())
           throw Error(e.kind(), str(e.what(), rule, parts_.size() > 1 ? str("; gossip", part_name(part)) : ""));
         throw;

@@ -11,8 +11,9 @@
 // request (SimulationOptions::contention, plan's default) every pass of more workers than
 // cores does a measured amount of CPU work more (the hand-off to its thread), and a mesh
 // with more ranks than cores waits a measured time at each ring step or all-reduce inside
-// it: threads that outnumber the cores wait for one at every hand-off. A transfer delays its receiver by the boundary's resharding time: on emulated links the
-// planner's modelled time (reshard.h), on free links its memory copies and messages.
+// it: threads that outnumber the cores wait for one at every hand-off. A transfer delays
+// its receiver by the boundary's resharding time: on emulated links the planner's
+// modelled time (reshard.h), on free links its memory copies and messages.
 // Beyond the passes a step pays its fixed overhead (threads, groups; measured per worker
 // count), the stages' gradient all-reduce and the gradient's assembly.
 //
