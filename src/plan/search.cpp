@@ -143,6 +143,21 @@ std::vector<Candidate> search(const model::TransformerConfig& config, const Sear
   return all;
 }
 
+std::string why_measured_slower(const Candidate& c, const Candidate& winner) {
+  // Paired by round: the rounds measure every candidate within seconds of each other, so a
+  // slow spell of the machine moves both figures of a round. How often the loser was the
+  // faster of a pair says whether the medians' gap is a ranking or a near-tie.
+  const std::size_t rounds = std::min(c.measured_rounds_s.size(), winner.measured_rounds_s.size());
+  int faster = 0;
+  for (std::size_t r = 0; r < rounds; ++r) faster += c.measured_rounds_s[r] < winner.measured_rounds_s[r];
+  const std::string tally = rounds == 0 ? std::string()
+                            : faster == 0
+                                ? str("; slower in all ", rounds, " rounds")
+                                : str("; faster in ", faster, " of ", rounds, " rounds: a near-tie on this machine");
+  return str("+", fixed((c.measured_s / winner.measured_s - 1) * 100, 1), "% measured (", ms(c.measured_s), " against ",
+             ms(winner.measured_s), tally, ")");
+}
+
 void measure_best(const model::TransformerConfig& config, std::vector<Candidate>& candidates,
                   const MeasureOptions& options, const MeasureProgress& progress) {
   if (options.best < 1 || options.rounds < 1 || options.steps < 1)
@@ -196,8 +211,7 @@ void measure_best(const model::TransformerConfig& config, std::vector<Candidate>
   for (std::size_t i = 1; i < candidates.size() && candidates[i].prediction.feasible; ++i) {
     Candidate& c = candidates[i];
     if (c.measured_s > 0)
-      c.loses_because = str("+", fixed((c.measured_s / first.measured_s - 1) * 100, 1), "% measured (",
-                            ms(c.measured_s), " against ", ms(first.measured_s), ")");
+      c.loses_because = why_measured_slower(c, first);
     else if (c.prediction.step_s >= first.prediction.step_s)
       c.loses_because = str("not measured; predicted ", why_slower(c.prediction, first.prediction));
     else  // predicted ahead of the winner, so of the last measured: its layout's best was measured

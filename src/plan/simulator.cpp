@@ -45,8 +45,11 @@ const std::vector<std::vector<parallel::PipelineOp>>& schedule_of(const parallel
 
 std::string Strategy::describe() const {
   const auto& e = engine;
-  std::string mesh =
-      e.stage_meshes.empty() ? str("sp", e.sp, " tp", e.tp) : str("meshes ", parallel::to_string(e.stage_meshes));
+  // Stage meshes name their resharding too: strategies that differ only in it are
+  // different rows of a search, and would otherwise read alike.
+  std::string mesh = e.stage_meshes.empty()
+                         ? str("sp", e.sp, " tp", e.tp)
+                         : str("meshes ", parallel::to_string(e.stage_meshes), " ", parallel::to_string(e.reshard));
   return str(mesh, " pp", e.pp, " m", e.microbatches, " ", parallel::to_string(e.schedule),
              e.schedule == parallel::Schedule::kInterleaved ? str(" v", e.chunks) : "",
              e.vocab_parallel != parallel::VocabParallel::kNone ? str(" ", parallel::to_string(e.vocab_parallel)) : "");

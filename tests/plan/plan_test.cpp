@@ -320,6 +320,8 @@ TEST(Search, TriesVocabularyParallelismAndMixedStageMeshes) {
   space.batch = 8;
   auto count = [&](const std::vector<Candidate>& all) {
     int vocab = 0, mixed = 0;
+    std::set<std::string> names;  // every strategy reads differently (the resharding too)
+    for (const auto& k : all) EXPECT_TRUE(names.insert(k.strategy.describe()).second) << k.strategy.describe();
     for (const auto& k : all) {
       if (k.strategy.engine.vocab_parallel != parallel::VocabParallel::kNone) {
         ++vocab;
@@ -349,6 +351,22 @@ TEST(Search, TriesVocabularyParallelismAndMixedStageMeshes) {
 // plan --measure: the search's best K run on the engine in rounds, each round's order
 // rotated, then put first by their measured medians; the rest keep the search's order, and
 // a candidate the engine refuses becomes infeasible with the reason.
+// A measured loser's reason pairs its rounds with the winner's: a gap that held in every
+// round is a ranking, one the loser reversed in some round is a near-tie.
+TEST(Search, AMeasuredLoserSaysInHowManyRoundsItWasFaster) {
+  Candidate winner, clear, close;
+  winner.measured_rounds_s = {30e-3, 31e-3, 29e-3};
+  clear.measured_rounds_s = {33e-3, 34e-3, 32e-3};
+  close.measured_rounds_s = {29.5e-3, 32e-3, 31e-3};
+  for (Candidate* k : {&winner, &clear, &close}) k->measured_s = median(k->measured_rounds_s);
+  EXPECT_EQ(why_measured_slower(clear, winner), "+10.0% measured (33.00 ms against 30.00 ms; slower in all 3 rounds)");
+  EXPECT_EQ(why_measured_slower(close, winner),
+            "+3.3% measured (31.00 ms against 30.00 ms; faster in 1 of 3 rounds: a near-tie on this machine)");
+  Candidate unpaired;  // no rounds to pair (set by hand): the gap alone
+  unpaired.measured_s = 36e-3;
+  EXPECT_EQ(why_measured_slower(unpaired, winner), "+20.0% measured (36.00 ms against 30.00 ms)");
+}
+
 TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) {
   const auto c = tiny_gpt();
   Profiler profiler("");
@@ -388,6 +406,7 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
     if (i > 0) {
       EXPECT_LE(all[i - 1].measured_s, k.measured_s);
       EXPECT_NE(k.loses_because.find("% measured"), std::string::npos) << k.loses_because;
+      EXPECT_NE(k.loses_because.find(" rounds"), std::string::npos) << k.loses_because;  // the paired tally
     }
   }
   EXPECT_TRUE(all[0].loses_because.empty());

@@ -63,4 +63,8 @@ using MeasureProgress = std::function<void(int round, int index, int count)>;
 void measure_best(const model::TransformerConfig& model, std::vector<Candidate>& candidates,
                   const MeasureOptions& options, const MeasureProgress& progress = {});
 
+// Why a measured candidate ranks behind the measured winner: its median's gap, and in how
+// many of the rounds, which measure the two side by side, it was the faster one.
+std::string why_measured_slower(const Candidate& c, const Candidate& winner);
+
 }  // namespace peertrain::plan
