@@ -4,7 +4,8 @@
 // travelling block ride with it and come home after the full circle, dQ stays local.
 //
 // The travelling unit is one (sequence, head, block of ≤ block_tokens keys): its K, V and
-// positions. Every query tile of the rank folds it into its running max/sum/output with
+// positions; where a head's keys fit one block, several whole heads travel together, up
+// to block_tokens keys in all (Units, below). Every query tile of the rank folds it into its running max/sum/output with
 // attention_block::accumulate, unless the causal mask hides the whole unit from the tile,
 // in which case nothing is computed — that skip is what the zigzag split balances. The
 // running output lives in `out` and the running max in `lse` (the caller's memory), so the
@@ -30,6 +31,34 @@ struct Tiling {
   explicit Tiling(int t, int b) : tokens(t), block(b), tiles((t + b - 1) / b) {}
   int begin(int tile) const { return tile * block; }
   int size(int tile) const { return std::min(block, tokens - tile * block); }
+};
+
+// The units the ring carries. A (sequence, head) whose keys span several blocks travels a
+// block at a time, one unit each. One whose keys fit a block travels with the next ones,
+// whole heads, up to block_tokens keys a unit: every unit is a rendezvous of each part on
+// every hop, and a unit per head made a step of --sp 2 --pp 2 (12 sequences of 32 tokens a
+// rank, 4 heads) switch threads about 700 times (session 36). Each head still meets its
+// hops in the same order, so its sums are the same to the bit. The heads of a unit are
+// consecutive in K, V, dK and dV ([sequence·head][token][d]), and share their positions.
+struct Units {
+  Tiling tiles;
+  int heads;  // (sequence, head) pairs
+  int group;  // whole heads a unit carries (1 where a head spans several blocks)
+  int count;
+  Units(int tokens, int all_heads, int block)
+      : tiles(tokens, block),
+        heads(all_heads),
+        group(tiles.tiles == 1 ? std::max(1, std::min(all_heads, block / std::max(1, tokens))) : 1),
+        count(tiles.tiles == 1 ? (all_heads + group - 1) / group : all_heads * tiles.tiles) {}
+  int first_head(int u) const { return tiles.tiles == 1 ? u * group : u / tiles.tiles; }
+  int heads_in(int u) const { return tiles.tiles == 1 ? std::min(group, heads - u * group) : 1; }
+  int tile(int u) const { return tiles.tiles == 1 ? 0 : u % tiles.tiles; }
+  int keys(int u) const { return tiles.size(tile(u)); }  // of each of its heads
+  // Where its first head's keys begin in K, V, dK or dV.
+  std::ptrdiff_t offset(int u, int d) const {
+    return (static_cast<std::ptrdiff_t>(first_head(u)) * tiles.tokens + tiles.begin(tile(u))) * d;
+  }
+  std::size_t words(int u, int d) const { return static_cast<std::size_t>(heads_in(u)) * keys(u) * d; }
 };
 
 // Query tiles: runs of consecutive positions cut into blocks, so that a tile never spans
@@ -60,10 +89,11 @@ std::size_t online_planned_bytes(const model::AttentionShape& local, int ranks, 
   const std::size_t tl = static_cast<std::size_t>(local.tokens), d = static_cast<std::size_t>(local.head_dim);
   if (tl == 0 || local.batch * local.heads == 0) return 0;
   const std::size_t m = std::min<std::size_t>(static_cast<std::size_t>(block_tokens), tl);
-  const std::vector<std::size_t> parts = {d * m, d * m, m};
+  const auto g = static_cast<std::size_t>(Units(local.tokens, local.batch * local.heads, block_tokens).group);
+  const std::vector<std::size_t> parts = {g * d * m, g * d * m, m};  // a unit's K, V and positions
   if (!backward)  // sums, the finish tile, the score tile, the ring
-    return 4 * (tl + d * m + m + m * m) + ring_pass_bytes(ranks, parts, {});
-  return 4 * (tl + 2 * m * m) + ring_pass_bytes(ranks, parts, {d * m, d * m});  // deltas, P and dS tiles
+    return 4 * (g * tl + d * m + m + m * m) + ring_pass_bytes(ranks, parts, {});
+  return 4 * (g * tl + 2 * m * m) + ring_pass_bytes(ranks, parts, {g * d * m, g * d * m});  // deltas, P and dS tiles
 }
 
 void online_forward(const RingCall& call, const float* q, const float* k, const float* v, float* out, float* lse) {
@@ -71,51 +101,55 @@ void online_forward(const RingCall& call, const float* q, const float* k, const 
   const int tl = shape.tokens, d = shape.head_dim, heads = shape.batch * shape.heads;
   if (tl == 0 || heads == 0) return;
   const int ranks = call.group.size();
-  const Tiling tiles(tl, call.block_tokens);
+  const Units units(tl, heads, call.block_tokens);
+  const int last_tile = units.tiles.tiles - 1;
   const std::ptrdiff_t per_head = static_cast<std::ptrdiff_t>(tl) * d;
   const int* qpos = call.positions;
   const int m = std::min(call.block_tokens, tl);
   const auto queries = query_tiles(qpos, tl, call.block_tokens);
 
-  Tracked<float> sum(call.meter, tl);  // of the head being computed; unit-major order finishes a head at a time
+  // Of the heads being computed: unit-major order finishes a unit's heads before the next.
+  Tracked<float> sum(call.meter, static_cast<std::size_t>(units.group) * tl);
   Tracked<float> tile_acc(call.meter, static_cast<std::size_t>(d) * m), tile_max(call.meter, m);
   const Counted score_tile(call.meter, 4 * static_cast<std::size_t>(m) * m);
 
   RingPassSpec spec;
-  spec.units = heads * tiles.tiles;
+  spec.units = units.count;
   spec.parts = 3;
   spec.source = [&](int u, int p) -> Part {
-    const int h = u / tiles.tiles, t = u % tiles.tiles;
-    const std::ptrdiff_t at = h * per_head + static_cast<std::ptrdiff_t>(tiles.begin(t)) * d;
-    const std::size_t n = static_cast<std::size_t>(tiles.size(t));
-    if (p == 0) return {k + at, n * d};
-    if (p == 1) return {v + at, n * d};
-    return {qpos + tiles.begin(t), n};
+    if (p == 0) return {k + units.offset(u, d), units.words(u, d)};
+    if (p == 1) return {v + units.offset(u, d), units.words(u, d)};
+    return {qpos + units.tiles.begin(units.tile(u)), static_cast<std::size_t>(units.keys(u))};
   };
   spec.compute = [&](int u, int hop, const std::vector<const void*>& parts, const std::vector<float*>&) {
-    const int h = u / tiles.tiles, t = u % tiles.tiles, keys = tiles.size(t);
-    const auto* K = static_cast<const float*>(parts[0]);
-    const auto* V = static_cast<const float*>(parts[1]);
+    const int t = units.tile(u), keys = units.keys(u);
     const auto* kpos = static_cast<const int*>(parts[2]);
-    float* O = out + h * per_head;
-    float* running_max = lse + static_cast<std::ptrdiff_t>(h) * tl;
-    const float* Q = q + h * per_head;
-    if (t == 0 && hop == 0) block::start(d, tl, running_max, sum.data(), O);
-    for (const auto& [q0, tq] : queries) {
-      const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
-      if (widest == 0) continue;
-      block::accumulate(d, tq, keys, Q + static_cast<std::ptrdiff_t>(q0) * d, qpos + q0, K, V, kpos, shape.causal,
-                        running_max + q0, sum.data() + q0, O + static_cast<std::ptrdiff_t>(q0) * d);
-      call.work += static_cast<long long>(tq) * widest;
-    }
-    if (t == tiles.tiles - 1 && hop == ranks - 1)
+    for (int j = 0; j < units.heads_in(u); ++j) {
+      const int h = units.first_head(u) + j;
+      const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(j) * keys * d;
+      const auto* K = static_cast<const float*>(parts[0]) + at;
+      const auto* V = static_cast<const float*>(parts[1]) + at;
+      float* O = out + h * per_head;
+      float* running_max = lse + static_cast<std::ptrdiff_t>(h) * tl;
+      float* head_sum = sum.data() + static_cast<std::ptrdiff_t>(j) * tl;
+      const float* Q = q + h * per_head;
+      if (t == 0 && hop == 0) block::start(d, tl, running_max, head_sum, O);
       for (const auto& [q0, tq] : queries) {
-        // finish() reads the running state and writes out/lse, which hold that state.
-        std::copy_n(O + static_cast<std::ptrdiff_t>(q0) * d, static_cast<std::ptrdiff_t>(tq) * d, tile_acc.data());
-        std::copy_n(running_max + q0, tq, tile_max.data());
-        block::finish(d, tq, tile_max.data(), sum.data() + q0, tile_acc.data(), O + static_cast<std::ptrdiff_t>(q0) * d,
-                      running_max + q0);
+        const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
+        if (widest == 0) continue;
+        block::accumulate(d, tq, keys, Q + static_cast<std::ptrdiff_t>(q0) * d, qpos + q0, K, V, kpos, shape.causal,
+                          running_max + q0, head_sum + q0, O + static_cast<std::ptrdiff_t>(q0) * d);
+        call.work += static_cast<long long>(tq) * widest;
       }
+      if (t == last_tile && hop == ranks - 1)
+        for (const auto& [q0, tq] : queries) {
+          // finish() reads the running state and writes out/lse, which hold that state.
+          std::copy_n(O + static_cast<std::ptrdiff_t>(q0) * d, static_cast<std::ptrdiff_t>(tq) * d, tile_acc.data());
+          std::copy_n(running_max + q0, tq, tile_max.data());
+          block::finish(d, tq, tile_max.data(), head_sum + q0, tile_acc.data(), O + static_cast<std::ptrdiff_t>(q0) * d,
+                        running_max + q0);
+        }
+    }
   };
   ring_pass(call.group, call.timeout_s, kForwardTags, call.meter, spec);
 }
@@ -126,51 +160,51 @@ void online_backward(const RingCall& call, const float* q, const float* k, const
   const int tl = shape.tokens, d = shape.head_dim, heads = shape.batch * shape.heads;
   std::fill_n(dq, shape.elements(), 0.0f);
   if (tl == 0 || heads == 0) return;
-  const Tiling tiles(tl, call.block_tokens);
+  const Units units(tl, heads, call.block_tokens);
   const std::ptrdiff_t per_head = static_cast<std::ptrdiff_t>(tl) * d;
   const int* qpos = call.positions;
   const int m = std::min(call.block_tokens, tl);
   const auto queries = query_tiles(qpos, tl, call.block_tokens);
 
-  Tracked<float> delta(call.meter, tl);
+  Tracked<float> delta(call.meter, static_cast<std::size_t>(units.group) * tl);  // of the unit's heads
   const Counted score_tiles(call.meter, 2 * 4 * static_cast<std::size_t>(m) * m);
 
   RingPassSpec spec;
-  spec.units = heads * tiles.tiles;
+  spec.units = units.count;
   spec.parts = 3;
   spec.accumulators = 2;
-  auto offset = [&](int u) {
-    return (u / tiles.tiles) * per_head + static_cast<std::ptrdiff_t>(tiles.begin(u % tiles.tiles)) * d;
-  };
   spec.source = [&](int u, int p) -> Part {
-    const std::size_t n = static_cast<std::size_t>(tiles.size(u % tiles.tiles));
-    if (p == 0) return {k + offset(u), n * d};
-    if (p == 1) return {v + offset(u), n * d};
-    return {qpos + tiles.begin(u % tiles.tiles), n};
+    if (p == 0) return {k + units.offset(u, d), units.words(u, d)};
+    if (p == 1) return {v + units.offset(u, d), units.words(u, d)};
+    return {qpos + units.tiles.begin(units.tile(u)), static_cast<std::size_t>(units.keys(u))};
   };
   spec.home = [&](int u, int a) -> std::span<float> {
-    const std::size_t n = static_cast<std::size_t>(tiles.size(u % tiles.tiles)) * d;
-    return {(a == 0 ? dk : dv) + offset(u), n};
+    return {(a == 0 ? dk : dv) + units.offset(u, d), units.words(u, d)};
   };
   spec.compute = [&](int u, int hop, const std::vector<const void*>& parts, const std::vector<float*>& sums) {
-    const int h = u / tiles.tiles, t = u % tiles.tiles, keys = tiles.size(t);
-    const auto* K = static_cast<const float*>(parts[0]);
-    const auto* V = static_cast<const float*>(parts[1]);
+    const int t = units.tile(u), keys = units.keys(u);
     const auto* kpos = static_cast<const int*>(parts[2]);
-    const std::ptrdiff_t at = h * per_head;
-    const float* head_lse = lse + static_cast<std::ptrdiff_t>(h) * tl;
-    if (t == 0 && hop == 0)
+    for (int j = 0; j < units.heads_in(u); ++j) {
+      const int h = units.first_head(u) + j;
+      const std::ptrdiff_t in_unit = static_cast<std::ptrdiff_t>(j) * keys * d;
+      const auto* K = static_cast<const float*>(parts[0]) + in_unit;
+      const auto* V = static_cast<const float*>(parts[1]) + in_unit;
+      const std::ptrdiff_t at = h * per_head;
+      const float* head_lse = lse + static_cast<std::ptrdiff_t>(h) * tl;
+      float* head_delta = delta.data() + static_cast<std::ptrdiff_t>(j) * tl;
+      if (t == 0 && hop == 0)
+        for (const auto& [q0, tq] : queries) {
+          const std::ptrdiff_t qa = at + static_cast<std::ptrdiff_t>(q0) * d;
+          block::backward_delta(d, tq, out + qa, dout + qa, head_delta + q0);
+        }
       for (const auto& [q0, tq] : queries) {
+        const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
+        if (widest == 0) continue;
         const std::ptrdiff_t qa = at + static_cast<std::ptrdiff_t>(q0) * d;
-        block::backward_delta(d, tq, out + qa, dout + qa, delta.data() + q0);
+        block::accumulate_backward(d, tq, keys, q + qa, qpos + q0, K, V, kpos, shape.causal, head_lse + q0,
+                                   head_delta + q0, dout + qa, dq + qa, sums[0] + in_unit, sums[1] + in_unit);
+        call.work += static_cast<long long>(tq) * widest;
       }
-    for (const auto& [q0, tq] : queries) {
-      const int widest = visible_keys(kpos, keys, qpos[q0 + tq - 1], shape.causal);
-      if (widest == 0) continue;
-      const std::ptrdiff_t qa = at + static_cast<std::ptrdiff_t>(q0) * d;
-      block::accumulate_backward(d, tq, keys, q + qa, qpos + q0, K, V, kpos, shape.causal, head_lse + q0,
-                                 delta.data() + q0, dout + qa, dq + qa, sums[0], sums[1]);
-      call.work += static_cast<long long>(tq) * widest;
     }
   };
   ring_pass(call.group, call.timeout_s, kBackwardTags, call.meter, spec);
