@@ -136,4 +136,8 @@ std::size_t RingAttention::planned_peak_bytes(const model::AttentionShape& local
                                           : detail::rsa_planned_bytes(local, ranks, backward);
 }
 
+int RingAttention::ring_units(const model::AttentionShape& local, int block_tokens) {
+  return detail::online_units(local, block_tokens);
+}
+
 }  // namespace peertrain::parallel

@@ -25,6 +25,7 @@ void online_forward(const RingCall& call, const float* q, const float* k, const 
 void online_backward(const RingCall& call, const float* q, const float* k, const float* v, const float* out,
                      const float* lse, const float* dout, float* dq, float* dk, float* dv);
 std::size_t online_planned_bytes(const model::AttentionShape& local, int ranks, bool backward, int block_tokens);
+int online_units(const model::AttentionShape& local, int block_tokens);
 
 void rsa_forward(const RingCall& call, const float* q, const float* k, const float* v, float* out, float* lse);
 void rsa_backward(const RingCall& call, const float* q, const float* k, const float* v, const float* out,

@@ -96,6 +96,11 @@ std::size_t online_planned_bytes(const model::AttentionShape& local, int ranks, 
   return 4 * (g * tl + 2 * m * m) + ring_pass_bytes(ranks, parts, {g * d * m, g * d * m});  // deltas, P and dS tiles
 }
 
+int online_units(const model::AttentionShape& local, int block_tokens) {
+  if (local.tokens == 0 || local.batch * local.heads == 0) return 0;
+  return Units(local.tokens, local.batch * local.heads, block_tokens).count;
+}
+
 void online_forward(const RingCall& call, const float* q, const float* k, const float* v, float* out, float* lse) {
   const auto& shape = call.shape;
   const int tl = shape.tokens, d = shape.head_dim, heads = shape.batch * shape.heads;

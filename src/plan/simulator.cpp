@@ -14,6 +14,7 @@
 #include "peertrain/model/transformer_layout.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/parallel/reshard.h"
+#include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
 
 namespace peertrain::plan {
@@ -264,10 +265,11 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
     if (exchanges && m.workers() > cores) {
       const bool forward = op.kind == parallel::PassKind::kForward;
       if (m.sp > 1 && e.ring == parallel::RingMode::kOnlineSoftmax) {
-        // One ring pass of a unit per sequence, head and query tile: sp − 1 hops forward;
-        // backward its dK and dV sums wait at every hop, and once more on their way home.
-        const int local_tokens = c.tokens() / m.sp, tiles = (local_tokens + kRingBlockTokens - 1) / kRingBlockTokens;
-        per_block = b * (c.heads / m.tp) * tiles * (forward ? m.sp - 1 : m.sp);
+        // The ring's units (a block of a sequence and head's keys, or whole heads that fit
+        // one: parallel/ring_attention.h): sp − 1 hops forward; backward their dK and dV
+        // sums wait at every hop, and once more on their way home.
+        const model::AttentionShape local{.batch = b, .heads = c.heads / m.tp, .tokens = c.tokens() / m.sp};
+        per_block = parallel::RingAttention::ring_units(local, kRingBlockTokens) * (forward ? m.sp - 1 : m.sp);
       } else if (m.sp > 1) {
         // Ring Self-Attention: the keys' and values' passes forward; backward three, two
         // of them carrying sums home.

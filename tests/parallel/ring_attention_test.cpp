@@ -173,9 +173,19 @@ TEST(RingAttention, MatchesLocalAttentionOverTheWholeSequence) {
   std::cout << "largest normalized error over 40 configurations: " << worst << "\n";
 }
 
+// A case against local attention on fresh random data, every error within the tolerance,
+// and the meter equal to the accounting formula.
+void expect_matches_and_planned(const Case& c, std::uint64_t seed) {
+  const Errors e = compare_with_local(c, seed);
+  EXPECT_LE(std::max({e.out, e.lse, e.dq, e.dk, e.dv}), kTolerance)
+      << "out " << e.out << " lse " << e.lse << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv;
+  EXPECT_EQ(e.peak, e.planned);
+}
+
 TEST(RingAttention, MatchesWithOneBlockPerRankAndLongerSequences) {
-  // The default block (256 tokens): one unit per (sequence, head) and rank; and T where a
-  // rank's tokens are not a multiple of the block.
+  // The default block (256 tokens): a rank's keys of a (sequence, head) in one block (at
+  // SP 4 both heads travel as one unit); and T where a rank's tokens are not a multiple of
+  // the block.
   std::uint64_t seed = 100;
   for (int sp : {2, 4})
     for (RingMode mode : {RingMode::kOnlineSoftmax, RingMode::kRsa})
@@ -189,11 +199,34 @@ TEST(RingAttention, MatchesWithOneBlockPerRankAndLongerSequences) {
         c.head_dim = 16;
         c.block = block;
         SCOPED_TRACE(::testing::Message() << "SP=" << sp << " " << to_string(mode) << " block=" << block);
-        const Errors e = compare_with_local(c, seed++);
-        EXPECT_LE(std::max({e.out, e.lse, e.dq, e.dk, e.dv}), kTolerance)
-            << "out " << e.out << " lse " << e.lse << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv;
-        EXPECT_EQ(e.peak, e.planned);
+        expect_matches_and_planned(c, seed++);
       }
+}
+
+// Where a (sequence, head)'s keys on a rank fit one block, whole heads travel together, up
+// to a block of keys a unit; the last unit of a pass may hold fewer. Against local
+// attention, with the meter equal to the formula, for groups of 2 (9 pairs: 5 units, the
+// last of one head) and of 4 (3 units: 4, 4, 1).
+TEST(RingAttention, MatchesWhenWholeHeadsTravelTogether) {
+  EXPECT_EQ(RingAttention::ring_units({.batch = 12, .heads = 4, .tokens = 32}), 6);  // 8 heads a unit
+  EXPECT_EQ(RingAttention::ring_units({.batch = 3, .heads = 3, .tokens = 32}, 64), 5);
+  EXPECT_EQ(RingAttention::ring_units({.batch = 3, .heads = 3, .tokens = 16}, 64), 3);
+  EXPECT_EQ(RingAttention::ring_units({.batch = 1, .heads = 5, .tokens = 256}), 5);  // a head fills a block
+  EXPECT_EQ(RingAttention::ring_units({.batch = 1, .heads = 3, .tokens = 300}), 6);  // 2 blocks a head
+  std::uint64_t seed = 300;
+  for (int sp : {2, 4})
+    for (bool causal : {true, false}) {
+      Case c;
+      c.sp = sp;
+      c.causal = causal;
+      c.batch = 3;
+      c.heads = 3;
+      c.head_dim = 8;
+      c.tokens = 64;
+      c.block = 64;
+      SCOPED_TRACE(::testing::Message() << "SP=" << sp << (causal ? " causal" : " full"));
+      expect_matches_and_planned(c, seed++);
+    }
 }
 
 TEST(RingAttention, ZigzagBalancesTheCausalWorkAndContiguousDoesNot) {

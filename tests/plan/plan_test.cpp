@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "peertrain/core/error.h"
+#include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
 #include "peertrain/plan/network.h"
 #include "peertrain/plan/search.h"
@@ -140,10 +141,12 @@ TEST(Simulator, OversubscribedPassesPayTheirHandOffs) {
   const auto with = simulate(c, ring, profiler, {.contention = true, .contention_costs = &costs});
   ASSERT_TRUE(without.feasible && with.feasible) << without.why_not << with.why_not;
   // One stage, two passes (F, B), each a hand-off, each over 4 blocks of ring attention:
-  // for each of the 8 sequences' 4 heads (one query tile each), 3 hops forward and 4
-  // backward (ring_pass's sums wait at each hop and on their way home). A hand-off is CPU
-  // work, which the 4 ranks do at half speed on 2 cores; the hops are waits.
-  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 * 4 / 2 + 4 * (3 + 4) * 8 * 4 * 0.5e-3, 1e-9);
+  // the 8 sequences' 4 heads hold 4 keys a rank, so all 32 travel as one unit (up to 256
+  // keys a unit), 3 hops forward and 4 backward (ring_pass's sums wait at each hop and on
+  // their way home). A hand-off is CPU work, which the 4 ranks do at half speed on 2
+  // cores; the hops are waits.
+  ASSERT_EQ(parallel::RingAttention::ring_units({.batch = 8, .heads = 4, .tokens = 4}), 1);
+  EXPECT_NEAR(with.passes_s - without.passes_s, 2 * 1e-3 * 4 / 2 + 4 * (3 + 4) * 1 * 0.5e-3, 1e-9);
 
   // Two stages of 3 units on one core, one micro-batch of ZB-H1: the F and B passes pay the
   // hand-off, the W passes (the stage's own data) do not. The chain F, F, B, B leaves nothing

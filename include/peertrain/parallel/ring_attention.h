@@ -82,6 +82,10 @@ class RingAttention final : public model::AttentionCore {
   // running (bench/ring_attention_bench.cpp checks it against runs).
   static std::size_t planned_peak_bytes(const model::AttentionShape& local, int ranks, RingMode mode, bool backward,
                                         int block_tokens = 256);
+  // The units an online-softmax ring pass carries for a call of `local` (each part of each
+  // a rendezvous on every hop): a block of a (sequence, head)'s keys, or whole heads whose
+  // keys fit a block, up to block_tokens keys a unit. plan's simulator counts its waits.
+  static int ring_units(const model::AttentionShape& local, int block_tokens = 256);
 
  private:
   void check_call(const model::AttentionShape& shape, std::span<const int> positions, const char* op);
