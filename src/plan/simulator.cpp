@@ -249,7 +249,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // 1F1B's (GPipe +12…17 % against 1F1B's −1…+6 % in five runs side by side).
   // A mesh with more ranks than cores waits again at each hand-off between its ranks inside
   // a pass, as its ranks can never all run at once: each hop of the ring attention (sp − 1
-  // for every sequence, head and query tile of a block forward, sp backward) and each
+  // for every unit the ring carries in a block forward, sp backward) and each
   // all-reduce (2 a block each way); a smaller mesh's ranks can, and the scheduler keeps
   // them running through their exchanges.
   Contention contention;
