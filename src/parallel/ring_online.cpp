@@ -5,9 +5,10 @@
 //
 // The travelling unit is one (sequence, head, block of ≤ block_tokens keys): its K, V and
 // positions; where a head's keys fit one block, several whole heads travel together, up
-// to block_tokens keys in all (Units, below). Every query tile of the rank folds it into its running max/sum/output with
-// attention_block::accumulate, unless the causal mask hides the whole unit from the tile,
-// in which case nothing is computed — that skip is what the zigzag split balances. The
+// to block_tokens keys in all (Units, below). Every query tile of the rank folds it into
+// its running max/sum/output with attention_block::accumulate, unless the causal mask
+// hides the whole unit from the tile, in which case nothing is computed — that skip is
+// what the zigzag split balances. The
 // running output lives in `out` and the running max in `lse` (the caller's memory), so the
 // rank's own buffers are the running sums, two transfer units and one score tile: their
 // size does not grow with the sequence beyond the per-token sums.
@@ -59,6 +60,12 @@ struct Units {
     return (static_cast<std::ptrdiff_t>(first_head(u)) * tiles.tokens + tiles.begin(tile(u))) * d;
   }
   std::size_t words(int u, int d) const { return static_cast<std::size_t>(heads_in(u)) * keys(u) * d; }
+  // The parts it carries: its K, its V, and its keys' positions (its heads share them).
+  Part part(int u, int p, const float* k, const float* v, const int* positions, int d) const {
+    if (p == 0) return {k + offset(u, d), words(u, d)};
+    if (p == 1) return {v + offset(u, d), words(u, d)};
+    return {positions + tiles.begin(tile(u)), static_cast<std::size_t>(keys(u))};
+  }
 };
 
 // Query tiles: runs of consecutive positions cut into blocks, so that a tile never spans
@@ -121,11 +128,7 @@ void online_forward(const RingCall& call, const float* q, const float* k, const 
   RingPassSpec spec;
   spec.units = units.count;
   spec.parts = 3;
-  spec.source = [&](int u, int p) -> Part {
-    if (p == 0) return {k + units.offset(u, d), units.words(u, d)};
-    if (p == 1) return {v + units.offset(u, d), units.words(u, d)};
-    return {qpos + units.tiles.begin(units.tile(u)), static_cast<std::size_t>(units.keys(u))};
-  };
+  spec.source = [&](int u, int p) { return units.part(u, p, k, v, qpos, d); };
   spec.compute = [&](int u, int hop, const std::vector<const void*>& parts, const std::vector<float*>&) {
     const int t = units.tile(u), keys = units.keys(u);
     const auto* kpos = static_cast<const int*>(parts[2]);
@@ -178,11 +181,7 @@ void online_backward(const RingCall& call, const float* q, const float* k, const
   spec.units = units.count;
   spec.parts = 3;
   spec.accumulators = 2;
-  spec.source = [&](int u, int p) -> Part {
-    if (p == 0) return {k + units.offset(u, d), units.words(u, d)};
-    if (p == 1) return {v + units.offset(u, d), units.words(u, d)};
-    return {qpos + units.tiles.begin(units.tile(u)), static_cast<std::size_t>(units.keys(u))};
-  };
+  spec.source = [&](int u, int p) { return units.part(u, p, k, v, qpos, d); };
   spec.home = [&](int u, int a) -> std::span<float> {
     return {(a == 0 ? dk : dv) + units.offset(u, d), units.words(u, d)};
   };

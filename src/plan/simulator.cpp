@@ -20,9 +20,6 @@
 namespace peertrain::plan {
 namespace {
 
-// The engine's ring attention's query tile and travelling block (RingAttention's default).
-constexpr int kRingBlockTokens = 256;
-
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
 UnitKind kind_of(int unit, int units) {
@@ -269,7 +266,8 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
         // one: parallel/ring_attention.h): sp − 1 hops forward; backward their dK and dV
         // sums wait at every hop, and once more on their way home.
         const model::AttentionShape local{.batch = b, .heads = c.heads / m.tp, .tokens = c.tokens() / m.sp};
-        per_block = parallel::RingAttention::ring_units(local, kRingBlockTokens) * (forward ? m.sp - 1 : m.sp);
+        per_block =
+            parallel::RingAttention::ring_units(local, parallel::kDefaultRingBlockTokens) * (forward ? m.sp - 1 : m.sp);
       } else if (m.sp > 1) {
         // Ring Self-Attention: the keys' and values' passes forward; backward three, two
         // of them carrying sums home.

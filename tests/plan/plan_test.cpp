@@ -351,9 +351,6 @@ TEST(Search, TriesVocabularyParallelismAndMixedStageMeshes) {
   EXPECT_EQ(count(search(small, space, other, {.cores = 4})).first, 0);
 }
 
-// plan --measure: the search's best K run on the engine in rounds, each round's order
-// rotated, then put first by their measured medians; the rest keep the search's order, and
-// a candidate the engine refuses becomes infeasible with the reason.
 // A measured loser's reason pairs its rounds with the winner's: a gap that held in every
 // round is a ranking, one the loser reversed in some round is a near-tie.
 TEST(Search, AMeasuredLoserSaysInHowManyRoundsItWasFaster) {
@@ -370,6 +367,9 @@ TEST(Search, AMeasuredLoserSaysInHowManyRoundsItWasFaster) {
   EXPECT_EQ(why_measured_slower(unpaired, winner), "+20.0% measured (36.00 ms against 30.00 ms)");
 }
 
+// plan --measure: the search's best K run on the engine in rounds, each round's order
+// rotated, then put first by their measured medians; the rest keep the search's order, and
+// a candidate the engine refuses becomes infeasible with the reason.
 TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) {
   const auto c = tiny_gpt();
   Profiler profiler("");

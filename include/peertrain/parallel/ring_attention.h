@@ -47,6 +47,10 @@ std::string_view to_string(RingMode mode);
 // tokens, or when ranks or rank are out of range.
 std::vector<int> sequence_positions(int tokens, int ranks, int rank, SequenceSplit split);
 
+// The tokens of one query tile and of one travelling K/V block, unless a caller says
+// otherwise (plan's simulator counts the engine's ring with it).
+inline constexpr int kDefaultRingBlockTokens = 256;
+
 // One rank's attention over a sequence split across `group`. Every rank of the group calls
 // forward (and backward) together, with the same shape and its own positions (ascending;
 // from sequence_positions, or any split with the same tokens per rank). Not thread-safe:
@@ -60,7 +64,7 @@ class RingAttention final : public model::AttentionCore {
   // block_tokens: the tokens of one query tile and of one travelling K/V block; it bounds
   // the score tile (block_tokens²) and the transfer buffers, whatever T is.
   explicit RingAttention(comm::Group& group, RingMode mode = RingMode::kOnlineSoftmax,
-                         double timeout_s = comm::kDefaultTimeoutS, int block_tokens = 256);
+                         double timeout_s = comm::kDefaultTimeoutS, int block_tokens = kDefaultRingBlockTokens);
 
   void forward(const model::AttentionShape& shape, std::span<const int> positions, const float* q, const float* k,
                const float* v, float* out, float* lse) override;
@@ -81,11 +85,11 @@ class RingAttention final : public model::AttentionCore {
   // The peak_bytes() a call will have, from the shape alone: for capacity planning without
   // running (bench/ring_attention_bench.cpp checks it against runs).
   static std::size_t planned_peak_bytes(const model::AttentionShape& local, int ranks, RingMode mode, bool backward,
-                                        int block_tokens = 256);
+                                        int block_tokens = kDefaultRingBlockTokens);
   // The units an online-softmax ring pass carries for a call of `local` (each part of each
   // a rendezvous on every hop): a block of a (sequence, head)'s keys, or whole heads whose
   // keys fit a block, up to block_tokens keys a unit. plan's simulator counts its waits.
-  static int ring_units(const model::AttentionShape& local, int block_tokens = 256);
+  static int ring_units(const model::AttentionShape& local, int block_tokens = kDefaultRingBlockTokens);
 
  private:
   void check_call(const model::AttentionShape& shape, std::span<const int> positions, const char* op);
