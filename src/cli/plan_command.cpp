@@ -474,8 +474,14 @@ int run_plan(int argc, char** argv) {
                   sim.cores > 0 ? std::to_string(sim.cores).c_str() : "this machine's", profiler.measured(),
                   cache.empty() ? "none" : cache.c_str());
       const bool measured = measure > 0;
-      std::printf("%4s %-34s %10s %s%8s %12s  %s\n", "rank", "strategy", "step ms", measured ? "measured ms " : "",
-                  "bubble", "memory/wkr", "");
+      // The strategy column as wide as its longest shown name (stage meshes name both
+      // meshes and the resharding), so that the figures stay in their columns.
+      int name_width = 34, counted = 0;
+      for (const auto& c : candidates)
+        if (c.prediction.feasible && counted++ < top)
+          name_width = std::max(name_width, static_cast<int>(c.strategy.describe().size()));
+      std::printf("%4s %-*s %10s %s%8s %12s  %s\n", "rank", name_width, "strategy", "step ms",
+                  measured ? "measured ms " : "", "bubble", "memory/wkr", "");
       int shown = 0;
       for (const auto& c : candidates) {
         if (!c.prediction.feasible) continue;
@@ -488,8 +494,8 @@ int run_plan(int argc, char** argv) {
             std::snprintf(measured_ms, sizeof measured_ms, "%11s ", "-");
         }
         std::printf(
-            "%4d %-34s %10.2f %s%8.3f %12s  %s\n", shown, c.strategy.describe().c_str(), c.prediction.step_s * 1e3,
-            measured_ms, c.prediction.bubble, mib(c.prediction.peak_bytes()).c_str(),
+            "%4d %-*s %10.2f %s%8.3f %12s  %s\n", shown, name_width, c.strategy.describe().c_str(),
+            c.prediction.step_s * 1e3, measured_ms, c.prediction.bubble, mib(c.prediction.peak_bytes()).c_str(),
             shown == 1 ? (c.measured_s > 0 ? "the winner: fastest measured" : "the winner") : c.loses_because.c_str());
       }
       int refused = 0;
