@@ -42,10 +42,12 @@ class Table:
         return "\n".join(out)
 
 
-def run(cmd, timeout=900, env=None):
-    """stdout of cmd; raises with its stderr tail when it fails."""
+def run(cmd, timeout=900, env=None, cpus=None):
+    """stdout of cmd (confined to the CPUs in cpus, when given); raises with its stderr tail
+    when it fails."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=pin)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"{' '.join(cmd[:3])} exited {result.returncode}: {' / '.join(tail)}")
@@ -247,7 +249,9 @@ def main():
     def overlap():
         for mbps, target in ((8000, 1.3), (2000, 1.1)):
             ratios = []
-            for _ in range(max(1, runs - 2) if quick else runs):
+            # As many runs as the other figures even with --quick (8 s each): single runs at
+            # 8 Gbit/s read 1.28–1.45 within minutes (session 37), so one run decides nothing.
+            for _ in range(runs):
                 out = run(["bash", os.path.join(HERE, "dpsgd_overlap.sh"), build, str(mbps)])
                 ratios.append(float(re.search(r"= ([\d.]+) x max", out).group(1)))
             table.add("gossip", f"D-PSGD step / max(compute, exchange), 2 peers, {mbps / 1000:g} Gbit/s",
@@ -321,18 +325,31 @@ def main():
     def pipeline():
         # 3 steps in both modes (the best kept): one step carried one measurement of each pass,
         # and its replay read +1.8 and +5.1 points over theory in two --quick runs before session 32.
-        out = run([os.path.join(build, "bench", "pipeline_bench"), "--steps", "3"], timeout=1800)
+        #
+        # The replay gives each pass its thread CPU time, as if each stage had a core of its
+        # own. With 4 stages on this VM's 2 cores, two passes run side by side, and each then
+        # takes up to 30 % more CPU time, unevenly: the same two blocks measured 375 ms a step
+        # alone and 384–516 ms beside another stage (session 37), which the replay reads as an
+        # imbalance no core-per-stage machine has. So the target is read on a run confined to
+        # one core, where no pass runs beside another, and the run on all cores is reported
+        # beside it.
+        cpu = min(os.sched_getaffinity(0))
+        bench = [os.path.join(build, "bench", "pipeline_bench"), "--steps", "3"]
+        outs = {"one core": run(bench, timeout=1800, cpus={cpu}), "all cores": run(bench, timeout=1800)}
         for schedule in ("gpipe", "1f1b"):
-            block = out[out.index(schedule + ":"):]
-            m = re.search(r"replayed \(thread CPU, core per stage\) ([\d.]+) \| theory \S+ ([\d.]+)", block)
-            replayed, theory = float(m.group(1)), float(m.group(2))
-            # What the stages' unequal CPU alone leaves, beside theory: most of the excess.
-            floor = re.search(r"with the stages' imbalance \(balance [\d.]+\) ([\d.]+)", block)
-            limit = f"theory {theory:.3f}" + (f" ({float(floor.group(1)):.3f} with the stages' imbalance)"
-                                               if floor else "")
-            table.add("parallel", f"pipeline bubble, {schedule}, PP 4, M 8 (replayed, a core per stage)",
-                      f"{replayed:.3f}", limit, f"{100 * (replayed - theory):+.1f} points",
-                      "theory ± 5 points", met(5, abs(100 * (replayed - theory))))
+            for where, out in outs.items():
+                block = out[out.index(schedule + ":"):]
+                m = re.search(r"replayed \(thread CPU, core per stage\) ([\d.]+) \| theory \S+ ([\d.]+)", block)
+                replayed, theory = float(m.group(1)), float(m.group(2))
+                # What the stages' unequal CPU alone leaves, beside theory: most of the excess.
+                floor = re.search(r"with the stages' imbalance \(balance [\d.]+\) ([\d.]+)", block)
+                limit = f"theory {theory:.3f}" + (f" ({float(floor.group(1)):.3f} with the stages' imbalance)"
+                                                   if floor else "")
+                target = where == "one core"
+                table.add("parallel", f"pipeline bubble, {schedule}, PP 4, M 8, replayed with a core per stage "
+                          f"from passes timed on {where}", f"{replayed:.3f}", limit,
+                          f"{100 * (replayed - theory):+.1f} points", "theory ± 5 points" if target else "report",
+                          met(5, abs(100 * (replayed - theory))) if target else "—")
 
     for bench in (ring, pipeline):
         bench()

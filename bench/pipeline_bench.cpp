@@ -11,7 +11,10 @@
 //   replayed — every pass given its measured thread CPU time (CLOCK_THREAD_CPUTIME_ID, which
 //     does not run while the thread is preempted) and the schedule replayed with one core
 //     per stage: what the step would show on a machine with a core per worker. The target
-//     (within 5 percentage points of theory) is checked on this one.
+//     (within 5 percentage points of theory) is checked on this one. Where two stages share
+//     a machine's cores side by side, each pass takes more CPU time, unevenly (up to 30 % on
+//     a 2-core VM), which the replay reads as imbalance; run it confined to one core
+//     (`taskset -c 0`) for passes timed alone, as bench/all.sh does.
 //
 // Usage: pipeline_bench [--d 128] [--layers 8] [--heads 4] [--seq 256] [--pp 4] [--m 8]
 //                       [--micro 8] [--steps 3] [--json FILE]
