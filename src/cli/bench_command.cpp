@@ -91,10 +91,9 @@ struct Bench {
 
 Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
   model::MlpConfig config;
-  config.inputs = number_flag<int>(args, "inputs");
-  config.classes = number_flag<int>(args, "classes");
+  config.inputs = at_least_flag(args, "inputs", 1);
+  config.classes = at_least_flag(args, "classes", 1);
   config.hidden = parse_widths(args["hidden"].as<std::string>());
-  if (config.inputs < 1 || config.classes < 1) throw UsageError("--inputs and --classes must be at least 1");
   struct State {
     model::Mlp mlp;
     std::vector<float> params, grads, inputs;
@@ -296,6 +295,16 @@ int step(int argc, char** argv) {
     if (threads < 1) throw UsageError("--threads " + std::to_string(threads) + " must be at least 1");
     if (steps < 1) throw UsageError("--steps " + std::to_string(steps) + " must be at least 1");
     if (warmup < 0) throw UsageError("--warmup " + std::to_string(warmup) + " must not be negative");
+    if (model_name == "mlp")
+      refuse_flags(args, {"d-model", "layers", "heads", "sp", "pp", "microbatches", "chunks", "schedule"},
+                   "--model gpt or vit");
+    else
+      refuse_flags(args, {"hidden", "inputs", "classes"}, "--model mlp");
+    if (model_name == "mlp") refuse_flags(args, {"seq"}, "--model gpt");  // a ViT's: model_flags.h
+    if (model_name != "vit") refuse_flags(args, {"patch"}, "--model vit");
+    const bool cuda =
+        args.count("device") && model::parse_device(args["device"].as<std::string>()) == model::Device::kCuda;
+    if (!cuda) refuse_flags(args, {"optimizer-on", "gemm-precision"}, "--device cuda");
     if (args.count("device") && model::parse_device(args["device"].as<std::string>()) == model::Device::kCuda &&
         model_name != "gpt")
       throw UsageError("--device cuda times --model gpt; " + model_name + " runs on the CPU");

@@ -95,14 +95,14 @@ int bench_memory(int argc, char** argv) {
     config.layers = number_flag<int>(args, "layers");
     config.heads = number_flag<int>(args, "heads");
     config.vocab = number_flag<int>(args, "vocab-size");
-    const int workers = number_flag<int>(args, "workers");
-    const double cap = number_flag<double>(args, "cap-gib") * (1ull << 30);
-    const int seq = number_flag<int>(args, "seq"), batch = number_flag<int>(args, "batch");
-    const int probe = number_flag<int>(args, "probe-seq");
+    const int workers = at_least_flag(args, "workers", 1);
+    const double cap_gib = number_flag<double>(args, "cap-gib");
+    if (!(cap_gib > 0)) throw UsageError("--cap-gib must be positive, got " + args["cap-gib"].as<std::string>());
+    const double cap = cap_gib * (1ull << 30);
+    const int seq = at_least_flag(args, "seq", 1), batch = at_least_flag(args, "batch", 1);
+    const int probe = at_least_flag(args, "probe-seq", 1);
     const std::string format = args["format"].as<std::string>();
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
-    if (workers < 1 || !(cap > 0) || seq < 1 || batch < 1 || probe < 1)
-      throw UsageError("--workers, --cap-gib, --seq, --batch and --probe-seq must be positive");
     config.seq = probe;
     model::validate(config);
     struct Row {

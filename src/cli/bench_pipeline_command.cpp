@@ -65,11 +65,10 @@ int bench_pipeline(int argc, char** argv) {
       throw UsageError("--model '" + model_name + "': expected gpt or vit");
     config = transformer_shape(args, model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit,
                                true);
-    const int batch = number_flag<int>(args, "batch");
-    const int steps = number_flag<int>(args, "steps");
+    const int batch = at_least_flag(args, "batch", 1);
+    const int steps = at_least_flag(args, "steps", 1);
     const std::string format = args["format"].as<std::string>();
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
-    if (batch < 1 || steps < 1) throw UsageError("--batch and --steps must be at least 1");
     parallel::EngineConfig engine;
     engine.sp = number_flag<int>(args, "sp");
     engine.pp = number_flag<int>(args, "pp");

@@ -11,6 +11,10 @@ namespace peertrain::cli {
 
 inline model::TransformerConfig transformer_shape(const cxxopts::ParseResult& args, model::TransformerKind kind,
                                                   bool has_vocab) {
+  if (kind == model::TransformerKind::kVit) {
+    refuse_flags(args, {"seq"}, "--model gpt (a ViT's tokens are its image's patches)");
+    if (has_vocab) refuse_flags(args, {"vocab-size"}, "--model gpt");
+  }
   model::TransformerConfig config;
   config.kind = kind;
   config.d_model = number_flag<int>(args, "d-model");

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <initializer_list>
 #include <vector>
 #include <optional>
 #include <stdexcept>
@@ -58,6 +59,25 @@ T number_flag(const cxxopts::ParseResult& args, const std::string& name) {
     throw UsageError("--" + name + " '" + text + "' is not " +
                      (std::is_integral_v<T> ? "an integer in range" : "a number"));
   return value;
+}
+
+// number_flag with a lower bound, the error naming the flag and the value it got
+// ("--top must be at least 1, got 0").
+template <typename T>
+T at_least_flag(const cxxopts::ParseResult& args, const std::string& name, T minimum) {
+  const T value = number_flag<T>(args, name);
+  if (value < minimum)
+    throw UsageError("--" + name + " must be at least " + std::to_string(minimum) + ", got " + std::to_string(value));
+  return value;
+}
+
+// Refuses each of `flags` given on the command line: a flag of another mode or model would
+// otherwise be read by nothing, and the answer would be for something else than asked.
+// `for_what` completes "--FLAG is for ...".
+inline void refuse_flags(const cxxopts::ParseResult& args, std::initializer_list<const char*> flags,
+                         const std::string& for_what) {
+  for (const char* flag : flags)
+    if (args.count(flag)) throw UsageError(std::string("--") + flag + " is for " + for_what);
 }
 
 // Runs a bench command's body and turns its errors into the exit codes: a wrong command

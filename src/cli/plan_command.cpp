@@ -332,14 +332,24 @@ int run_plan(int argc, char** argv) {
     config = transformer_shape(args, model_name == "gpt" ? model::TransformerKind::kGpt : model::TransformerKind::kVit,
                                true);
     model::validate(config);
-    const int batch = number_flag<int>(args, "batch"), top = number_flag<int>(args, "top");
-    if (batch < 1 || top < 1) throw UsageError("--batch and --top must be at least 1");
+    const int batch = at_least_flag(args, "batch", 1), top = at_least_flag(args, "top", 1);
     const std::string format = args["format"].as<std::string>();
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
     if (args.count("contention") && args.count("no-contention"))
       throw UsageError("--contention and --no-contention: choose one");
     if (args.count("eval-every") && !across)
       throw UsageError("--eval-every is for plan --topology FILE without --run (across peers)");
+    // A flag of the other mode would otherwise be read by nothing, and the answer would
+    // silently be for something else than the user asked.
+    for (const char* flag : {"algorithm", "allreduce-algo", "compare", "hidden"})
+      if (args.count(flag) && !across)
+        throw UsageError(str("--", flag, " is for plan --topology FILE without --run (across peers)"));
+    if (!args.count("strategy"))
+      for (const char* flag : {"sp", "tp", "pp", "microbatches", "schedule", "chunks", "stages", "vocab-parallel",
+                               "stage-mesh", "reshard", "link-between-gbps", "link-within-gbps", "link-latency-us"})
+        if (args.count(flag))
+          throw UsageError(str("--", flag, " sets one strategy: add --strategy to predict it",
+                               across ? "" : ", or leave it out to search over --workers"));
     if (across) {
       if (args.count("measure")) throw UsageError("--measure is for one peer's strategies, not with --topology");
       if (args.count("profile-rounds"))
@@ -348,10 +358,9 @@ int run_plan(int argc, char** argv) {
     }
     const int measure = number_flag<int>(args, "measure");
     const plan::MeasureOptions mo{.best = measure,
-                                  .rounds = number_flag<int>(args, "measure-rounds"),
-                                  .steps = number_flag<int>(args, "measure-steps")};
+                                  .rounds = at_least_flag(args, "measure-rounds", 1),
+                                  .steps = at_least_flag(args, "measure-steps", 1)};
     if (measure < 0) throw UsageError("--measure must be 0 (the simulator alone) or more");
-    if (mo.rounds < 1 || mo.steps < 1) throw UsageError("--measure-rounds and --measure-steps must be at least 1");
     plan::SimulationOptions sim;
     if (args.count("cores")) sim.cores = number_flag<int>(args, "cores");
     sim.contention = args.count("no-contention") == 0;
@@ -391,6 +400,8 @@ int run_plan(int argc, char** argv) {
       one->strategy.batch = batch;
     } else {
       space.workers = number_flag<int>(args, "workers");
+      if (args.count("workers") && space.workers < 1)
+        throw UsageError("plan: --workers must be at least 1, got " + std::to_string(space.workers));
       if (space.workers < 1) throw UsageError("plan: --workers W, the peer's workers to split, is needed to search");
       space.batch = batch;
       space.split = parallel::parse_sequence_split(args["sequence-split"].as<std::string>());

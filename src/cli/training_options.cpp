@@ -119,6 +119,29 @@ void device_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
 // The transformer and its split over the workers of a peer; checked against each other
 // here so that a bad combination is named before any peer starts.
 void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
+  // A flag the chosen model reads nowhere is refused, so that a run is never silently
+  // something other than what its command line says.
+  switch (c.model) {
+    case train::ModelKind::kMlp:
+      refuse_flags(
+          args,
+          {"d-model", "layers", "heads", "tied-head", "microbatches", "schedule", "chunks", "vocab-parallel",
+           "sequence-split", "ring-mode", "reshard", "link-between-gbps", "link-within-gbps", "link-latency-us"},
+          "--model gpt or vit");
+      refuse_flags(args, {"seq", "text-dir", "tokenizer", "vocab-size", "eval-windows"}, "--model gpt");
+      refuse_flags(args, {"patch"}, "--model vit");
+      break;
+    case train::ModelKind::kGpt:
+      refuse_flags(args, {"hidden"}, "--model mlp");
+      refuse_flags(args, {"patch"}, "--model vit");
+      refuse_flags(args, {"data-dir"}, "--model mlp or vit (the GPT reads --text-dir)");
+      break;
+    case train::ModelKind::kVit:
+      refuse_flags(args, {"hidden"}, "--model mlp");
+      refuse_flags(args, {"seq", "text-dir", "vocab-size", "eval-windows"},
+                   "--model gpt (a ViT's tokens are its image's patches)");
+      break;
+  }
   auto& m = c.transformer;
   m.kind = c.model == train::ModelKind::kVit ? model::TransformerKind::kVit : model::TransformerKind::kGpt;
   m.d_model = positive<int>(args, "d-model");

@@ -60,6 +60,13 @@ expect_error() {  # expect_error PATTERN ARGS...
 }
 expect_error "--memory-per-worker 'lots'" "${tiny[@]}" --workers 2 --memory-per-worker lots
 expect_error "plan: --workers W" "${tiny[@]}"
+expect_error "plan: --workers must be at least 1, got 0" "${tiny[@]}" --workers 0
+expect_error "--top must be at least 1, got 0" "${tiny[@]}" --workers 2 --top 0
+# A flag of the other mode is refused, not silently left unread.
+expect_error "--pp sets one strategy: add --strategy to predict it, or leave it out to search" "${tiny[@]}" --workers 2 --pp 2
+expect_error "--link-between-gbps sets one strategy" "${tiny[@]}" --workers 2 --link-between-gbps 1
+expect_error "--hidden is for plan --topology FILE" "${tiny[@]}" --workers 2 --hidden 64
+expect_error "--link-within-gbps needs --link-between-gbps" "${tiny[@]}" --strategy --pp 2 --link-within-gbps 1
 expect_error "plan --run needs --topology" "${tiny[@]}" --workers 2 --run
 expect_error "--format 'yaml'" "${tiny[@]}" --workers 2 --format yaml
 expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --strategy --pp 2 --vocab-parallel vocab-3
@@ -67,13 +74,14 @@ expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --strategy --pp 2 --vocab
 out=$("$bin" plan --topology "$work/pair.yaml" --model mlp --hidden 32 --batch 8 --cores 1 --eval-every 1 2>&1)
 [[ $? -eq 0 ]] && grep -q "a test pass of .* ms every 1 steps" <<<"$out" && ok || fail "plan --eval-every 1: $out"
 expect_error "--eval-every must be 0" --topology "$work/pair.yaml" --model mlp --eval-every -1
+expect_error "--sp sets one strategy: add --strategy to predict it (" --topology "$work/pair.yaml" --model mlp --sp 2
 expect_error "--eval-every: the evaluation rounds are modelled for --model mlp only" --topology "$work/pair.yaml" \
   --model gpt --eval-every 5
 expect_error "--cores must be at least 1" --topology "$work/pair.yaml" --model mlp --cores 0
 expect_error "--contention and --no-contention: choose one" "${tiny[@]}" --workers 2 --contention --no-contention
 expect_error "--contention and --no-contention: choose one" --topology "$work/pair.yaml" --model mlp --contention --no-contention
 expect_error "--measure must be 0" "${tiny[@]}" --workers 2 --measure -1
-expect_error "--measure-rounds and --measure-steps must be at least 1" "${tiny[@]}" --workers 2 --measure 2 --measure-steps 0
+expect_error "--measure-steps must be at least 1, got 0" "${tiny[@]}" --workers 2 --measure 2 --measure-steps 0
 expect_error "--measure is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --measure 2
 expect_error "--profile-rounds must be at least 1" "${tiny[@]}" --workers 2 --profile-rounds 0
 expect_error "--profile-rounds is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --profile-rounds 3

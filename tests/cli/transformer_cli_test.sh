@@ -181,6 +181,10 @@ expect_error "--vocab-parallel 'vocab-3'" "${tiny[@]}" --pp 2 --vocab-parallel v
 expect_error "--vocab-parallel vocab-1: splits gpt's vocabulary" --model vit --d-model 32 --layers 2 --heads 2 \
   --pp 2 --vocab-parallel vocab-1
 expect_error "gpt or vit" --sp 2
+# A flag the chosen model reads nowhere is refused, not left unread.
+expect_error "--seq is for --model gpt" --seq 64
+expect_error "--hidden is for --model mlp" "${tiny[@]}" --hidden 64
+expect_error "--eval-windows is for --model gpt (a ViT" --model vit --eval-windows 4
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda
 expect_error "--device cuda runs --sp S (one GPU each) or --pp P with --sp 1" "${tiny[@]}" --device cuda --pp 2 \
@@ -190,6 +194,14 @@ expect_error "--sp 2 --tp 1 --pp 2" "${tiny[@]}" --device cuda --pp 2 --sp 2
 expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
 out=$("$bin" bench step --model mlp --device cuda 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --device cuda times --model gpt" <<<"$out" && ok || fail "bench step mlp --device cuda: $out"
+# A flag for another model is refused, not left unread.
+for bad in "--model mlp --layers 2:--layers is for --model gpt or vit" "--model gpt --hidden 64:--hidden is for --model mlp" \
+  "--model vit --seq 64:--seq is for --model gpt (a ViT" "--model gpt --patch 4:--patch is for --model vit" \
+  "--model gpt --gemm-precision bf16:--gemm-precision is for --device cuda"; do
+  read -r -a flags <<<"${bad%%:*}"
+  out=$("$bin" bench step "${flags[@]}" --steps 1 2>&1)
+  [[ $? -eq 2 ]] && grep -q -- "error: ${bad#*:}" <<<"$out" && ok || fail "bench step ${bad%%:*}: $out"
+done
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say why
   expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda
   expect_error "built without CUDA\|no CUDA device" "${tiny[@]}" --device cuda --pp 2 --microbatches 2
