@@ -295,18 +295,18 @@ int step(int argc, char** argv) {
     if (threads < 1) throw UsageError("--threads " + std::to_string(threads) + " must be at least 1");
     if (steps < 1) throw UsageError("--steps " + std::to_string(steps) + " must be at least 1");
     if (warmup < 0) throw UsageError("--warmup " + std::to_string(warmup) + " must not be negative");
-    if (model_name == "mlp")
+    if (model_name == "mlp") {
       refuse_flags(args, {"d-model", "layers", "heads", "sp", "pp", "microbatches", "chunks", "schedule"},
                    "--model gpt or vit");
-    else
+      refuse_flags(args, {"seq"}, "--model gpt");  // a ViT's --seq: transformer_shape
+    } else {
       refuse_flags(args, {"hidden", "inputs", "classes"}, "--model mlp");
-    if (model_name == "mlp") refuse_flags(args, {"seq"}, "--model gpt");  // a ViT's: model_flags.h
+    }
     if (model_name != "vit") refuse_flags(args, {"patch"}, "--model vit");
     const bool cuda =
         args.count("device") && model::parse_device(args["device"].as<std::string>()) == model::Device::kCuda;
     if (!cuda) refuse_flags(args, {"optimizer-on", "gemm-precision"}, "--device cuda");
-    if (args.count("device") && model::parse_device(args["device"].as<std::string>()) == model::Device::kCuda &&
-        model_name != "gpt")
+    if (cuda && model_name != "gpt")
       throw UsageError("--device cuda times --model gpt; " + model_name + " runs on the CPU");
     Eigen::setNbThreads(threads);
     bench = model_name == "mlp" ? mlp_bench(args, batch) : transformer_bench(args, model_name == "gpt", batch);

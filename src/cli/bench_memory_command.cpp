@@ -96,9 +96,7 @@ int bench_memory(int argc, char** argv) {
     config.heads = number_flag<int>(args, "heads");
     config.vocab = number_flag<int>(args, "vocab-size");
     const int workers = at_least_flag(args, "workers", 1);
-    const double cap_gib = number_flag<double>(args, "cap-gib");
-    if (!(cap_gib > 0)) throw UsageError("--cap-gib must be positive, got " + args["cap-gib"].as<std::string>());
-    const double cap = cap_gib * (1ull << 30);
+    const double cap = positive<double>(args, "cap-gib") * (1ull << 30);
     const int seq = at_least_flag(args, "seq", 1), batch = at_least_flag(args, "batch", 1);
     const int probe = at_least_flag(args, "probe-seq", 1);
     const std::string format = args["format"].as<std::string>();

@@ -175,14 +175,9 @@ int bench_reshard(int argc, char** argv) {
     std::vector<std::int64_t> shape;
     for (int n : parse_ints(args["shape"].as<std::string>(), "--shape")) shape.push_back(n);
     parallel::LinkModel links;
-    links.between_bytes_per_s = number_flag<double>(args, "between-gbps") * 1e9 / 8;
-    links.within_bytes_per_s = number_flag<double>(args, "within-gbps") * 1e9 / 8;
-    links.latency_s = number_flag<double>(args, "latency-us") * 1e-6;
-    for (const char* name : {"between-gbps", "within-gbps"})
-      if (!(number_flag<double>(args, name) > 0))
-        throw UsageError(std::string("--") + name + " must be positive, got " + args[name].as<std::string>());
-    if (!(links.latency_s >= 0))
-      throw UsageError("--latency-us must be 0 or more, got " + args["latency-us"].as<std::string>());
+    links.between_bytes_per_s = positive<double>(args, "between-gbps") * 1e9 / 8;
+    links.within_bytes_per_s = positive<double>(args, "within-gbps") * 1e9 / 8;
+    links.latency_s = positive<double>(args, "latency-us", true) * 1e-6;
     // Every case planned once before anything is printed, so a bad one is only an error.
     for (const auto& c : cases)
       parallel::plan_reshard(c.source, parallel::parse_layout(c.source_layout, "--source-layout"), c.destination,

@@ -41,15 +41,9 @@ void read_mesh_options(const cxxopts::ParseResult& args, parallel::EngineConfig&
       throw UsageError(std::string("--") + flag + " needs --link-between-gbps (the links are emulated only with it)");
   if (args.count("link-between-gbps")) {
     parallel::LinkModel links;
-    const double between = number_flag<double>(args, "link-between-gbps");
-    const double within = number_flag<double>(args, "link-within-gbps");
-    const double latency = number_flag<double>(args, "link-latency-us");
-    if (!(between > 0))
-      throw UsageError("--link-between-gbps must be positive, got " + args["link-between-gbps"].as<std::string>());
-    if (!(within > 0))
-      throw UsageError("--link-within-gbps must be positive, got " + args["link-within-gbps"].as<std::string>());
-    if (!(latency >= 0))
-      throw UsageError("--link-latency-us must be 0 or more, got " + args["link-latency-us"].as<std::string>());
+    const double between = positive<double>(args, "link-between-gbps");
+    const double within = positive<double>(args, "link-within-gbps");
+    const double latency = positive<double>(args, "link-latency-us", true);
     links.between_bytes_per_s = between * 1e9 / 8;
     links.within_bytes_per_s = within * 1e9 / 8;
     links.latency_s = latency * 1e-6;

@@ -61,6 +61,17 @@ T number_flag(const cxxopts::ParseResult& args, const std::string& name) {
   return value;
 }
 
+// number_flag that must be above 0 (or, zero_ok, at least 0), the error naming the flag
+// and the text it got ("--lr must be positive, got 0").
+template <typename T>
+T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_ok = false) {
+  const T value = number_flag<T>(args, name);
+  if (zero_ok ? !(value >= 0) : !(value > 0))  // written so that a NaN fails too
+    throw UsageError("--" + name + " must be " + (zero_ok ? "0 or more" : "positive") + ", got " +
+                     args[name].as<std::string>());
+  return value;
+}
+
 // number_flag with a lower bound, the error naming the flag and the value it got
 // ("--top must be at least 1, got 0").
 template <typename T>

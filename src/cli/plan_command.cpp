@@ -337,13 +337,9 @@ int run_plan(int argc, char** argv) {
     if (format != "table" && format != "json") throw UsageError("--format '" + format + "': expected table or json");
     if (args.count("contention") && args.count("no-contention"))
       throw UsageError("--contention and --no-contention: choose one");
-    if (args.count("eval-every") && !across)
-      throw UsageError("--eval-every is for plan --topology FILE without --run (across peers)");
-    // A flag of the other mode would otherwise be read by nothing, and the answer would
-    // silently be for something else than the user asked.
-    for (const char* flag : {"algorithm", "allreduce-algo", "compare", "hidden"})
-      if (args.count(flag) && !across)
-        throw UsageError(str("--", flag, " is for plan --topology FILE without --run (across peers)"));
+    if (!across)
+      refuse_flags(args, {"eval-every", "algorithm", "allreduce-algo", "compare", "hidden"},
+                   "plan --topology FILE without --run (across peers)");
     if (!args.count("strategy"))
       for (const char* flag : {"sp", "tp", "pp", "microbatches", "schedule", "chunks", "stages", "vocab-parallel",
                                "stage-mesh", "reshard", "link-between-gbps", "link-within-gbps", "link-latency-us"})

@@ -74,15 +74,6 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "time-budget",
                                                  "momentum-form"};
 
-template <typename T>
-T positive(const cxxopts::ParseResult& args, const std::string& name, bool zero_ok = false) {
-  const T value = number_flag<T>(args, name);
-  if (value < 0 || (!zero_ok && value == 0))
-    throw UsageError("--" + name + " must be " + (zero_ok ? "0 or more" : "positive") + ", got " +
-                     args[name].as<std::string>());
-  return value;
-}
-
 // Where the gradient is computed. The default is the GPU when this build has CUDA and the
 // run is one the device path runs (gpt; --sp ranks, a GPU for each, or --pp stages with
 // --sp 1; no --tp or --stage-mesh); otherwise the CPU, so that a default run works on
