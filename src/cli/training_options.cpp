@@ -33,6 +33,7 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "run-id",
                                                  "on-split",
                                                  "secret-file",
+                                                 "shared-memory",
                                                  "checkpoint-every",
                                                  "checkpoint-dir",
                                                  "max-staleness",
@@ -340,7 +341,11 @@ void add_training_options(cxxopts::Options& options) {
       "secret-file",
       "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
       "join or inject frames (make one: peertrain keygen run.key)",
-      cxxopts::value<std::string>());
+      cxxopts::value<std::string>())(
+      "shared-memory",
+      "auto: peers on this host (both ends on loopback) move large payloads through shared "
+      "memory, headers stay on TCP | off: every byte over TCP (tc/netem on lo sees it all)",
+      cxxopts::value<std::string>()->default_value("auto"));
   options.add_options("transformer (gpt, vit)")("d-model", "width of the residual stream",
                                                 cxxopts::value<std::string>()->default_value("128"))(
       "layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))(
@@ -425,6 +430,10 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   if (split != "continue" && split != "stop") throw UsageError("--on-split '" + split + "' is not one of continue, stop");
   c.stop_on_split = split == "stop";
   if (args.count("secret-file")) c.secret_file = args["secret-file"].as<std::string>();
+  const std::string shared_memory = args["shared-memory"].as<std::string>();
+  if (shared_memory != "auto" && shared_memory != "off")
+    throw UsageError("--shared-memory '" + shared_memory + "' is not one of auto, off");
+  c.shared_memory = shared_memory == "auto";
   c.checkpoint_every = positive<long long>(args, "checkpoint-every", true);
   if (args.count("checkpoint-dir")) c.checkpoint_dir = args["checkpoint-dir"].as<std::string>();
   c.resume = args.count("resume") > 0;

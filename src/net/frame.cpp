@@ -1,5 +1,6 @@
 #include "peertrain/net/frame.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "peertrain/core/error.h"
@@ -47,11 +48,20 @@ const char* to_string(MessageType type) {
     case MessageType::kHeartbeat: return "heartbeat";
     case MessageType::kAverage:
       return "averaging";
+    case MessageType::kRingOffer:
+      return "ring-offer";
+    case MessageType::kRingAccept:
+      return "ring-accept";
   }
   return "unknown";
 }
 
-std::uint64_t checksum_payload(std::span<const std::byte> payload) {
+namespace {
+
+// The checksum's pass, writing each 32-byte block it reads to `copy_to` when that is set:
+// a shared-memory payload is summed as it is copied out (or in), in one pass, and exactly
+// the bytes copied are the bytes summed.
+std::uint64_t sum_and_copy(std::span<const std::byte> payload, std::byte* copy_to) {
   // Four independent lanes let the compiler vectorize; the tail is folded in bytewise.
   std::uint64_t a[4] = {1, 2, 3, 4}, b[4] = {0, 0, 0, 0};
   const std::size_t words = payload.size() / 32 * 4;
@@ -59,22 +69,32 @@ std::uint64_t checksum_payload(std::span<const std::byte> payload) {
   for (std::size_t i = 0; i < words; i += 4) {
     std::uint64_t w[4];
     std::memcpy(w, data + 8 * i, 32);
+    if (copy_to) std::memcpy(copy_to + 8 * i, w, 32);
     for (int k = 0; k < 4; ++k) {
       a[k] += w[k];
       b[k] += a[k];
     }
   }
   std::uint64_t tail = payload.size();
-  for (std::size_t i = 8 * words; i < payload.size(); ++i) tail = tail * 0x100000001b3ULL + static_cast<std::uint8_t>(data[i]);
+  for (std::size_t i = 8 * words; i < payload.size(); ++i) {
+    if (copy_to) copy_to[i] = data[i];
+    tail = tail * 0x100000001b3ULL + static_cast<std::uint8_t>(data[i]);
+  }
   std::uint64_t h = mix(tail);
   for (int k = 0; k < 4; ++k) h = mix(h ^ a[k]) + mix(b[k] + k);
   return h;
 }
 
+}  // namespace
+
+std::uint64_t checksum_payload(std::span<const std::byte> payload) { return sum_and_copy(payload, nullptr); }
+
+std::uint64_t copy_and_checksum(std::span<const std::byte> from, std::byte* to) { return sum_and_copy(from, to); }
+
 std::uint64_t frame_checksum(const FrameHeader& header, std::uint64_t payload_sum) {
   std::uint64_t h = mix(payload_sum ^ (static_cast<std::uint64_t>(header.magic) << 16) ^ header.version);
   h = mix(h ^ static_cast<std::uint64_t>(header.type) ^ (static_cast<std::uint64_t>(header.sender) << 32));
-  h = mix(h ^ header.tag);
+  h = mix(h ^ header.tag ^ (header.shared ? std::uint64_t{1} << 40 : 0));
   h = mix(h ^ header.step);
   return mix(h ^ header.length);
 }
@@ -84,7 +104,7 @@ HeaderBytes encode_header(const FrameHeader& h) {
   std::byte* out = bytes.data();
   put(out, h.magic);
   put(out, h.version);
-  put(out, static_cast<std::uint16_t>(h.type));
+  put(out, static_cast<std::uint16_t>(static_cast<std::uint16_t>(h.type) | (h.shared ? kSharedBit : 0)));
   put(out, h.sender);
   put(out, h.tag);
   put(out, h.step);
@@ -99,7 +119,9 @@ FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& exp
   FrameHeader h;
   h.magic = get<std::uint32_t>(in);
   h.version = get<std::uint16_t>(in);
-  const auto type = get<std::uint16_t>(in);
+  const auto type_bits = get<std::uint16_t>(in);
+  const auto type = static_cast<std::uint16_t>(type_bits & ~kSharedBit);
+  h.shared = (type_bits & kSharedBit) != 0;
   h.sender = get<std::uint32_t>(in);
   h.tag = get<std::uint32_t>(in);
   h.step = get<std::uint64_t>(in);
@@ -111,13 +133,18 @@ FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& exp
   if (type < 1 || type > static_cast<std::uint16_t>(MessageType::kLast)) bad_frame(expect, str("unknown message type ", type));
   h.type = static_cast<MessageType>(type);
   if (h.sender != expect.sender) bad_frame(expect, str("sender ", h.sender, " on the link to peer ", expect.sender));
-  if (h.length > expect.max_payload)
-    bad_frame(expect, str("payload of ", h.length, " bytes, more than the ", expect.max_payload, " this run sends"));
+  const std::uint64_t bound = std::max<std::uint64_t>(expect.max_payload, kControlPayloadBytes);
+  if (h.length > bound)
+    bad_frame(expect, str("payload of ", h.length, " bytes, more than the ", bound, " this run sends"));
   return h;
 }
 
 void verify_checksum(const FrameHeader& header, std::span<const std::byte> payload, const FrameExpectations& expect) {
-  if (frame_checksum(header, checksum_payload(payload)) != header.checksum)
+  verify_checksum(header, checksum_payload(payload), expect);
+}
+
+void verify_checksum(const FrameHeader& header, std::uint64_t payload_sum, const FrameExpectations& expect) {
+  if (frame_checksum(header, payload_sum) != header.checksum)
     bad_frame(expect, str("checksum mismatch on a ", to_string(header.type), " frame for step ", header.step));
 }
 

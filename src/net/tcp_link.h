@@ -22,6 +22,7 @@
 #include "mailbox.h"
 #include "peertrain/core/work.h"
 #include "peertrain/net/tcp.h"
+#include "shared_ring.h"
 #include "wire_clock.h"
 
 namespace peertrain::net {
@@ -44,6 +45,10 @@ struct TransferAll {
 // One frame on its way out. The payload's bytes are owned by the SendBuffer or borrowed
 // from the sender, who keeps them until `state` is done (transport.h).
 struct Outgoing {
+  FrameHeader fields;               // what `header` encodes
+  std::uint64_t payload_sum = 0;    // checksum_payload of the payload (not with a secret)
+  bool sum_pending = false;         // ... to be computed by finish_header
+  std::ptrdiff_t ring_offset = -1;  // where the payload goes in the link's ring; -1: inline
   HeaderBytes header;
   SendBuffer payload;
   std::shared_ptr<Work::State> state;
@@ -71,8 +76,21 @@ struct Link {
   HeaderBytes header_in{};
   Payload payload_in;
   FrameHeader pending;
+  // Shared memory with a peer on this host (shared_ring.h), per connection; I/O thread only.
+  // On loopback, each side sends one ring offer (a ring, or none) and answers the other's;
+  // connect() returns once both have arrived, so that no frame of this exchange is still on
+  // its way to a peer that might close right after connecting (unread bytes at a close make
+  // the kernel reset the connection, and the peer then loses what it had not read yet).
+  bool loopback = false;                 // both ends of the connection on the loopback interface
+  std::unique_ptr<SharedRing> ring_out;  // offered for this side's payloads
+  bool ring_out_accepted = false;        // ... and mapped by the peer
+  bool ring_out_answered = false;        // the peer answered the offer (or there was none)
+  bool ring_offer_seen = false;          // the peer's offer (or its "none") arrived
+  std::unique_ptr<SharedRing> ring_in;   // the peer's, mapped here
+  std::ptrdiff_t ring_in_offset = -1;    // of `pending`'s payload, when shared
   // Guarded by TcpCore::mutex:
   bool connected = false;
+  bool settled = false;  // the ring exchange above is over (at once off loopback)
   bool dead = false;
   bool left = false;  // said goodbye
   // The caller gave up on it (drop()) and has not counted it in again (readmit()): a
@@ -143,6 +161,13 @@ struct TcpCore {
   Outgoing make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped,
                       const std::string& to, bool authenticated = false);
   void established(Link& l, tcp::socket socket);
+  // Shared memory (shared_ring.h): offering this side's ring, mapping the peer's, and the
+  // frames that use them.
+  void offer_ring(Link& l);
+  void accept_ring(Link& l, std::span<const std::byte> offer);
+  void ring_accepted(Link& l, std::span<const std::byte> answer);
+  void settle_if_done(Link& l);
+  void finish_header(Link& l, Outgoing& out);
   void schedule_heartbeat(Link& l);
 
   // tcp_connect.cpp: dialing, accepting, the handshake's I/O.

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <set>
 
@@ -14,6 +15,11 @@
 #include "tcp_link.h"
 
 namespace peertrain::net {
+
+namespace {
+// The frames that set up a link's shared memory: not the caller's traffic.
+bool transport_own(MessageType type) { return type == MessageType::kRingOffer || type == MessageType::kRingAccept; }
+}  // namespace
 
 bool TcpCore::mark_lost(Link& l, const std::string& why) {
   if (l.dead) return false;
@@ -127,9 +133,33 @@ void TcpCore::start_read(Link& l) {
     }
     l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
     const MessageType type = l.pending.type;
+    if (l.pending.shared) {
+      l.ring_in_offset = l.ring_in ? l.ring_in->next(l.pending.length) : -1;
+      if (l.ring_in_offset < 0)
+        return fail_link(
+            l, str("bad frame from ", l.name, ": a ", to_string(type), " frame for step ", l.pending.step, " puts its ",
+                   l.pending.length, " bytes in shared memory, ",
+                   l.ring_in ? "more than the link's ring holds" : "but the link has no ring", "; closing the link"));
+    }
     const bool data =
         type == MessageType::kParameters || type == MessageType::kGradients || type == MessageType::kReduceChunk;
     if (data && options.node_ingress_mbps > 0) return read_payload_shaped(l, generation, 0);
+    if (l.pending.shared) {
+      const std::span<const std::byte> shared(l.ring_in->data() + l.ring_in_offset, l.payload_in.size());
+      if (l.auth) {
+        std::memcpy(l.payload_in.data(), shared.data(), shared.size());
+        l.ring_in->release();
+        return payload_read(l);
+      }
+      const std::uint64_t sum = copy_and_checksum(shared, l.payload_in.data());
+      l.ring_in->release();
+      try {
+        verify_checksum(l.pending, sum, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+      } catch (const Error& e) {
+        return fail_link(l, e.what());
+      }
+      return deliver(l);
+    }
     asio::async_read(l.socket, asio::buffer(l.payload_in), TransferAll{},
                      [this, &l, generation](boost::system::error_code ec2, std::size_t) {
                        if (generation != l.generation) return;
@@ -162,6 +192,11 @@ void TcpCore::read_payload_shaped(Link& l, std::uint64_t generation, std::size_t
 }
 
 void TcpCore::read_piece(Link& l, std::uint64_t generation, std::size_t done, std::size_t piece) {
+  if (l.pending.shared) {  // the piece is in the ring already: the card's wait was its arrival
+    std::memcpy(l.payload_in.data() + done, l.ring_in->data() + l.ring_in_offset + done, piece);
+    if (done + piece == l.payload_in.size()) l.ring_in->release();
+    return read_payload_shaped(l, generation, done + piece);
+  }
   asio::async_read(l.socket, asio::buffer(l.payload_in.data() + done, piece), TransferAll{},
                    [this, &l, generation, done, piece](boost::system::error_code ec, std::size_t) {
                      if (generation != l.generation) return;
@@ -205,13 +240,16 @@ void TcpCore::deliver(Link& l) {
   bool duplicate = false;
   {
     std::lock_guard lock(mutex);
-    l.counters.bytes_received += kHeaderBytes + h.length;
-    ++l.counters.messages_received;
+    if (!transport_own(h.type)) {
+      l.counters.bytes_received += kHeaderBytes + h.length;
+      ++l.counters.messages_received;
+    }
     l.last_heard = Clock::now();
     if (h.type == MessageType::kGoodbye) {
       l.left = true;
-    } else if (h.type == MessageType::kHeartbeat) {
-      // nothing to deliver: hearing it was the point
+    } else if (h.type == MessageType::kHeartbeat || h.type == MessageType::kRingOffer ||
+               h.type == MessageType::kRingAccept) {
+      // nothing to deliver: hearing a heartbeat was the point; the rings are the transport's
     } else {
       duplicate = !mailbox.put(Mailbox::key(l.peer, h.type, h.step, h.tag), std::move(l.payload_in));
       l.payload_in = Payload();
@@ -220,6 +258,14 @@ void TcpCore::deliver(Link& l) {
   if (duplicate)
     return fail_link(l, str("bad frame from ", l.name, ": a second ", to_string(h.type), " for step ", h.step,
                             " (part ", h.tag, "); closing the link"));
+  if (h.type == MessageType::kRingOffer || h.type == MessageType::kRingAccept) {
+    if (h.type == MessageType::kRingOffer)
+      accept_ring(l, l.payload_in);
+    else
+      ring_accepted(l, l.payload_in);
+    std::lock_guard lock(mutex);
+    if (l.dead) return;  // a bad offer or answer failed the link
+  }
   changed.notify_all();
   start_read(l);
 }
@@ -234,6 +280,7 @@ void TcpCore::enqueue(Link& l, Outgoing out) {
       return;
     }
   }
+  finish_header(l, out);
   // Signed here, on the I/O thread, so that signing order is wire order.
   if (l.auth) l.auth->sign(out.header, out.payload.bytes());
   l.queue.push_back(std::move(out));
@@ -251,8 +298,10 @@ void TcpCore::write_next(Link& l) {
   const double node_mbps = options.node_bandwidth_mbps;
   const bool shaped = out.shaped && (l.shaping.latency_ms > 0 || l.shaping.bandwidth_mbps > 0 || node_mbps > 0);
   const std::uint64_t generation = l.generation;
+  const bool shared = out.ring_offset >= 0;
   if (!shaped) {
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header), asio::buffer(payload.data(), payload.size())};
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out.header),
+                                                 asio::buffer(payload.data(), shared ? 0 : payload.size())};
     asio::async_write(l.socket, buffers, TransferAll{},
                       [this, &l, generation](boost::system::error_code ec, std::size_t) {
                         if (generation != l.generation) return;
@@ -273,7 +322,10 @@ void TcpCore::write_next(Link& l) {
   }
   const std::size_t total = kHeaderBytes + payload.size();
   const double link_mbps = l.shaping.bandwidth_mbps;
-  const std::size_t piece = std::min(shaped_piece(std::max(link_mbps, node_mbps)), total - out.written);
+  // A shared frame holds its wires whole: no byte of it is on the socket to be paced, and
+  // its last byte is through when it would have been in pieces.
+  const std::size_t piece =
+      shared ? total - out.written : std::min(shaped_piece(std::max(link_mbps, node_mbps)), total - out.written);
   // Two wires, the link's and the card's shared by every link: the piece reserves both once
   // and goes when its last byte would be through the slower.
   if (!l.piece_due && (link_mbps > 0 || node_mbps > 0)) {
@@ -290,6 +342,16 @@ void TcpCore::write_next(Link& l) {
     return;
   }
   l.piece_due.reset();
+  if (shared) {
+    asio::async_write(l.socket, asio::buffer(out.header), TransferAll{},
+                      [this, &l, generation](boost::system::error_code ec, std::size_t) {
+                        if (generation != l.generation) return;
+                        if (ec) return wrote(l, ec, true);
+                        if (l.queue.empty()) return wrote(l, ec, false);  // fail_link ended the frame meanwhile
+                        wrote(l, ec, true);
+                      });
+    return;
+  }
   std::vector<asio::const_buffer> buffers;
   std::size_t from = out.written, left = piece;
   if (from < kHeaderBytes) {
@@ -313,6 +375,15 @@ void TcpCore::write_next(Link& l) {
 void TcpCore::wrote(Link& l, const boost::system::error_code& ec, bool frame_done) {
   if (ec) {
     l.writing = false;  // this write is over: fail_link may end its frame with the rest
+    {
+      // After its goodbye the peer closes: a write that fails then is its finish, not a
+      // loss (as read_failed tells them apart); fail_link below only ends the queued sends.
+      std::lock_guard lock(mutex);
+      if (l.left && !l.dead) {
+        l.dead = true;
+        l.death = str(l.name, " finished and closed its connection");
+      }
+    }
     return fail_link(l, str("sending to ", l.name, " failed: ", ec.message()));
   }
   l.last_write = Clock::now();
@@ -321,8 +392,11 @@ void TcpCore::wrote(Link& l, const boost::system::error_code& ec, bool frame_don
     l.queue.pop_front();
     {
       std::lock_guard lock(mutex);
-      l.counters.bytes_sent += kHeaderBytes + done.payload.bytes().size();
-      ++l.counters.messages_sent;
+      if (!transport_own(done.fields.type)) {  // the counters are the caller's traffic
+        l.counters.bytes_sent += kHeaderBytes + done.payload.bytes().size();
+        ++l.counters.messages_sent;
+        if (done.ring_offset >= 0) ++l.counters.messages_shared;
+      }
     }
     done.state->complete();
   }
@@ -337,8 +411,19 @@ Outgoing TcpCore::make_frame(MessageType type, std::uint64_t step, std::uint32_t
   h.tag = tag;
   h.step = step;
   h.length = payload.bytes().size();
-  if (!authenticated) h.checksum = frame_checksum(h, checksum_payload(payload.bytes()));  // else the tag replaces it
   Outgoing out;
+  // Else the tag replaces the checksum. A large payload's is computed on the I/O thread
+  // (finish_header), off the caller's, and while it is copied if it goes through the ring.
+  // The handshake's frames are written directly, not queued, so theirs is computed here.
+  const bool handshake =
+      type == MessageType::kHello || type == MessageType::kHelloReply || type == MessageType::kHelloProof;
+  if (!authenticated && !handshake && payload.bytes().size() >= kSharedMinBytes) {
+    out.sum_pending = true;
+  } else if (!authenticated) {
+    out.payload_sum = checksum_payload(payload.bytes());
+    h.checksum = frame_checksum(h, out.payload_sum);
+  }
+  out.fields = h;
   out.header = encode_header(h);
   out.payload = std::move(payload);
   out.state = std::make_shared<Work::State>(str("sending ", to_string(type), " for step ", step, " to ", to),
@@ -365,6 +450,12 @@ void TcpCore::established(Link& l, tcp::socket socket) {
       log::info(l.name, " rejoined: its link is up again");
     }
   }
+  {
+    boost::system::error_code local_ec, remote_ec;
+    const auto local = socket.local_endpoint(local_ec);
+    const auto remote = socket.remote_endpoint(remote_ec);
+    l.loopback = !local_ec && !remote_ec && local.address().is_loopback() && remote.address().is_loopback();
+  }
   l.timer.cancel();
   l.read_timer.cancel();
   close_socket(l);
@@ -373,13 +464,107 @@ void TcpCore::established(Link& l, tcp::socket socket) {
     std::lock_guard lock(mutex);
     l.fd = l.socket.native_handle();
     l.connected = true;
+    l.settled = !l.loopback;
     l.last_heard = Clock::now();
   }
   log::debug("connected to ", l.name);
   changed.notify_all();
   start_read(l);
+  offer_ring(l);
   l.heartbeat = std::make_unique<asio::steady_timer>(io);
   schedule_heartbeat(l);
+}
+
+// --- shared memory (shared_ring.h) ----------------------------------------------------
+
+// Each connection starts on TCP alone. On loopback each side offers the ring its payloads
+// would take, or none (shared memory off, or no segment to be had), and answers the other's.
+void TcpCore::offer_ring(Link& l) {
+  l.ring_out.reset();  // a rejoined peer's old rings go with its old connection
+  l.ring_out_accepted = l.ring_out_answered = l.ring_offer_seen = false;
+  l.ring_in.reset();
+  if (!l.loopback) return;
+  if (options.shared_memory) {
+    const std::size_t bytes = options.shared_ring_bytes > 0
+                                  ? options.shared_ring_bytes
+                                  : std::max<std::size_t>(std::size_t{1} << 20, 2 * options.max_payload_bytes);
+    try {
+      l.ring_out = SharedRing::create(bytes);
+    } catch (const Error& e) {
+      log::warn("payloads to ", l.name, " stay on TCP: ", e.what());
+    }
+  }
+  l.ring_out_answered = !l.ring_out;  // nobody answers "none"
+  const auto offer = (l.ring_out ? l.ring_out->offer() : SharedRing::Offer{}).encode();
+  enqueue(l, make_frame(MessageType::kRingOffer, 0, 0, Payload(offer.begin(), offer.end()), false, l.name,
+                        options.secret.has_value()));
+}
+
+void TcpCore::accept_ring(Link& l, std::span<const std::byte> bytes) {
+  SharedRing::Offer offer;
+  if (!SharedRing::Offer::decode(bytes, offer) || l.ring_offer_seen || !l.loopback)
+    return fail_link(l, str("bad frame from ", l.name, ": ",
+                            !l.loopback         ? "a ring offer on a link that is not on loopback"
+                            : l.ring_offer_seen ? "a second ring offer"
+                                                : "a malformed ring offer",
+                            " (", bytes.size(), " bytes); closing the link"));
+  l.ring_offer_seen = true;
+  if (offer.capacity > 0) {  // a ring: map it, or decline (nonce 0)
+    std::string why = "--shared-memory off here";
+    if (options.shared_memory) l.ring_in = SharedRing::open(offer, why);
+    if (!l.ring_in) log::info("payloads from ", l.name, " stay on TCP: ", why);
+    const std::uint64_t nonce = l.ring_in ? offer.nonce : 0;
+    std::array<std::byte, 8> answer{};
+    std::memcpy(answer.data(), &nonce, 8);
+    enqueue(l, make_frame(MessageType::kRingAccept, 0, 0, Payload(answer.begin(), answer.end()), false, l.name,
+                          options.secret.has_value()));
+  }
+  settle_if_done(l);
+}
+
+void TcpCore::ring_accepted(Link& l, std::span<const std::byte> bytes) {
+  std::uint64_t nonce = 0;
+  if (bytes.size() == 8) std::memcpy(&nonce, bytes.data(), 8);
+  if (!l.ring_out || l.ring_out_answered || bytes.size() != 8 || (nonce != 0 && nonce != l.ring_out->offer().nonce))
+    return fail_link(
+        l, str("bad frame from ", l.name, ": an answer to a ring offer this side did not make; closing the link"));
+  l.ring_out_answered = true;
+  l.ring_out_accepted = nonce != 0;
+  if (l.ring_out_accepted)
+    log::debug("payloads to ", l.name, " go through shared memory (", l.ring_out->capacity(), " bytes)");
+  else
+    l.ring_out.reset();  // declined
+  settle_if_done(l);
+}
+
+void TcpCore::settle_if_done(Link& l) {
+  if (!l.ring_offer_seen || !l.ring_out_answered) return;
+  {
+    std::lock_guard lock(mutex);
+    l.settled = true;
+  }
+  changed.notify_all();
+}
+
+// The header's last fields, on the I/O thread, in wire order. A large payload goes through
+// the ring once the peer mapped it and the ring has room (claims are made here, and the
+// receiver mirrors them), copied in now, before its wires hold it; otherwise inline.
+void TcpCore::finish_header(Link& l, Outgoing& out) {
+  const auto payload = out.payload.bytes();
+  if (l.ring_out_accepted && payload.size() >= kSharedMinBytes) out.ring_offset = l.ring_out->claim(payload.size());
+  if (out.ring_offset < 0 && !out.sum_pending) return;  // as make_frame encoded it
+  if (out.ring_offset >= 0) {
+    out.fields.shared = true;
+    std::byte* to = l.ring_out->data() + out.ring_offset;
+    if (options.secret)
+      std::memcpy(to, payload.data(), payload.size());
+    else
+      out.payload_sum = copy_and_checksum(payload, to);
+  } else {
+    out.payload_sum = checksum_payload(payload);
+  }
+  if (!options.secret) out.fields.checksum = frame_checksum(out.fields, out.payload_sum);
+  out.header = encode_header(out.fields);
 }
 
 void TcpCore::schedule_heartbeat(Link& l) {
@@ -476,9 +661,11 @@ class TcpTransport final : public Transport {
                                              std::chrono::duration<double>(m.options.connect_timeout_s));
     asio::post(m.io, [&m, deadline] { m.dial_all(deadline); });
     std::unique_lock lock(m.mutex);
+    // Connected, and the ring exchange over (tcp_link.h), or already lost (its wait says so).
+    auto ready = [](const Link& l) { return l.connected && (l.settled || l.dead); };
     auto all_connected = [&] {
       for (auto& [peer, link] : m.links)
-        if (!link->connected) return false;
+        if (!ready(*link)) return false;
       return true;
     };
     // A rejoining peer does not wait for a process that is gone: a link whose every dial
@@ -492,7 +679,8 @@ class TcpTransport final : public Transport {
     auto settled = [&] {
       bool any = false;
       for (auto& [peer, link] : m.links) {
-        if (link->connected) any = true;
+        if (ready(*link))
+          any = true;
         else if (!gone(*link)) return false;
       }
       return any;
@@ -510,7 +698,7 @@ class TcpTransport final : public Transport {
     if (!all_connected() && !settled()) {
       std::string missing;
       for (auto& [peer, link] : m.links)
-        if (!link->connected) missing += (missing.empty() ? "" : ", ") + link->name;
+        if (!ready(*link)) missing += (missing.empty() ? "" : ", ") + link->name;
       throw Error(ErrorKind::kTimeout, str("peer ", m.options.self, " could not connect to ", missing, " within ",
                                            m.options.connect_timeout_s, " s",
                                            m.last_refusal.empty() ? "" : " (last problem: " + m.last_refusal + ")"));

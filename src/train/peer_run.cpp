@@ -123,6 +123,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
       vectors * size_ * sizeof(float) + (kReportDoubles + static_cast<std::size_t>(n_)) * sizeof(double);
   options.node_bandwidth_mbps = t_.node_bandwidth_mbps;
   options.node_ingress_mbps = t_.node_ingress_mbps;
+  options.shared_memory = config_.shared_memory;
   options.shaping = [&t = t_, rank = rank_](int peer) {
     const auto link = t.link(rank, peer);
     return net::LinkShaping{link.latency_ms, link.bandwidth_mbps};

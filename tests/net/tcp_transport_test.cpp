@@ -16,7 +16,9 @@
 #include <numeric>
 
 #include "../../src/net/handshake.h"
+#include "../../src/net/shared_ring.h"
 #include "../topology/test_util.h"
+#include "middle_proxy.h"
 #include "test_cluster.h"
 
 namespace peertrain::net {
@@ -640,7 +642,13 @@ class FakePeer {
       std::array<std::byte, 64> hello;
       boost::asio::read(socket, boost::asio::buffer(header));
       boost::asio::read(socket, boost::asio::buffer(hello));
-      if (answer) write_handshake_frame(socket, MessageType::kHelloReply, self, Payload(4));  // status 0: accepted
+      if (answer) {
+        write_handshake_frame(socket, MessageType::kHelloReply, self, Payload(4));  // status 0: accepted
+        // Then, as a peer on loopback does, its ring offer (none) and its answer to ours
+        // (declined, which needs no reading): the dialer's connect() waits for both.
+        write_handshake_frame(socket, MessageType::kRingOffer, self, Payload(SharedRing::Offer::kBytes));
+        write_handshake_frame(socket, MessageType::kRingAccept, self, Payload(8));
+      }
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return released_; });  // a stopped process: reads nothing
     });
@@ -830,69 +838,14 @@ TEST(TcpTransport, ADialerWithTheWrongKeyIsRefusedAndNamedByTheAcceptor) {
 // authenticated link: the receiver rejects the frame, names the sender and the frame, and
 // closes the link; nothing tampered is delivered.
 TEST(TcpTransport, ATamperedFrameOnAnAuthenticatedLinkIsRejectedAndNamed) {
-  auto endpoints = testing::loopback_endpoints(3);  // [2]: the middle, where peer 0 dials peer 1
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor middle(io, {boost::asio::ip::make_address("127.0.0.1"),
-                                             static_cast<unsigned short>(endpoints[2].port)});
-  std::thread proxy([&] {
-    boost::asio::ip::tcp::socket from0(io), to1(io);
-    middle.accept(from0);
-    // Peer 1 may not listen yet (its thread starts beside peer 0's): retry, as a dialer does.
-    const boost::asio::ip::tcp::endpoint peer1{boost::asio::ip::make_address("127.0.0.1"),
-                                               static_cast<unsigned short>(endpoints[1].port)};
-    boost::system::error_code refused;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      to1.connect(peer1, refused);
-      if (!refused) break;
-      to1.close();
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    auto pump = [](boost::asio::ip::tcp::socket& in, boost::asio::ip::tcp::socket& out, long long flip_at) {
-      std::array<std::byte, 4096> buffer;
-      long long seen = 0;
-      boost::system::error_code ec;
-      while (true) {
-        const std::size_t got = in.read_some(boost::asio::buffer(buffer), ec);
-        if (ec) break;
-        if (flip_at >= seen && flip_at < seen + static_cast<long long>(got)) buffer[flip_at - seen] ^= std::byte{1};
-        seen += static_cast<long long>(got);
-        boost::asio::write(out, boost::asio::buffer(buffer.data(), got), ec);
-        if (ec) break;
-      }
-      boost::system::error_code ignored;
-      out.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
-    };
-    std::thread back([&] { pump(to1, from0, -1); });
-    pump(from0, to1, 3000);  // past the handshake, inside the first parameters frame
-    back.join();
-  });
-  std::string receiver_error;
-  testing::run_peers(2, [&](int rank) {
-    std::vector<Endpoint> mine = {endpoints[0], rank == 0 ? endpoints[2] : endpoints[1]};
-    auto o = testing::options_for(rank, mine, {1 - rank});
-    o.secret = secret_of("0123456789abcdef-shared");
-    o.peer_timeout_s = 5;
-    auto net = make_tcp_transport(o);
-    net->connect();
-    const std::vector<float> x(1000, 1.0f);
-    if (rank == 0) {
-      try {
-        net->send(1, MessageType::kParameters, 0, 0, as_bytes(x)).wait();
-        net->receive(1, MessageType::kParameters, 0, 0, 5);
-      } catch (const Error&) {
-      }
-    } else {
-      try {
-        net->receive(0, MessageType::kParameters, 0, 0);
-      } catch (const Error& e) {
-        receiver_error = e.what();
-      }
-    }
-    net->abort();
-  });
-  boost::system::error_code ignored;
-  middle.close(ignored);
-  proxy.join();
+  const std::string receiver_error = testing::receiver_error_through_proxy(
+      [](std::vector<std::byte>& held, long long offset) -> std::size_t {
+        constexpr long long kFlipAt = 3000;  // past the handshake, inside the first parameters frame
+        if (kFlipAt >= offset && kFlipAt < offset + static_cast<long long>(held.size()))
+          held[static_cast<std::size_t>(kFlipAt - offset)] ^= std::byte{1};
+        return 0;
+      },
+      [](int, TcpOptions& o) { o.secret = secret_of("0123456789abcdef-shared"); });
   EXPECT_NE(receiver_error.find("bad frame from peer 0"), std::string::npos) << receiver_error;
   EXPECT_NE(receiver_error.find("authentication failed on a parameters frame for step 0"), std::string::npos)
       << receiver_error;

@@ -3,6 +3,8 @@
 //   magic u32 | version u16 | type u16 | sender u32 | tag u32 | step u64 | length u64 |
 //   checksum u64 | reserved u64
 //
+// The type's top bit (kSharedBit) says that the payload is not on the wire but in the
+// link's shared-memory ring (shared_ring.h): length bytes, at the place both ends compute.
 // `tag` tells apart messages of one type in one step (the chunk of a ring all-reduce).
 // `checksum` covers the other header fields and the payload, so a corrupted or forged
 // length, step or sender is caught as well as corrupted data. Decoding checks every field
@@ -20,8 +22,12 @@
 namespace peertrain::net {
 
 inline constexpr std::uint32_t kMagic = 0x31525450;  // "PTR1" in memory order
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
+inline constexpr std::uint16_t kSharedBit = 0x8000;
 inline constexpr std::size_t kHeaderBytes = 48;
+// What any frame may carry, whatever the run's own bound: the transport's frames (a ring
+// offer) must fit in a run of tiny messages.
+inline constexpr std::uint64_t kControlPayloadBytes = 64;
 
 enum class MessageType : std::uint16_t {
   kHello = 1,        // handshake, dialer → acceptor
@@ -35,7 +41,9 @@ enum class MessageType : std::uint16_t {
   kHelloProof = 9,   // handshake, dialer's proof that it holds the shared secret
   kHeartbeat = 10,   // "still here": sent on a link that has been quiet for a second
   kAverage = 11,     // AD-PSGD: a pairwise averaging request, its answer, or "done"
-  kLast = kAverage,
+  kRingOffer = 12,   // a shared-memory ring for this link's payloads, offered by their sender
+  kRingAccept = 13,  // the offer's ring is mapped: payloads may go through it
+  kLast = kRingAccept,
 };
 const char* to_string(MessageType type);
 
@@ -48,6 +56,7 @@ struct FrameHeader {
   std::uint64_t step = 0;
   std::uint64_t length = 0;
   std::uint64_t checksum = 0;
+  bool shared = false;  // the payload lies in the link's shared-memory ring
 };
 
 using HeaderBytes = std::array<std::byte, kHeaderBytes>;
@@ -55,6 +64,9 @@ using HeaderBytes = std::array<std::byte, kHeaderBytes>;
 // A fast 64-bit checksum (four-lane Fletcher over 64-bit words, then mixed): several GB/s,
 // so it does not limit the transport, and any single changed byte changes it.
 std::uint64_t checksum_payload(std::span<const std::byte> payload);
+// The same checksum, computed while copying the payload to `to` (from.size() bytes), in one
+// pass over it.
+std::uint64_t copy_and_checksum(std::span<const std::byte> from, std::byte* to);
 // The checksum a header must carry for this payload: payload sum mixed with the fields.
 std::uint64_t frame_checksum(const FrameHeader& header, std::uint64_t payload_sum);
 
@@ -70,5 +82,7 @@ struct FrameExpectations {
 // type, wrong sender, oversized length. The checksum is verified after the payload.
 FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& expect);
 void verify_checksum(const FrameHeader& header, std::span<const std::byte> payload, const FrameExpectations& expect);
+// The same, for a payload whose checksum_payload is already known.
+void verify_checksum(const FrameHeader& header, std::uint64_t payload_sum, const FrameExpectations& expect);
 
 }  // namespace peertrain::net

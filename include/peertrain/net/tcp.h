@@ -10,6 +10,15 @@
 // address); more are closed on accept, and the refusals are logged in one line per ten
 // seconds. Each handshake must finish within kHandshakeTimeoutS on both sides. An accept
 // that fails for lack of file descriptors backs off instead of spinning.
+//
+// Peers on one host. A link whose two ends are both on the loopback interface moves its
+// large payloads (kSharedMinBytes and up) through shared memory (shared_ring.h): each
+// sender offers a ring, and a receiver that can map it (same host, pid namespace and user)
+// accepts. Headers, and so ordering, heartbeats, authentication and the detection of a
+// lost peer, stay on the TCP connection, and the link emulation holds the frames as long as
+// before. Links over any other address, or with shared_memory off, are plain TCP: tc or
+// netem on `lo` sees only the headers of shared frames, so a run emulating faults there
+// turns it off (--shared-memory off).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +36,7 @@ namespace peertrain::net {
 inline constexpr int kMaxPendingHandshakes = 64;
 inline constexpr int kMaxPendingPerAddress = 8;
 inline constexpr double kHandshakeTimeoutS = 10;
+inline constexpr std::size_t kSharedMinBytes = 64 * 1024;
 
 struct Endpoint {
   std::string host;
@@ -61,6 +71,11 @@ struct TcpOptions {
   // every wait at once, named as the cause, rather than each peer waiting on a neighbour
   // that will stop only later, of the same loss.
   bool every_link_needed = false;
+  // Payloads to peers on this host through shared memory (above); off: every byte on TCP.
+  bool shared_memory = true;
+  // Each ring's size; 0: twice max_payload_bytes (at least 1 MiB), so that one message can
+  // be copied out while the next goes in.
+  std::size_t shared_ring_bytes = 0;
 };
 
 // Binds the listening socket (Error(kIo) if the port is taken) and starts the I/O thread;

@@ -30,11 +30,13 @@ struct LinkCounters {
   std::uint64_t bytes_received = 0;
   std::uint64_t messages_sent = 0;
   std::uint64_t messages_received = 0;
+  std::uint64_t messages_shared = 0;  // of those sent, how many went through shared memory (tcp.h)
   LinkCounters& operator+=(const LinkCounters& o) {
     bytes_sent += o.bytes_sent;
     bytes_received += o.bytes_received;
     messages_sent += o.messages_sent;
     messages_received += o.messages_received;
+    messages_shared += o.messages_shared;
     return *this;
   }
 };

@@ -87,6 +87,7 @@ struct TrainConfig {
       1;  // per peer: the mlp's Eigen threads; a transformer's batch split (model::make_batch_parallel_engine)
   bool stop_on_split = false;  // D-PSGD: stop when lost peers split the graph (else each piece goes on)
   std::string secret_file;     // shared key: only peers holding it may join or send frames
+  bool shared_memory = true;   // payloads to peers on this host through shared memory (net/tcp.h)
   long long checkpoint_every = 0;  // steps between checkpoints; 0: none
   std::string checkpoint_dir;      // where every peer writes its checkpoint files
   bool resume = false;             // start from the latest complete set in checkpoint_dir
