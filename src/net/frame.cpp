@@ -77,8 +77,9 @@ std::uint64_t sum_and_copy(std::span<const std::byte> payload, std::byte* copy_t
   }
   std::uint64_t tail = payload.size();
   for (std::size_t i = 8 * words; i < payload.size(); ++i) {
-    if (copy_to) copy_to[i] = data[i];
-    tail = tail * 0x100000001b3ULL + static_cast<std::uint8_t>(data[i]);
+    const std::byte b = data[i];  // read once: the bytes summed are the bytes copied
+    if (copy_to) copy_to[i] = b;
+    tail = tail * 0x100000001b3ULL + static_cast<std::uint8_t>(b);
   }
   std::uint64_t h = mix(tail);
   for (int k = 0; k < 4; ++k) h = mix(h ^ a[k]) + mix(b[k] + k);

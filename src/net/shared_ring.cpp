@@ -96,15 +96,18 @@ std::unique_ptr<SharedRing> SharedRing::open(const Offer& offer, std::string& wh
   }
   const std::string path = str("/proc/", offer.pid, "/fd/", offer.fd);
   std::unique_ptr<SharedRing> ring(new SharedRing);
-  ring->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Not blocking and never a controlling terminal: the path is the peer's word, and until
+  // the checks below it may name any file that process has open (a tty, a FIFO).
+  ring->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (ring->fd_ < 0) {
     why = str("cannot open ", path, ": ", std::strerror(errno), " (another host, pid namespace or user)");
     return nullptr;
   }
   struct stat st {};
   const int seals = fcntl(ring->fd_, F_GET_SEALS);
-  if (fstat(ring->fd_, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != kHeaderPage + offer.capacity ||
-      seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+  if (fstat(ring->fd_, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<std::uint64_t>(st.st_size) != kHeaderPage + offer.capacity || seals < 0 ||
+      (seals & F_SEAL_SHRINK) == 0) {
     why = str(path, " is not a sealed ring of ", offer.capacity, " bytes");
     return nullptr;
   }

@@ -7,6 +7,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio.hpp>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -77,7 +78,7 @@ struct Link {
   Payload payload_in;
   FrameHeader pending;
   // Shared memory with a peer on this host (shared_ring.h), per connection; I/O thread only.
-  // On loopback, each side sends one ring offer (a ring, or none) and answers the other's;
+  // Each side sends one ring offer (a ring, or none) and answers the other's;
   // connect() returns once both have arrived, so that no frame of this exchange is still on
   // its way to a peer that might close right after connecting (unread bytes at a close make
   // the kernel reset the connection, and the peer then loses what it had not read yet).
@@ -88,9 +89,12 @@ struct Link {
   bool ring_offer_seen = false;          // the peer's offer (or its "none") arrived
   std::unique_ptr<SharedRing> ring_in;   // the peer's, mapped here
   std::ptrdiff_t ring_in_offset = -1;    // of `pending`'s payload, when shared
+  // ring_out_accepted, for the callers' threads: send() then leaves a large payload's
+  // checksum to finish_header, which computes it while copying into the ring.
+  std::atomic<bool> shares{false};
   // Guarded by TcpCore::mutex:
   bool connected = false;
-  bool settled = false;  // the ring exchange above is over (at once off loopback)
+  bool settled = false;  // the ring exchange above is over
   bool dead = false;
   bool left = false;  // said goodbye
   // The caller gave up on it (drop()) and has not counted it in again (readmit()): a
@@ -159,7 +163,7 @@ struct TcpCore {
   void write_next(Link& l);
   void wrote(Link& l, const boost::system::error_code& ec, bool frame_done);
   Outgoing make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped,
-                      const std::string& to, bool authenticated = false);
+                      const std::string& to, bool authenticated = false, bool may_share = false);
   void established(Link& l, tcp::socket socket);
   // Shared memory (shared_ring.h): offering this side's ring, mapping the peer's, and the
   // frames that use them.
@@ -167,6 +171,7 @@ struct TcpCore {
   void accept_ring(Link& l, std::span<const std::byte> offer);
   void ring_accepted(Link& l, std::span<const std::byte> answer);
   void settle_if_done(Link& l);
+  void forget_rings(Link& l);  // the link is gone: unmap both rings
   void finish_header(Link& l, Outgoing& out);
   void schedule_heartbeat(Link& l);
 

@@ -78,6 +78,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
     if (l.writing && first != l.queue.end()) ++first;
     for (auto it = first; it != l.queue.end(); ++it) it->state->complete(lost);
     l.queue.erase(first, l.queue.end());
+    forget_rings(l);
     changed.notify_all();
     return;
   }
@@ -85,6 +86,7 @@ void TcpCore::fail_link(Link& l, const std::string& why) {
   // Closing the socket on this thread ends every read and write of it: the reactor touches
   // a write's buffers only on this thread, so the queue's bytes are free once it is closed.
   close_socket(l);
+  forget_rings(l);
   l.timer.cancel();
   l.read_timer.cancel();
   if (l.heartbeat) l.heartbeat->cancel();
@@ -134,12 +136,15 @@ void TcpCore::start_read(Link& l) {
     l.payload_in.resize(l.pending.length);  // bounded by decode_header's length check
     const MessageType type = l.pending.type;
     if (l.pending.shared) {
-      l.ring_in_offset = l.ring_in ? l.ring_in->next(l.pending.length) : -1;
+      // Only the caller's payloads of kSharedMinBytes and more ever go through a ring.
+      const char* wrong = !l.ring_in                                                  ? "but the link has no ring"
+                          : transport_own(type) || l.pending.length < kSharedMinBytes ? "which no sender puts there"
+                                                                                      : nullptr;
+      l.ring_in_offset = wrong ? -1 : l.ring_in->next(l.pending.length);
       if (l.ring_in_offset < 0)
-        return fail_link(
-            l, str("bad frame from ", l.name, ": a ", to_string(type), " frame for step ", l.pending.step, " puts its ",
-                   l.pending.length, " bytes in shared memory, ",
-                   l.ring_in ? "more than the link's ring holds" : "but the link has no ring", "; closing the link"));
+        return fail_link(l, str("bad frame from ", l.name, ": a ", to_string(type), " frame for step ", l.pending.step,
+                                " puts its ", l.pending.length, " bytes in shared memory, ",
+                                wrong ? wrong : "more than the link's ring holds", "; closing the link"));
     }
     const bool data =
         type == MessageType::kParameters || type == MessageType::kGradients || type == MessageType::kReduceChunk;
@@ -193,6 +198,7 @@ void TcpCore::read_payload_shaped(Link& l, std::uint64_t generation, std::size_t
 
 void TcpCore::read_piece(Link& l, std::uint64_t generation, std::size_t done, std::size_t piece) {
   if (l.pending.shared) {  // the piece is in the ring already: the card's wait was its arrival
+    if (!l.ring_in) return;  // the link failed while this piece waited for the card
     std::memcpy(l.payload_in.data() + done, l.ring_in->data() + l.ring_in_offset + done, piece);
     if (done + piece == l.payload_in.size()) l.ring_in->release();
     return read_payload_shaped(l, generation, done + piece);
@@ -404,7 +410,7 @@ void TcpCore::wrote(Link& l, const boost::system::error_code& ec, bool frame_don
 }
 
 Outgoing TcpCore::make_frame(MessageType type, std::uint64_t step, std::uint32_t tag, SendBuffer payload, bool shaped,
-                             const std::string& to, bool authenticated) {
+                             const std::string& to, bool authenticated, bool may_share) {
   FrameHeader h;
   h.type = type;
   h.sender = static_cast<std::uint32_t>(options.self);
@@ -417,7 +423,7 @@ Outgoing TcpCore::make_frame(MessageType type, std::uint64_t step, std::uint32_t
   // The handshake's frames are written directly, not queued, so theirs is computed here.
   const bool handshake =
       type == MessageType::kHello || type == MessageType::kHelloReply || type == MessageType::kHelloProof;
-  if (!authenticated && !handshake && payload.bytes().size() >= kSharedMinBytes) {
+  if (!authenticated && !handshake && may_share && payload.bytes().size() >= kSharedMinBytes) {
     out.sum_pending = true;
   } else if (!authenticated) {
     out.payload_sum = checksum_payload(payload.bytes());
@@ -464,7 +470,7 @@ void TcpCore::established(Link& l, tcp::socket socket) {
     std::lock_guard lock(mutex);
     l.fd = l.socket.native_handle();
     l.connected = true;
-    l.settled = !l.loopback;
+    l.settled = false;  // until the ring exchange is over (tcp_link.h)
     l.last_heard = Clock::now();
   }
   log::debug("connected to ", l.name);
@@ -477,14 +483,15 @@ void TcpCore::established(Link& l, tcp::socket socket) {
 
 // --- shared memory (shared_ring.h) ----------------------------------------------------
 
-// Each connection starts on TCP alone. On loopback each side offers the ring its payloads
-// would take, or none (shared memory off, or no segment to be had), and answers the other's.
+// Each connection starts on TCP alone. Each side offers the ring its payloads would take,
+// or none (not on loopback, shared memory off, or no segment to be had), and answers the
+// other's. On every link, not only those this side sees on loopback: behind a relay (a
+// container's port forwarding) one end may see loopback and the other not, and each must
+// still know what to wait for.
 void TcpCore::offer_ring(Link& l) {
-  l.ring_out.reset();  // a rejoined peer's old rings go with its old connection
-  l.ring_out_accepted = l.ring_out_answered = l.ring_offer_seen = false;
-  l.ring_in.reset();
-  if (!l.loopback) return;
-  if (options.shared_memory) {
+  forget_rings(l);  // a rejoined peer's old rings go with its old connection
+  l.ring_out_answered = l.ring_offer_seen = false;
+  if (options.shared_memory && l.loopback) {
     const std::size_t bytes = options.shared_ring_bytes > 0
                                   ? options.shared_ring_bytes
                                   : std::max<std::size_t>(std::size_t{1} << 20, 2 * options.max_payload_bytes);
@@ -502,14 +509,12 @@ void TcpCore::offer_ring(Link& l) {
 
 void TcpCore::accept_ring(Link& l, std::span<const std::byte> bytes) {
   SharedRing::Offer offer;
-  if (!SharedRing::Offer::decode(bytes, offer) || l.ring_offer_seen || !l.loopback)
-    return fail_link(l, str("bad frame from ", l.name, ": ",
-                            !l.loopback         ? "a ring offer on a link that is not on loopback"
-                            : l.ring_offer_seen ? "a second ring offer"
-                                                : "a malformed ring offer",
-                            " (", bytes.size(), " bytes); closing the link"));
+  if (!SharedRing::Offer::decode(bytes, offer) || l.ring_offer_seen)
+    return fail_link(
+        l, str("bad frame from ", l.name, ": ", l.ring_offer_seen ? "a second ring offer" : "a malformed ring offer",
+               " (", bytes.size(), " bytes); closing the link"));
   l.ring_offer_seen = true;
-  if (offer.capacity > 0) {  // a ring: map it, or decline (nonce 0)
+  if (offer.capacity > 0) {  // a ring: map it (it can only be on this host), or decline (nonce 0)
     std::string why = "--shared-memory off here";
     if (options.shared_memory) l.ring_in = SharedRing::open(offer, why);
     if (!l.ring_in) log::info("payloads from ", l.name, " stay on TCP: ", why);
@@ -525,16 +530,29 @@ void TcpCore::accept_ring(Link& l, std::span<const std::byte> bytes) {
 void TcpCore::ring_accepted(Link& l, std::span<const std::byte> bytes) {
   std::uint64_t nonce = 0;
   if (bytes.size() == 8) std::memcpy(&nonce, bytes.data(), 8);
-  if (!l.ring_out || l.ring_out_answered || bytes.size() != 8 || (nonce != 0 && nonce != l.ring_out->offer().nonce))
-    return fail_link(
-        l, str("bad frame from ", l.name, ": an answer to a ring offer this side did not make; closing the link"));
+  const char* wrong = bytes.size() != 8     ? "a malformed answer to a ring offer"
+                      : l.ring_out_answered ? "a second answer to a ring offer"
+                      : !l.ring_out         ? "an answer to a ring offer this side did not make"
+                      : nonce != 0 && nonce != l.ring_out->offer().nonce
+                          ? "an answer naming another ring than the one offered"
+                          : nullptr;
+  if (wrong) return fail_link(l, str("bad frame from ", l.name, ": ", wrong, "; closing the link"));
   l.ring_out_answered = true;
-  l.ring_out_accepted = nonce != 0;
-  if (l.ring_out_accepted)
+  if (nonce != 0) {
+    l.ring_out_accepted = true;
+    l.shares = true;
     log::debug("payloads to ", l.name, " go through shared memory (", l.ring_out->capacity(), " bytes)");
-  else
+  } else {
     l.ring_out.reset();  // declined
+  }
   settle_if_done(l);
+}
+
+void TcpCore::forget_rings(Link& l) {
+  l.shares = false;
+  l.ring_out_accepted = false;
+  l.ring_out.reset();
+  l.ring_in.reset();
 }
 
 void TcpCore::settle_if_done(Link& l) {
@@ -698,7 +716,9 @@ class TcpTransport final : public Transport {
     if (!all_connected() && !settled()) {
       std::string missing;
       for (auto& [peer, link] : m.links)
-        if (!ready(*link)) missing += (missing.empty() ? "" : ", ") + link->name;
+        if (!ready(*link))
+          missing += (missing.empty() ? "" : ", ") + link->name +
+                     (link->connected ? " (connected, but it never answered the shared-memory setup)" : "");
       throw Error(ErrorKind::kTimeout, str("peer ", m.options.self, " could not connect to ", missing, " within ",
                                            m.options.connect_timeout_s, " s",
                                            m.last_refusal.empty() ? "" : " (last problem: " + m.last_refusal + ")"));
@@ -710,7 +730,8 @@ class TcpTransport final : public Transport {
     Link& l = m.link(peer);
     PEERTRAIN_CHECK(payload.bytes().size() <= m.options.max_payload_bytes, "payload of ", payload.bytes().size(),
                     " bytes exceeds ", m.options.max_payload_bytes);
-    Outgoing out = m.make_frame(type, step, tag, std::move(payload), shaped, l.name, m.options.secret.has_value());
+    Outgoing out = m.make_frame(type, step, tag, std::move(payload), shaped, l.name, m.options.secret.has_value(),
+                                l.shares.load(std::memory_order_relaxed));
     out.ready_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(l.shaping.latency_ms / 1000.0));
     out.state->cancel = cancel_hook(l, out.state);
@@ -783,6 +804,7 @@ class TcpTransport final : public Transport {
         l.dropped = true;
       }
       m.close_socket(l);
+      m.forget_rings(l);
       l.timer.cancel();
       l.read_timer.cancel();
       const auto lost = std::make_exception_ptr(Error(ErrorKind::kPeerLost, why));

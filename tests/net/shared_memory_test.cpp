@@ -9,6 +9,9 @@
 #include <random>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "../../src/net/shared_ring.h"
 #include "peertrain/net/tcp.h"
 #include "middle_proxy.h"
@@ -83,23 +86,6 @@ TEST(SharedRing, AnOfferThatIsNotThisSegmentIsRefusedWithTheReason) {
   EXPECT_FALSE(SharedRing::Offer::decode(std::vector<std::byte>(31), decoded));
 }
 
-// Ping, pong, ping: once both have arrived, each side's ring offer has been answered (the
-// answer to an offer goes out before anything sent after the offer arrived), so every
-// large payload after this goes through shared memory unless a ring is full.
-void warm_up(Transport& net, int rank) {
-  const std::vector<float> one = {1.0f};
-  const std::uint64_t step = 1'000'000;
-  if (rank == 0) {
-    net.send(1, MessageType::kParameters, step, 0, as_bytes(one)).wait(20);
-    net.receive(1, MessageType::kParameters, step, 1);
-    net.send(1, MessageType::kParameters, step, 2, as_bytes(one)).wait(20);
-  } else {
-    net.receive(0, MessageType::kParameters, step, 0);
-    net.send(0, MessageType::kParameters, step, 1, as_bytes(one)).wait(20);
-    net.receive(0, MessageType::kParameters, step, 2);
-  }
-}
-
 // Fresh random floats for (sender, step), of a size that varies from step to step: some
 // below kSharedMinBytes (inline), some above.
 std::vector<float> message(int sender, std::uint64_t step, std::size_t max_floats) {
@@ -140,7 +126,6 @@ TEST(SharedMemoryTransport, LargePayloadsGoThroughSharedMemoryExactlyAndSmallOne
     o.shared_ring_bytes = 3 * kMaxFloats * 4;
     auto net = make_tcp_transport(o);
     net->connect();
-    warm_up(*net, rank);
     const LinkCounters before = net->counters(1 - rank);
     const auto [messages, large] = exchange(*net, rank, 60, kMaxFloats);
     const LinkCounters after = net->counters(1 - rank);
@@ -163,7 +148,6 @@ TEST(SharedMemoryTransport, AFullRingSendsInlineAndOrderHolds) {
     o.shared_ring_bytes = 512 * 1024;
     auto net = make_tcp_transport(o);
     net->connect();
-    warm_up(*net, rank);
     // Every send queued at once: the ring fills, the rest go inline behind its frames.
     std::vector<std::vector<float>> mine;
     std::vector<Work> sends;
@@ -190,10 +174,10 @@ TEST(SharedMemoryTransport, AuthenticatedLinksUseItAndOffMeansTcpOnly) {
     run_peers(2, [&](int rank) {
       auto o = options_for(rank, endpoints, {1 - rank}, 1 << 20);
       if (secret) o.secret = Secret::from_bytes(std::vector<std::uint8_t>(kSecretBytes, 0x5a));
+      o.shared_ring_bytes = 3 * 800'000;      // the newest in flight never blocks the next
       o.shared_memory = secret || rank == 0;  // without the secret: peer 1 turns it off
       auto net = make_tcp_transport(o);
       net->connect();
-      warm_up(*net, rank);
       const auto [messages, large] = exchange(*net, rank, 20, 200'000);
       EXPECT_GT(large, 0);
       const LinkCounters c = net->counters(1 - rank);
@@ -214,7 +198,6 @@ TEST(SharedMemoryTransport, ABandwidthCapHoldsSharedFramesAsLongAsInlineOnes) {
     o.shaping = [](int) { return LinkShaping{0.0, 80.0}; };  // 10 MB/s
     auto net = make_tcp_transport(o);
     net->connect();
-    warm_up(*net, rank);
     const std::vector<float> x(1 << 18, static_cast<float>(rank));  // 1 MiB: at least 0.1 s
     const auto start = std::chrono::steady_clock::now();
     auto s = net->send(1 - rank, MessageType::kParameters, 0, 0, as_bytes(x));
@@ -236,7 +219,6 @@ TEST(SharedMemoryTransport, AnIngressCapReadsSharedFramesPieceByPiece) {
     if (rank == 0) o.node_ingress_mbps = 80.0;  // 10 MB/s into peer 0
     auto net = make_tcp_transport(o);
     net->connect();
-    warm_up(*net, rank);
     if (rank == 0) {
       const auto start = std::chrono::steady_clock::now();
       expect_message(net->receive(1, MessageType::kParameters, 0, 0), 1, 0, 400'000);
@@ -254,29 +236,64 @@ TEST(SharedMemoryTransport, AnIngressCapReadsSharedFramesPieceByPiece) {
 }
 
 // A man in the middle sets the shared bit in the type of peer 0's first parameters frame,
-// whose payload is inline: peer 1, which keeps every byte on TCP (no ring), names the
-// frame and closes the link.
-TEST(SharedMemoryTransport, ASharedFrameOnALinkWithoutARingIsABadFrame) {
+// whose 4,000 bytes are inline: peer 1 names the frame and closes the link, whether it
+// keeps every byte on TCP (no ring) or has a ring (no sender puts so small a payload there).
+TEST(SharedMemoryTransport, AForgedSharedBitIsABadFrame) {
   // The header's first 8 bytes: magic, version, type (parameters).
   const std::array<std::uint8_t, 8> wanted = {0x50, 0x54, 0x52, 0x31, kProtocolVersion, 0, 3, 0};
-  bool done = false;
-  const std::string receiver_error = testing::receiver_error_through_proxy(
-      [&](std::vector<std::byte>& held, long long) -> std::size_t {
-        if (done) return 0;
-        for (std::size_t i = 0; i + wanted.size() <= held.size(); ++i)
-          if (std::memcmp(held.data() + i, wanted.data(), wanted.size()) == 0) {
-            held[i + 7] |= std::byte{0x80};  // the type's top bit: "the payload is in the ring"
-            done = true;
-            return 0;
-          }
-        for (std::size_t k = std::min(held.size(), wanted.size() - 1); k > 0; --k)
-          if (std::memcmp(held.data() + held.size() - k, wanted.data(), k) == 0) return k;
-        return 0;
-      },
-      [](int rank, TcpOptions& o) { o.shared_memory = rank == 0; });
-  EXPECT_NE(receiver_error.find("bad frame from peer 0"), std::string::npos) << receiver_error;
-  EXPECT_NE(receiver_error.find("puts its 4000 bytes in shared memory, but the link has no ring"), std::string::npos)
-      << receiver_error;
+  for (const bool receiver_shares : {false, true}) {
+    bool done = false;
+    const std::string receiver_error = testing::receiver_error_through_proxy(
+        [&](std::vector<std::byte>& held, long long) -> std::size_t {
+          if (done) return 0;
+          for (std::size_t i = 0; i + wanted.size() <= held.size(); ++i)
+            if (std::memcmp(held.data() + i, wanted.data(), wanted.size()) == 0) {
+              held[i + 7] |= std::byte{0x80};  // the type's top bit: "the payload is in the ring"
+              done = true;
+              return 0;
+            }
+          for (std::size_t k = std::min(held.size(), wanted.size() - 1); k > 0; --k)
+            if (std::memcmp(held.data() + held.size() - k, wanted.data(), k) == 0) return k;
+          return 0;
+        },
+        [&](int rank, TcpOptions& o) { o.shared_memory = rank == 0 || receiver_shares; });
+    EXPECT_NE(receiver_error.find("bad frame from peer 0"), std::string::npos) << receiver_error;
+    EXPECT_NE(receiver_error.find(receiver_shares ? "puts its 4000 bytes in shared memory, which no sender puts there"
+                                                  : "puts its 4000 bytes in shared memory, but the link has no ring"),
+              std::string::npos)
+        << receiver_error;
+  }
+}
+
+// Two processes, as in a real run: the ring is mapped through the other process's /proc.
+// The child plays peer 1 and reports by its exit status.
+TEST(SharedMemoryTransport, TwoProcessesShareTheirRings) {
+  const auto endpoints = loopback_endpoints(2);
+  constexpr std::size_t kMaxFloats = 200'000;
+  auto run = [&](int rank) {
+    auto o = options_for(rank, endpoints, {1 - rank}, kMaxFloats * 4);
+    o.shared_ring_bytes = 3 * kMaxFloats * 4;
+    auto net = make_tcp_transport(o);
+    net->connect();
+    const auto [messages, large] = exchange(*net, rank, 20, kMaxFloats);
+    const bool all_shared = net->counters(1 - rank).messages_shared == static_cast<std::uint64_t>(large);
+    net->close();
+    return large > 0 && all_shared;
+  };
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    bool ok = false;
+    try {
+      ok = run(1) && !::testing::Test::HasFailure();
+    } catch (...) {
+    }
+    std::_Exit(ok ? 0 : 1);
+  }
+  EXPECT_TRUE(run(0)) << "peer 0's large payloads did not all go through peer 1's mapping of its ring";
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer 1, in its own process, failed";
 }
 
 }  // namespace
