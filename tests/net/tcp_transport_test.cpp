@@ -446,8 +446,10 @@ TEST(TcpTransport, AProcessWithoutTheKeyCannotJoin) {
 // what the old process left in the mailbox is discarded, so the new one's messages of
 // the same steps are not taken for duplicates.
 TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
-  for (const bool keyed : {false, true}) {
-    SCOPED_TRACE(keyed ? "with --secret-file" : "without a key");
+  // Small payloads, and large ones, which go through the shared-memory rings: the rejoined
+  // process's connection gets rings of its own (docs/net.md).
+  for (const auto& [keyed, floats] : {std::pair{false, 16}, std::pair{true, 16}, std::pair{false, 100'000}}) {
+    SCOPED_TRACE(str(keyed ? "with --secret-file" : "without a key", ", ", floats, " floats"));
     const auto endpoints = loopback_endpoints(2);
     std::promise<void> old_may_die;
     auto may_die = old_may_die.get_future();
@@ -484,7 +486,7 @@ TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
         auto old_owner = make_tcp_transport(o);
         Transport& old = *old_owner;
         old.connect();
-        const auto stale = iota(16, 100);
+        const auto stale = iota(static_cast<std::size_t>(floats), 100);
         old.send(0, MessageType::kParameters, 5, 0, as_bytes(stale)).wait(20);
         old.send(0, MessageType::kParameters, 6, 0, as_bytes(stale)).wait(20);
         may_die.wait();
@@ -497,15 +499,18 @@ TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
       again.connect();
       EXPECT_TRUE(dropped.load()) << "accepted before peer 0 dropped the old link";
       EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
-      const auto fresh = iota(16, 500);
+      const auto fresh = iota(static_cast<std::size_t>(floats), 500);
       again.send(0, MessageType::kParameters, 5, 0, as_bytes(fresh)).wait(20);
+      if (fresh.size() * sizeof(float) >= kSharedMinBytes)
+        EXPECT_EQ(again.counters(0).messages_shared, 1u) << "the fresh link did not get a ring of its own";
       const Payload reply = again.receive(0, MessageType::kParameters, 8, 0);
       EXPECT_EQ(reply.size(), 4 * sizeof(float));
       again.send(0, MessageType::kReport, 8, 0, {}).wait(20);
       again.close();
     });
-    ASSERT_EQ(got.size(), 16u);
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(floats));
     EXPECT_EQ(got[0], 500.0f) << "the old process's message of step 5 was delivered instead of the new one's";
+    EXPECT_EQ(got.back(), 500.0f + static_cast<float>(floats - 1));
   }
 }
 
