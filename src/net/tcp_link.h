@@ -84,13 +84,13 @@ struct Link {
   // the kernel reset the connection, and the peer then loses what it had not read yet).
   bool loopback = false;                 // both ends of the connection on the loopback interface
   std::unique_ptr<SharedRing> ring_out;  // offered for this side's payloads
-  bool ring_out_accepted = false;        // ... and mapped by the peer
   bool ring_out_answered = false;        // the peer answered the offer (or there was none)
   bool ring_offer_seen = false;          // the peer's offer (or its "none") arrived
   std::unique_ptr<SharedRing> ring_in;   // the peer's, mapped here
   std::ptrdiff_t ring_in_offset = -1;    // of `pending`'s payload, when shared
-  // ring_out_accepted, for the callers' threads: send() then leaves a large payload's
-  // checksum to finish_header, which computes it while copying into the ring.
+  // ring_out was mapped by the peer. Set and cleared on the I/O thread; atomic because
+  // send() reads it on the caller's thread, to leave a large payload's checksum to
+  // finish_header, which computes it while copying into the ring.
   std::atomic<bool> shares{false};
   // Guarded by TcpCore::mutex:
   bool connected = false;

@@ -253,8 +253,7 @@ void TcpCore::deliver(Link& l) {
     l.last_heard = Clock::now();
     if (h.type == MessageType::kGoodbye) {
       l.left = true;
-    } else if (h.type == MessageType::kHeartbeat || h.type == MessageType::kRingOffer ||
-               h.type == MessageType::kRingAccept) {
+    } else if (h.type == MessageType::kHeartbeat || transport_own(h.type)) {
       // nothing to deliver: hearing a heartbeat was the point; the rings are the transport's
     } else {
       duplicate = !mailbox.put(Mailbox::key(l.peer, h.type, h.step, h.tag), std::move(l.payload_in));
@@ -420,10 +419,9 @@ Outgoing TcpCore::make_frame(MessageType type, std::uint64_t step, std::uint32_t
   Outgoing out;
   // Else the tag replaces the checksum. A large payload's is computed on the I/O thread
   // (finish_header), off the caller's, and while it is copied if it goes through the ring.
-  // The handshake's frames are written directly, not queued, so theirs is computed here.
-  const bool handshake =
-      type == MessageType::kHello || type == MessageType::kHelloReply || type == MessageType::kHelloProof;
-  if (!authenticated && !handshake && may_share && payload.bytes().size() >= kSharedMinBytes) {
+  // Only send() passes may_share: the handshake's frames, written directly and never
+  // queued, always get theirs here.
+  if (!authenticated && may_share && payload.bytes().size() >= kSharedMinBytes) {
     out.sum_pending = true;
   } else if (!authenticated) {
     out.payload_sum = checksum_payload(payload.bytes());
@@ -490,7 +488,7 @@ void TcpCore::established(Link& l, tcp::socket socket) {
 // still know what to wait for.
 void TcpCore::offer_ring(Link& l) {
   forget_rings(l);  // a rejoined peer's old rings go with its old connection
-  l.ring_out_answered = l.ring_offer_seen = false;
+  l.ring_offer_seen = false;
   if (options.shared_memory && l.loopback) {
     const std::size_t bytes = options.shared_ring_bytes > 0
                                   ? options.shared_ring_bytes
@@ -539,7 +537,6 @@ void TcpCore::ring_accepted(Link& l, std::span<const std::byte> bytes) {
   if (wrong) return fail_link(l, str("bad frame from ", l.name, ": ", wrong, "; closing the link"));
   l.ring_out_answered = true;
   if (nonce != 0) {
-    l.ring_out_accepted = true;
     l.shares = true;
     log::debug("payloads to ", l.name, " go through shared memory (", l.ring_out->capacity(), " bytes)");
   } else {
@@ -550,7 +547,6 @@ void TcpCore::ring_accepted(Link& l, std::span<const std::byte> bytes) {
 
 void TcpCore::forget_rings(Link& l) {
   l.shares = false;
-  l.ring_out_accepted = false;
   l.ring_out.reset();
   l.ring_in.reset();
 }
@@ -569,7 +565,8 @@ void TcpCore::settle_if_done(Link& l) {
 // receiver mirrors them), copied in now, before its wires hold it; otherwise inline.
 void TcpCore::finish_header(Link& l, Outgoing& out) {
   const auto payload = out.payload.bytes();
-  if (l.ring_out_accepted && payload.size() >= kSharedMinBytes) out.ring_offset = l.ring_out->claim(payload.size());
+  if (l.shares.load(std::memory_order_relaxed) && payload.size() >= kSharedMinBytes)
+    out.ring_offset = l.ring_out->claim(payload.size());
   if (out.ring_offset < 0 && !out.sum_pending) return;  // as make_frame encoded it
   if (out.ring_offset >= 0) {
     out.fields.shared = true;
