@@ -448,7 +448,11 @@ TEST(TcpTransport, AProcessWithoutTheKeyCannotJoin) {
 TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
   // Small payloads, and large ones, which go through the shared-memory rings: the rejoined
   // process's connection gets rings of its own (docs/net.md).
-  for (const auto& [keyed, floats] : {std::pair{false, 16}, std::pair{true, 16}, std::pair{false, 100'000}}) {
+  for (const auto& variant : {std::pair{false, 16}, std::pair{true, 16}, std::pair{false, 100'000}}) {
+    // Named copies, not a structured binding: the lambdas below capture them, which
+    // the sanitized build's clang refuses for bindings.
+    const bool keyed = variant.first;
+    const int floats = variant.second;
     SCOPED_TRACE(str(keyed ? "with --secret-file" : "without a key", ", ", floats, " floats"));
     const auto endpoints = loopback_endpoints(2);
     std::promise<void> old_may_die;
@@ -501,8 +505,9 @@ TEST(TcpTransport, ADroppedPeerCanRejoinWithAFreshLink) {
       EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
       const auto fresh = iota(static_cast<std::size_t>(floats), 500);
       again.send(0, MessageType::kParameters, 5, 0, as_bytes(fresh)).wait(20);
-      if (fresh.size() * sizeof(float) >= kSharedMinBytes)
+      if (fresh.size() * sizeof(float) >= kSharedMinBytes) {
         EXPECT_EQ(again.counters(0).messages_shared, 1u) << "the fresh link did not get a ring of its own";
+      }
       const Payload reply = again.receive(0, MessageType::kParameters, 8, 0);
       EXPECT_EQ(reply.size(), 4 * sizeof(float));
       again.send(0, MessageType::kReport, 8, 0, {}).wait(20);

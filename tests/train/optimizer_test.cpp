@@ -76,10 +76,11 @@ TEST(Sgd, BadSettingsAreReported) {
 // for bit, in both the centralized and the D-PSGD form.
 TEST(Sgd, RestoredMomentumGivesIdenticalUpdates) {
   const SgdConfig config{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
-  const std::size_t n = 53;
-  auto grads_at = [n](int step) {
+  constexpr std::size_t n = 53;
+  auto grads_at = [](int step) {
     std::vector<float> g(n);
-    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(step));
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(step));
     return g;
   };
   Sgd original(n, config);
