@@ -115,8 +115,10 @@ void check_all(const std::vector<Shape>& shapes) {
 const std::vector<Shape> kEdges = {{1, 1, 1},    {15, 11, 7},  {16, 12, 16}, {17, 13, 17},
                                    {31, 23, 33}, {32, 24, 64}, {33, 25, 65}, {64, 36, 100}};
 // Past the kernel's blocks: k over 384 (two inner blocks; the ReLU waits for the last), m
-// over 480 (two row blocks), n × k over a B block (two column blocks).
-const std::vector<Shape> kBlocks = {{40, 30, 800}, {500, 13, 20}, {33, 700, 390}};
+// over 480 (two row blocks), n × k over a B block (two column blocks); and k a multiple of
+// 64 with n past 48, where a transposed B is packed four panels at a time and the rest
+// (13 columns) row by row.
+const std::vector<Shape> kBlocks = {{40, 30, 800}, {500, 13, 20}, {33, 700, 390}, {33, 61, 128}};
 
 TEST(Gemm, OneThreadMatchesTheOracleAtTheTileEdges) {
   Eigen::setNbThreads(1);
