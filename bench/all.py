@@ -398,7 +398,13 @@ fused attention ~15 %, the GELU' in the stores ~4.5 %, the LayerNorms ~3.5 %. 80
 GEMM-bound limit would need the packing and the attention's gathers to go as well. The
 gathers copy one head's 32 floats a token from the token-major QKV: inline AVX-512 moves
 instead of memmove calls took their 3.7 % into the attention loops at no gain, so they are
-bound by the strided reads, not the calls.
+bound by the strided reads, not the calls. Session 39 (Zen 5 VM): the packing and its
+transposes were ~23 % of the step's samples, and a microbenchmark showed why: operands
+packed p by p across panels a multiple of 4 KiB apart thrashed one L1 set (4.5 GB/s), and
+cold operands, read in patterns this host's hardware prefetchers do not follow, packed at
+5–7 GB/s. Packing panel by panel and prefetching the next lines in software took the
+packing to ~8 % of the step (micro-kernel ~64 %, the fused attention ~15 %), the step
+from 92 to 88 ms in alternating runs.
 
 **Where the MLP step's time goes** (784-512-512-10, batch 128, one thread). `perf`: the
 GEMM micro-kernel ~75 %, operand packing ~12 %, and SGD with momentum ~9.5 %: one pass
@@ -413,13 +419,16 @@ pass (3.41–3.53 ms against 3.42–3.53 over four alternating runs of 1,500 ste
 Emerald Rapids host with a 260 MB L3), so only the fusion into the stores is left to try.
 
 **Where the ViT step's time goes** (d 128, 4 layers, 16 patches, batch 32, one thread;
-`perf record` over 60 steps, session 37, Zen 5 VM). Of the step: the GEMM micro-kernel 63 %
-(at about this core's FMA rate), the GEMMs' packing and 16 × 16 transposes 21 %, the
-attention at T = 16 about 9 % (its gathers and scatters of each head's 32 floats a token
-are a third of that), AdamW 2 %, the LayerNorms 2 %. The weights are small (128 × 128 to
-128 × 512), so each activation float packed or transposed feeds only 256 to 1,024 FLOPs,
-and packing costs what it does. 2× PyTorch needs the step from 20-21 ms down to about 17:
-about half of all the work outside the micro-kernel (7-8 ms) would have to go.
+`perf record` over 120 steps, session 39, Zen 5 VM). Of the step: the GEMM micro-kernel
+75 % (~170 GFLOP/s with its GELU epilogues, against this core's FMA peak of ~224), the
+GEMMs' packing and 16 × 16 transposes 10 % (21 % in session 37, before the packing's L1
+set conflicts and cold reads were fixed: 19.8 → 19.2 ms, and 20.6 → 19.8 before that, in
+alternating runs), the attention at T = 16 about 5 %, copies 3 %, AdamW 2.5 %, the
+LayerNorms 2.5 %. The weights are small (128 × 128 to 128 × 512), so each activation
+float packed or transposed feeds only 256 to 1,024 FLOPs. 2× PyTorch (about 33 ms on a
+quiet host) needs the step at about 16.5 ms: the micro-kernel's share alone is ~14.4 ms,
+so everything else would have to fall to a third of what it is, or the micro-kernel run
+closer to the FMA peak on these short (k = 128) products.
 
 **The PyTorch peer, at its best.** `bench/torch_blas.py`, imported by the PyTorch scripts
 before torch, does two things, and the PyTorch column says both.
