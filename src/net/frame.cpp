@@ -133,6 +133,9 @@ FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& exp
     bad_frame(expect, str("protocol version ", h.version, ", expected ", kProtocolVersion));
   if (type < 1 || type > static_cast<std::uint16_t>(MessageType::kLast)) bad_frame(expect, str("unknown message type ", type));
   h.type = static_cast<MessageType>(type);
+  if (h.shared && !expect.shared_allowed)
+    bad_frame(expect,
+              str("a ", to_string(h.type), " frame says its payload is in shared memory, before any ring exists"));
   if (h.sender != expect.sender) bad_frame(expect, str("sender ", h.sender, " on the link to peer ", expect.sender));
   const std::uint64_t bound = std::max<std::uint64_t>(expect.max_payload, kControlPayloadBytes);
   if (h.length > bound)

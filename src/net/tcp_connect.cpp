@@ -37,9 +37,6 @@ void read_frame(std::shared_ptr<tcp::socket> socket, std::uint32_t sender, std::
     FrameExpectations expect{sender, max_payload, name};
     try {
       h = decode_header(*header, expect);
-      if (h.shared)  // no ring exists before the handshake is over
-        throw Error(ErrorKind::kPeerLost,
-                    str("a ", to_string(h.type), " frame of the handshake says its payload is in shared memory"));
     } catch (const Error& e) {
       return done(e.what(), FrameHeader{}, Payload{});
     }
@@ -260,7 +257,7 @@ void TcpCore::handshake(std::shared_ptr<tcp::socket> socket, std::shared_ptr<voi
     FrameHeader h;
     try {
       h = decode_header(*header, expect);
-      if (h.type != MessageType::kHello || h.length != handshake::kHelloBytes || h.shared)
+      if (h.type != MessageType::kHello || h.length != handshake::kHelloBytes)
         throw Error(ErrorKind::kPeerLost, str("expected a hello frame from ", from, ", got ", to_string(h.type)));
     } catch (const Error& e) {
       long long held = 0;

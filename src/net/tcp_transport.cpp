@@ -125,7 +125,10 @@ void TcpCore::start_read(Link& l) {
     if (generation != l.generation) return;
     if (ec) return read_failed(l, ec);
     try {
-      l.pending = decode_header(l.header_in, {static_cast<std::uint32_t>(l.peer), options.max_payload_bytes, l.name});
+      l.pending = decode_header(l.header_in, {.sender = static_cast<std::uint32_t>(l.peer),
+                                              .max_payload = options.max_payload_bytes,
+                                              .peer_name = l.name,
+                                              .shared_allowed = true});
     } catch (const Error& e) {
       return fail_link(l, e.what());
     }

@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   HeaderBytes header;
   std::memcpy(header.data(), data, kHeaderBytes);
   const auto* payload = reinterpret_cast<const std::byte*>(data + kHeaderBytes);
-  const FrameExpectations expect{3, 1 << 16, "peer 3 (fuzz)"};
+  const FrameExpectations expect{3, 1 << 16, "peer 3 (fuzz)", /*shared_allowed=*/true};
   try {
     const FrameHeader h = decode_header(header, expect);
     if (h.length != size - kHeaderBytes) return 0;  // the transport reads exactly `length` bytes

@@ -60,6 +60,19 @@ TEST(Frame, RejectsEveryBadFieldNamingThePeer) {
   EXPECT_ERROR_MENTIONS(verify_checksum(stepped, payload, kExpect), "checksum mismatch");
 }
 
+// The shared-memory bit is refused where no ring can exist (the handshake) and kept where
+// the link allows it.
+TEST(Frame, ASharedPayloadIsRefusedWhereNoRingMayExist) {
+  const auto payload = random_bytes(64, 3);
+  FrameHeader h = sample(payload);
+  h.shared = true;
+  EXPECT_ERROR_MENTIONS(decode_header(encode_header(h), kExpect), "peer 3 (127.0.0.1:29503)",
+                        "says its payload is in shared memory");
+  FrameExpectations on_a_link = kExpect;
+  on_a_link.shared_allowed = true;
+  EXPECT_TRUE(decode_header(encode_header(h), on_a_link).shared);
+}
+
 TEST(Frame, ChecksumSeesEverySingleByteChange) {
   for (std::size_t size : {0, 1, 7, 31, 32, 33, 1000}) {
     auto payload = random_bytes(size, size + 10);

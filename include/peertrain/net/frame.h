@@ -76,10 +76,13 @@ struct FrameExpectations {
   std::uint32_t sender = 0;         // the peer at the other end of the link
   std::uint64_t max_payload = 0;    // bytes; the largest message the run sends
   std::string peer_name;            // for errors: "peer 3 (127.0.0.1:29503)"
+  // Whether a frame may say its payload is in a shared-memory ring: only once the link is
+  // established, never in the handshake, when no ring exists yet.
+  bool shared_allowed = false;
 };
 
 // Throws Error(kPeerLost) naming the peer and the field: wrong magic, version, unknown
-// type, wrong sender, oversized length. The checksum is verified after the payload.
+// type, wrong sender, oversized length, a shared payload where none may be. The checksum is verified after the payload.
 FrameHeader decode_header(const HeaderBytes& bytes, const FrameExpectations& expect);
 void verify_checksum(const FrameHeader& header, std::span<const std::byte> payload, const FrameExpectations& expect);
 // The same, for a payload whose checksum_payload is already known.
