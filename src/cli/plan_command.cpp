@@ -286,9 +286,9 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value(std::to_string(plan::Profiler::kDefaultRounds)))(
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "measure",
-      "then run the best predicted of each of the K best layouts (sp, tp, pp, micro-batches, meshes, vocabulary; "
-      "a layout's schedules share its profiles' error) on the engine here, in rotated rounds, and pick the fastest "
-      "measured: the simulator's near-ties lie within its error (0: the simulator alone)",
+      "then run K of the best predicted on the engine here, in rotated rounds, and pick the fastest measured: the "
+      "best of each kind of split first (sp, tp, pp, meshes, vocabulary), then of each micro-batch count; the "
+      "simulator's near-ties lie within its error (0: the simulator alone)",
       cxxopts::value<std::string>()->default_value("0"))("measure-rounds", "with --measure: rounds over the K",
                                                          cxxopts::value<std::string>()->default_value("3"))(
       "measure-steps", "with --measure: timed steps a run (their median; after one warm-up step)",

@@ -379,18 +379,28 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
   space.batch = 8;
   auto all = search(c, space, profiler, {.cores = 2});
   ASSERT_GT(all.size(), 4u);
-  // The first three of different layouts: the schedule left out of the description.
-  auto layout = [](const Candidate& k) {
+  // The three to run: the best of each family (degrees, stage meshes, vocabulary split)
+  // first, in the search's order; then, were there fewer than three families, the best of
+  // each further layout (a family's micro-batch count). Schedules never make a layout.
+  auto family = [](const Candidate& k) {
     const auto& e = k.strategy.engine;
-    return std::tuple{e.sp, e.tp, e.pp, e.microbatches};
+    return str(e.sp, " ", e.tp, " ", e.pp, " ", parallel::to_string(e.stage_meshes), " ",
+               static_cast<int>(e.vocab_parallel));
   };
+  auto layout = [&](const Candidate& k) { return str(family(k), " ", k.strategy.engine.microbatches); };
+  std::set<std::string> families, layouts;
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < all.size() && chosen.size() < 3; ++i)
+    if (all[i].prediction.feasible && families.insert(family(all[i])).second) chosen.push_back(i);
+  for (const std::size_t i : chosen) layouts.insert(layout(all[i]));
+  for (std::size_t i = 0; i < all.size() && chosen.size() < 3; ++i)
+    if (all[i].prediction.feasible && layouts.insert(layout(all[i])).second) chosen.push_back(i);
+  ASSERT_EQ(chosen.size(), 3u);
+  ASSERT_GE(families.size(), 2u) << "the space should hold more than one family";
   std::vector<std::string> best, rest;
-  std::set<std::tuple<int, int, int, int>> layouts;
   for (std::size_t i = 0; i < all.size(); ++i)
-    if (all[i].prediction.feasible) {
-      const bool first_of_layout = best.size() < 3 && layouts.insert(layout(all[i])).second;
-      (first_of_layout ? best : rest).push_back(all[i].strategy.describe());
-    }
+    if (all[i].prediction.feasible)
+      (std::find(chosen.begin(), chosen.end(), i) != chosen.end() ? best : rest).push_back(all[i].strategy.describe());
   std::vector<std::pair<int, int>> order;
   measure_best(c, all, {.best = 3, .rounds = 3, .steps = 1}, [&](int round, int index, int count) {
     EXPECT_EQ(count, 3);
@@ -415,8 +425,7 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
   EXPECT_TRUE(all[0].loses_because.empty());
   std::sort(measured.begin(), measured.end());
   std::sort(best.begin(), best.end());
-  EXPECT_EQ(measured, best);  // the search's first three of different layouts, no others
-  EXPECT_EQ(layouts.size(), 3u);
+  EXPECT_EQ(measured, best);  // the best of each family, then of each layout; no others
   std::vector<std::string> after;
   for (std::size_t i = 3; i < all.size() && all[i].prediction.feasible; ++i) {
     after.push_back(all[i].strategy.describe());
@@ -427,7 +436,11 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
     EXPECT_EQ(all[i].loses_because.rfind(behind ? "not measured; predicted +" : "not measured; predicted ", 0), 0u)
         << all[i].loses_because;
     if (!behind) {
-      EXPECT_NE(all[i].loses_because.find("% faster, but its layout measured slower"), std::string::npos);
+      const bool of_layout = all[i].loses_because.find("% faster, but its layout measured slower") != std::string::npos;
+      const bool of_family =
+          all[i].loses_because.find("% faster, but its family's best measured slower") != std::string::npos;
+      EXPECT_TRUE(of_layout || of_family) << all[i].loses_because;
+      EXPECT_EQ(of_layout, layouts.count(layout(all[i])) > 0) << all[i].loses_because;
     }
   }
   EXPECT_EQ(after, rest);  // in the search's order
@@ -470,6 +483,31 @@ TEST(Search, MeasureBestRunsTheFirstKInRotatedRoundsAndRanksThemByTheirMedians) 
     int measured_count = 0;
     for (const auto& k : pair) measured_count += k.measured_s > 0;
     EXPECT_EQ(measured_count, vocab ? 2 : 1) << (vocab ? "vocab-1 is a layout of its own" : "gpipe shares 1f1b's");
+  }
+
+  // Families before layouts: three 2-stage pipelines predicted ahead of a tensor-parallel
+  // pair; with two to run, the best pipeline and the pair run, not two pipelines. With three,
+  // the next pipeline layout fills the last place, and the third pipeline never runs.
+  for (const int best : {2, 3}) {
+    std::vector<Candidate> four(4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      four[i].strategy = i < 3 ? pipeline(2, 2 << i, parallel::Schedule::kOneFOneB, {})
+                               : pipeline(1, 1, parallel::Schedule::kOneFOneB, {});
+      if (i == 3) four[i].strategy.engine.tp = 2;
+      four[i].prediction.first_units = i < 3 ? std::vector<int>{0, 3} : std::vector<int>{0};
+      four[i].prediction.step_s = 1e-3 * static_cast<double>(i + 1);
+    }
+    const std::vector<std::string> names = {four[0].strategy.describe(), four[1].strategy.describe(),
+                                            four[2].strategy.describe(), four[3].strategy.describe()};
+    measure_best(c, four, {.best = best, .rounds = 1, .steps = 1});
+    std::set<std::string> ran;
+    for (const auto& k : four) {
+      ASSERT_TRUE(k.prediction.feasible) << k.strategy.describe() << ": " << k.prediction.why_not;
+      if (k.measured_s > 0) ran.insert(k.strategy.describe());
+    }
+    const std::set<std::string> expected =
+        best == 2 ? std::set<std::string>{names[0], names[3]} : std::set<std::string>{names[0], names[1], names[3]};
+    EXPECT_EQ(ran, expected) << "--measure " << best;
   }
 }
 

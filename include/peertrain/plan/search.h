@@ -49,10 +49,11 @@ struct MeasureOptions {
 // many are measured (fewer than MeasureOptions::best when there are fewer layouts).
 using MeasureProgress = std::function<void(int round, int index, int count)>;
 
-// The search's answer checked on this machine: the first `best` feasible candidates of
-// different layouts (the first of each sp, tp, pp, micro-batch count, stage meshes,
-// resharding and vocabulary parallelism: its other schedules share its unit profiles, and
-// so their error) run on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
+// The search's answer checked on this machine: `best` feasible candidates, first the best
+// predicted of each family (sp, tp, pp, stage meshes, resharding and vocabulary
+// parallelism: the simulator's error is shared within a family and differs between them),
+// then, where there are fewer families, of each further layout (a family's micro-batch
+// counts; a layout's other schedules share its unit profiles, and so their error), run on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
 // so that a slow spell of the machine moves one figure of each rather than all of one, in
 // an order rotated every round, so that none always runs first after a cold start. They
 // are then ranked by the median of their rounds and put first, and every other feasible
