@@ -185,8 +185,8 @@ which the simulator models and the replay does not.
 ## The search's pick
 
 `peertrain plan --workers W` over every strategy of W workers, by the simulator alone and
-with `--measure 3` (its best 3 predicted then run on the engine, the fastest measured
-chosen), its pick measured like the grid, against the best measured strategy of the grid
+with `--measure 3` (the best predicted of 3 kinds of split, or of micro-batch counts where
+there are fewer kinds, then run on the engine, the fastest measured chosen), its pick measured like the grid, against the best measured strategy of the grid
 with W workers (target: within 5 %).
 
 {ek.md_table(["workers", "search", "pick", "predicted ms", "measured ms", "grid's best", "its measured ms", "pick against best"], picks)}
