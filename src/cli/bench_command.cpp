@@ -221,13 +221,15 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
       whole.pixels = state->pixels;
       whole.targets = state->targets;
       whole.loss_divisor = gpt ? static_cast<double>(batch) * tokens : batch;
-      std::fill(state->grads.begin(), state->grads.end(), 0.0f);
-      if (state->device)
-        state->device->forward_backward(state->params, whole, state->grads);
-      else if (state->batch_parallel)
+      if (state->batch_parallel) {  // an engine: it clears grads itself, a part per thread
         state->batch_parallel->forward_backward(state->params, whole, state->grads);
-      else
-        state->model.forward_backward(state->params, whole, state->grads);
+      } else {  // the models add into grads
+        std::fill(state->grads.begin(), state->grads.end(), 0.0f);
+        if (state->device)
+          state->device->forward_backward(state->params, whole, state->grads);
+        else
+          state->model.forward_backward(state->params, whole, state->grads);
+      }
     }
     const auto update = std::chrono::steady_clock::now();
     state->optimizer->step(state->params, state->grads);

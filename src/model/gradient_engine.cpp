@@ -105,23 +105,30 @@ class BatchParallel final : public GradientEngine {
   float forward_backward(std::span<const float> params, const TokenBatch& batch, std::span<float> grads) override {
     const int parts = split(batch);
     std::vector<float> losses(static_cast<std::size_t>(parts), 0.0f);
-    std::fill(grads.begin(), grads.end(), 0.0f);  // the model adds into grads
     run(parts, [&](int i) {
       std::span<float> into = grads;
       if (i > 0) {  // every other thread adds into its own buffer: no two threads add to one range
         std::vector<float>& own = partial_[static_cast<std::size_t>(i)];
-        own.assign(grads.size(), 0.0f);
+        own.resize(grads.size());
         into = own;
       }
+      std::fill(into.begin(), into.end(), 0.0f);  // the model adds into it
       losses[static_cast<std::size_t>(i)] =
           model_.forward_backward(params, slices_[static_cast<std::size_t>(i)].batch, into);
     });
+    // The sum over the parts, each thread a contiguous range of it: in each element the
+    // same additions in the same order as one thread's, so the same bits.
+    const std::size_t size = grads.size();
+    run(parts, [&](int i) {
+      const std::size_t begin = size * static_cast<std::size_t>(i) / static_cast<std::size_t>(parts);
+      const std::size_t end = size * static_cast<std::size_t>(i + 1) / static_cast<std::size_t>(parts);
+      for (int j = 1; j < parts; ++j) {
+        const float* own = partial_[static_cast<std::size_t>(j)].data();
+        for (std::size_t k = begin; k < end; ++k) grads[k] += own[k];
+      }
+    });
     float loss = losses[0];
-    for (int i = 1; i < parts; ++i) {
-      loss += losses[static_cast<std::size_t>(i)];
-      const std::vector<float>& own = partial_[static_cast<std::size_t>(i)];
-      for (std::size_t k = 0; k < grads.size(); ++k) grads[k] += own[k];
-    }
+    for (int i = 1; i < parts; ++i) loss += losses[static_cast<std::size_t>(i)];
     return loss;
   }
 
