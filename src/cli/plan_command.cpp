@@ -287,7 +287,8 @@ int run_plan(int argc, char** argv) {
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))(
       "measure",
       "then run K of the best predicted on the engine here, in rotated rounds, and pick the fastest measured: the "
-      "best of each kind of split first (sp, tp, pp, meshes, vocabulary), then of each micro-batch count; the "
+      "best of each kind of split first (sp, tp, pp, stage meshes and resharding, vocabulary), then of each "
+      "micro-batch count; the "
       "simulator's near-ties lie within its error (0: the simulator alone)",
       cxxopts::value<std::string>()->default_value("0"))("measure-rounds", "with --measure: rounds over the K",
                                                          cxxopts::value<std::string>()->default_value("3"))(
@@ -439,10 +440,10 @@ int run_plan(int argc, char** argv) {
       if (format == "table")
         progress = [&](int round, int index, int count) {
           if (tty)
-            std::fprintf(stderr, "\r\033[Kmeasuring the %d best layouts on the engine: round %d of %d, candidate %d",
-                         count, round + 1, mo.rounds, index + 1);
+            std::fprintf(stderr, "\r\033[Kmeasuring %d candidates on the engine: round %d of %d, candidate %d", count,
+                         round + 1, mo.rounds, index + 1);
           else if (round != last_round)
-            std::fprintf(stderr, "measuring the %d best layouts on the engine: round %d of %d\n", count, round + 1,
+            std::fprintf(stderr, "measuring %d candidates on the engine: round %d of %d\n", count, round + 1,
                          mo.rounds);
           last_round = round;
         };

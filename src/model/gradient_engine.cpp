@@ -119,14 +119,15 @@ class BatchParallel final : public GradientEngine {
     // The sum over the parts, each thread a contiguous range of it: in each element the
     // same additions in the same order as one thread's, so the same bits.
     const std::size_t size = grads.size();
-    run(parts, [&](int i) {
-      const std::size_t begin = size * static_cast<std::size_t>(i) / static_cast<std::size_t>(parts);
-      const std::size_t end = size * static_cast<std::size_t>(i + 1) / static_cast<std::size_t>(parts);
-      for (int j = 1; j < parts; ++j) {
-        const float* own = partial_[static_cast<std::size_t>(j)].data();
-        for (std::size_t k = begin; k < end; ++k) grads[k] += own[k];
-      }
-    });
+    if (parts > 1)
+      run(parts, [&](int i) {
+        const std::size_t begin = size * static_cast<std::size_t>(i) / static_cast<std::size_t>(parts);
+        const std::size_t end = size * static_cast<std::size_t>(i + 1) / static_cast<std::size_t>(parts);
+        for (int j = 1; j < parts; ++j) {
+          const float* own = partial_[static_cast<std::size_t>(j)].data();
+          for (std::size_t k = begin; k < end; ++k) grads[k] += own[k];
+        }
+      });
     float loss = losses[0];
     for (int i = 1; i < parts; ++i) loss += losses[static_cast<std::size_t>(i)];
     return loss;

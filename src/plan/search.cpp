@@ -2,9 +2,9 @@
 #include "peertrain/plan/search.h"
 
 #include <algorithm>
-#include <set>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "peertrain/core/error.h"
 #include "peertrain/parallel/reshard.h"
@@ -210,12 +210,16 @@ void measure_best(const model::TransformerConfig& config, std::vector<Candidate>
         c.measured_rounds_s.clear();
       }
     }
-  std::set<std::string> measured_layouts;
-  for (auto i : chosen)
-    if (!candidates[i].measured_rounds_s.empty()) {
-      candidates[i].measured_s = median(candidates[i].measured_rounds_s);
-      measured_layouts.insert(layout(candidates[i]));
+  std::set<std::string> measured_layouts, measured_families, failed_families;
+  for (auto i : chosen) {
+    if (candidates[i].measured_rounds_s.empty()) {
+      failed_families.insert(family(candidates[i]));
+      continue;
     }
+    candidates[i].measured_s = median(candidates[i].measured_rounds_s);
+    measured_layouts.insert(layout(candidates[i]));
+    measured_families.insert(family(candidates[i]));
+  }
   // The measured first, by their medians; then the other feasible ones in the search's
   // order; then the infeasible ones (those that failed here among them).
   auto rank = [](const Candidate& c) { return !c.prediction.feasible ? 2 : c.measured_s > 0 ? 0 : 1; };
@@ -232,11 +236,19 @@ void measure_best(const model::TransformerConfig& config, std::vector<Candidate>
       c.loses_because = why_measured_slower(c, first);
     else if (c.prediction.step_s >= first.prediction.step_s)
       c.loses_because = str("not measured; predicted ", why_slower(c.prediction, first.prediction));
-    else  // predicted ahead of the winner, so its family's best was measured (see above)
-      c.loses_because =
+    else {  // predicted ahead of the winner: its family's best was chosen (the search's order)
+      const std::string ahead =
           str("not measured; predicted ", fixed((1 - c.prediction.step_s / first.prediction.step_s) * 100, 1),
-              "% faster, but ", measured_layouts.count(layout(c)) > 0 ? "its layout" : "its family's best",
-              " measured slower than the winner");
+              "% faster, but ");
+      if (measured_layouts.count(layout(c)) > 0)
+        c.loses_because = ahead + "its layout measured slower than the winner";
+      else if (measured_families.count(family(c)) > 0)
+        c.loses_because = ahead + "its family's best measured slower than the winner";
+      else if (failed_families.count(family(c)) > 0)
+        c.loses_because = ahead + "its family's best failed on the engine";
+      else  // candidates not in the search's order
+        c.loses_because = ahead + "its family was not measured";
+    }
   }
 }
 

@@ -13,10 +13,10 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
 [[ -s $work/profile.tsv ]] && ok || fail "plan wrote no profile cache"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --top 3 2>&1)
 grep -q "profiles: 0 measured now" <<<"$out" && ok || fail "second plan measured again: $out"
-# --measure K: the K best predicted run on the engine; the fastest measured wins.
+# --measure K: K of the best predicted (one of each kind of split first) run on the engine; the fastest measured wins.
 out=$("$bin" plan "${tiny[@]}" --workers 2 --top 4 --measure 2 --measure-rounds 2 --measure-steps 1 2>&1)
 [[ $? -eq 0 ]] && grep -q "the winner: fastest measured" <<<"$out" && grep -q "% measured (" <<<"$out" &&
-  grep -q "not measured; predicted " <<<"$out" && grep -q "measuring the 2 best layouts on the engine: round 2 of 2" <<<"$out" &&
+  grep -q "not measured; predicted " <<<"$out" && grep -q "measuring 2 candidates on the engine: round 2 of 2" <<<"$out" &&
   ! grep -q "profiling 0 unit shapes" <<<"$out" &&
   ok || fail "plan --measure 2: $out"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --measure 2 --measure-rounds 2 --measure-steps 1 --format json 2>&1)

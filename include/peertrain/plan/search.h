@@ -41,7 +41,7 @@ std::vector<Candidate> search(const model::TransformerConfig& model, const Searc
                               const SimulationOptions& options = {});
 
 struct MeasureOptions {
-  int best = 3;    // how many of the first feasible candidates to run
+  int best = 3;    // how many candidates to run: the best of each family, then of each layout
   int rounds = 3;  // each a real engine step of every one of them, in an order rotated every round
   int steps = 5;   // timed steps a run (after one warm-up step); its median is the round's figure
 };
@@ -53,10 +53,12 @@ using MeasureProgress = std::function<void(int round, int index, int count)>;
 // predicted of each family (sp, tp, pp, stage meshes, resharding and vocabulary
 // parallelism: the simulator's error is shared within a family and differs between them),
 // then, where there are fewer families, of each further layout (a family's micro-batch
-// counts; a layout's other schedules share its unit profiles, and so their error), run on the engine (real steps of random data, one strategy at a time) in `rounds` rounds,
-// so that a slow spell of the machine moves one figure of each rather than all of one, in
-// an order rotated every round, so that none always runs first after a cold start. They
-// are then ranked by the median of their rounds and put first, and every other feasible
+// counts; a layout's other schedules share its unit profiles, and so their error). The
+// choice reads `candidates` in the search's order (fastest predicted first). They run on
+// the engine (real steps of random data, one strategy at a time) in `rounds` rounds, in
+// the search's order rotated every round, so that a slow spell of the machine moves one
+// figure of each rather than all of one, and none always runs first after a cold start.
+// They are then ranked by the median of their rounds and put first, and every other feasible
 // candidate's loses_because is set against the new first. Where the simulator's figures
 // lie within its error of each other (near-ties a few percent apart, docs/plan.md), this
 // picks the one that is fastest here. A candidate the engine refuses or fails on becomes
