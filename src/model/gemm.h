@@ -5,8 +5,9 @@
 // An epilogue (gemm_epilogue.h) adds a bias per row and a matrix (a residual) and applies
 // a ReLU or a GELU (forward or backward).
 //
-// On one thread of an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies
-// the epilogue in its stores. Otherwise it runs Eigen's, and the epilogue costs passes over
+// In an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies the epilogue
+// in its stores; with Eigen::nbThreads() > 1, each thread a contiguous range of C's
+// columns, with the one-thread result's bits. Otherwise it runs Eigen's, and the epilogue costs passes over
 // C of its own, before the product (bias and addend) and after it (ReLU). Eigen's own
 // product allocates its packing buffers on every call, and for these sizes each allocation
 // comes back from the kernel as fresh pages: ~190 page faults and 10% of a 784-512-512-10
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <vector>
 
 #include "gemm_avx512.h"
 
@@ -41,6 +43,10 @@ class Gemm : public Eigen::internal::level3_blocking<float, float> {
   Eigen::VectorXf packed_a_;  // Eigen aligns these for its packet loads
   Eigen::VectorXf packed_b_;
   avx512_gemm::Buffers own_;  // our kernel's packing buffers
+  // With more threads, the packing buffers of threads 1, 2, ... (OpenMP's pool keeps its
+  // threads, so each range's buffers stay warm on the thread that uses them).
+  std::vector<avx512_gemm::Buffers> threads_own_;
+  static constexpr Eigen::Index kColumnsPerThread = 24;  // fewer, and one thread takes C
 };
 
 }  // namespace peertrain::model

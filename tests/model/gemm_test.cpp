@@ -1,9 +1,11 @@
 // The model's GEMM (src/model/gemm.h) against a double-precision triple loop: every
 // transpose, shapes on each side of the AVX-512 kernel's register tile (32 × 12) and its
 // cache blocks (an inner dimension over 384, rows over 480, a B block of 128 Ki floats), and
-// each epilogue term (bias, residual, ReLU, GELU and its derivative). It runs once on one thread (our kernel where the build has AVX-512)
-// and once on two (Eigen's parallel product, whose epilogue is separate passes), so the two
-// paths the models take are held to the same oracle.
+// each epilogue term (bias, residual, ReLU, GELU and its derivative). It runs once on one
+// thread and once on two (our kernel where the build has AVX-512, on two ranges of C's
+// columns with two threads; else Eigen's product, whose epilogue is separate passes), so
+// the paths the models take are held to the same oracle, and our kernel's two-thread
+// result to its one-thread bits.
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>
@@ -135,6 +137,45 @@ TEST(Gemm, TwoThreadsMatchTheOracle) {
   check_all(kEdges);
   check_all(kBlocks);
   Eigen::setNbThreads(1);
+}
+
+// Our kernel on 2 and 3 threads gives the one-thread bits, every term included: each takes
+// a range of C's columns, and a column's sums do not depend on the ranges.
+TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
+  if (!avx512_gemm::available()) GTEST_SKIP() << "no AVX-512 kernel in this build";
+  const Case all_terms{false, false, true, true, true, true};
+  const Case gelu_back{false, false, true, false, false, false, false, true};
+  std::uint64_t seed = 900;
+  for (const Shape& s : {Shape{64, 100, 100}, Shape{33, 700, 390}, Shape{40, 49, 800}, Shape{500, 61, 128}})
+    for (int t = 0; t < 4; ++t)
+      for (Case c : {all_terms, gelu_back}) {
+        c.trans_a = t & 1;
+        c.trans_b = t & 2;
+        const auto a = normal_vector(static_cast<std::size_t>(s.m) * s.k, seed++);
+        const auto b = normal_vector(static_cast<std::size_t>(s.k) * s.n, seed++);
+        const auto c0 = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        const auto bias = normal_vector(s.m, seed++), h = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        const auto addend = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
+        std::vector<std::vector<float>> outs, sums;
+        for (int threads : {1, 2, 3}) {
+          Eigen::setNbThreads(threads);
+          Gemm gemm;
+          std::vector<float> out = c0, row_sums(static_cast<std::size_t>(s.m), 1.0f);
+          gemm.run(c.trans_a, c.trans_b, s.m, s.n, s.k, a.data(), b.data(), out.data(), c.accumulate,
+                   {.row_bias = c.bias ? bias.data() : nullptr,
+                    .addend = c.addend ? addend.data() : nullptr,
+                    .relu = c.relu,
+                    .gelu_grad_at = c.gelu_backward ? h.data() : nullptr,
+                    .a_row_sums = c.trans_a ? nullptr : row_sums.data()});
+          outs.push_back(out);
+          sums.push_back(row_sums);
+        }
+        Eigen::setNbThreads(1);
+        EXPECT_EQ(outs[1], outs[0]) << name(s, c) << ", 2 threads";
+        EXPECT_EQ(outs[2], outs[0]) << name(s, c) << ", 3 threads";
+        EXPECT_EQ(sums[1], sums[0]) << name(s, c) << ", A's row sums, 2 threads";
+        EXPECT_EQ(sums[2], sums[0]) << name(s, c) << ", A's row sums, 3 threads";
+      }
 }
 
 // A's row sums (a Linear's bias gradient, taken as the weight gradient's GEMM packs dy) are
