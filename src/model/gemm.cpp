@@ -87,10 +87,9 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
       return;
     }
     if (static_cast<Index>(threads_own_.size()) < parts) threads_own_.resize(static_cast<std::size_t>(parts));
+    const Index panels = (n + 11) / 12;  // whole micro-panels of 12 columns to each range but the last
 #pragma omp parallel for num_threads(parts) schedule(static, 1)
     for (Index part = 0; part < parts; ++part) {
-      // Whole micro-panels of 12 columns to each range but the last.
-      const Index panels = (n + 11) / 12;
       const Index j0 = std::min(n, panels * part / parts * 12), j1 = std::min(n, panels * (part + 1) / parts * 12);
       if (j0 >= j1) continue;
       avx512_gemm::Epilogue e{epilogue, accumulate, m};
