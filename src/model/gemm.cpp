@@ -68,6 +68,53 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
                                                                           kTransB ? n : k, c, 1, m, 1.0f, *this);
 }
 
+// More threads take contiguous ranges of C, each packing its own panels, and every range
+// packs all of the operand it does not split: C's rows split when it has more rows than
+// columns (an MLP's forward and input gradient, W·X and Wᵀ·D with the batch as C's 128
+// columns, pack B, the smaller, twice instead of W), its columns otherwise. An element's
+// sum does not depend on the ranges (the kernel blocks k alike for every range, and a
+// range's blocks of m or n change only which elements a call computes), so any count of
+// threads gives the one-thread bits. Eigen's parallel product, which this replaced, made
+// an MLP step at 2 threads 0.89x one thread on this host.
+void Gemm::run_ours(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
+                    bool accumulate, const GemmEpilogue& epilogue) {
+  const Index lda = trans_a ? k : m, ldb = trans_b ? n : k;
+  const bool split_rows = m > n;
+  const Index parts = std::min<Index>(Eigen::nbThreads(), split_rows ? m / kRowsPerThread : n / kColumnsPerThread);
+  if (parts <= 1) {
+    const avx512_gemm::Epilogue e{epilogue, accumulate, m};
+    avx512_gemm::run(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, m, e, own_);
+    return;
+  }
+  if (static_cast<Index>(threads_own_.size()) < parts) threads_own_.resize(static_cast<std::size_t>(parts));
+  // Whole micro-panels (32 rows, 12 columns) to each range but the last.
+  const Index unit = split_rows ? 32 : 12, extent = split_rows ? m : n, panels = (extent + unit - 1) / unit;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  for (Index part = 0; part < parts; ++part) {
+    const Index from = std::min(extent, panels * part / parts * unit);
+    const Index to = std::min(extent, panels * (part + 1) / parts * unit);
+    if (from >= to) continue;
+    avx512_gemm::Buffers& buffers = part == 0 ? own_ : threads_own_[static_cast<std::size_t>(part)];
+    avx512_gemm::Epilogue e{epilogue, accumulate, m};
+    // Element (i, j) of C and of the m × n terms lies at i + j·m.
+    const Index at = split_rows ? from : from * m;
+    const auto offset = [at](auto* p) { return p == nullptr ? p : p + at; };
+    e.addend = offset(epilogue.addend);
+    e.gelu_out = offset(epilogue.gelu_out);
+    e.gelu_grad_at = offset(epilogue.gelu_grad_at);
+    if (split_rows) {
+      e.row_bias = offset(epilogue.row_bias);
+      e.a_row_sums = offset(epilogue.a_row_sums);  // each range sums its own rows of A
+      avx512_gemm::run(trans_a, trans_b, to - from, n, k, trans_a ? a + from * k : a + from, lda, b, ldb, c + from, m,
+                       e, buffers);
+    } else {
+      if (from > 0) e.a_row_sums = nullptr;  // A's rows are summed once, by the first range
+      avx512_gemm::run(trans_a, trans_b, m, to - from, k, a, lda, trans_b ? b + from : b + from * k, ldb, c + from * m,
+                       m, e, buffers);
+    }
+  }
+}
+
 void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
                bool accumulate, const GemmEpilogue& epilogue) {
   PEERTRAIN_CHECK(epilogue.a_row_sums == nullptr || !trans_a, "the GEMM sums A's rows only untransposed");
@@ -76,32 +123,7 @@ void Gemm::run(bool trans_a, bool trans_b, Index m, Index n, Index k, const floa
     return;
   }
   if (k > 0 && avx512_gemm::available()) {  // our kernel: every term in its passes
-    // More threads take contiguous ranges of C's columns, each packing its own panels. A
-    // column's sums do not depend on the ranges (the kernel blocks k and m alike for every
-    // range), so any count of threads gives the one-thread bits. Eigen's parallel product,
-    // which this replaced, made an MLP step at 2 threads 0.89x one thread on this host.
-    const Index parts = std::min<Index>(Eigen::nbThreads(), n / kColumnsPerThread);
-    if (parts <= 1) {
-      const avx512_gemm::Epilogue e{epilogue, accumulate, m};
-      avx512_gemm::run(trans_a, trans_b, m, n, k, a, trans_a ? k : m, b, trans_b ? n : k, c, m, e, own_);
-      return;
-    }
-    if (static_cast<Index>(threads_own_.size()) < parts) threads_own_.resize(static_cast<std::size_t>(parts));
-    const Index panels = (n + 11) / 12;  // whole micro-panels of 12 columns to each range but the last
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-    for (Index part = 0; part < parts; ++part) {
-      const Index j0 = std::min(n, panels * part / parts * 12), j1 = std::min(n, panels * (part + 1) / parts * 12);
-      if (j0 >= j1) continue;
-      avx512_gemm::Epilogue e{epilogue, accumulate, m};
-      const auto offset = [&](auto* p) { return p == nullptr ? p : p + j0 * m; };
-      e.addend = offset(epilogue.addend);
-      e.gelu_out = offset(epilogue.gelu_out);
-      e.gelu_grad_at = offset(epilogue.gelu_grad_at);
-      if (j0 > 0) e.a_row_sums = nullptr;  // A's rows are summed once, by the first range
-      const float* b_range = trans_b ? b + j0 : b + j0 * k;
-      avx512_gemm::run(trans_a, trans_b, m, j1 - j0, k, a, trans_a ? k : m, b_range, trans_b ? n : k, c + j0 * m, m, e,
-                       part == 0 ? own_ : threads_own_[static_cast<std::size_t>(part)]);
-    }
+    run_ours(trans_a, trans_b, m, n, k, a, b, c, accumulate, epilogue);
     return;
   }
   if (epilogue.a_row_sums != nullptr) add_row_sums(m, k, a, epilogue.a_row_sums);

@@ -7,7 +7,7 @@
 //
 // In an AVX-512 build it runs our own kernel (gemm_avx512.h), which applies the epilogue
 // in its stores; with Eigen::nbThreads() > 1, each thread a contiguous range of C's
-// columns, with the one-thread result's bits. Otherwise it runs Eigen's, and the epilogue costs passes over
+// rows or columns, with the one-thread result's bits. Otherwise it runs Eigen's, and the epilogue costs passes over
 // C of its own, before the product (bias and addend) and after it (ReLU). Eigen's own
 // product allocates its packing buffers on every call, and for these sizes each allocation
 // comes back from the kernel as fresh pages: ~190 page faults and 10% of a 784-512-512-10
@@ -34,6 +34,9 @@ class Gemm : public Eigen::internal::level3_blocking<float, float> {
            float* c, bool accumulate, const GemmEpilogue& epilogue = {});
 
  private:
+  // Our AVX-512 kernel, over Eigen::nbThreads() ranges of C.
+  void run_ours(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a,
+                const float* b, float* c, bool accumulate, const GemmEpilogue& epilogue);
   void eigen_run(bool trans_a, bool trans_b, Eigen::Index m, Eigen::Index n, Eigen::Index k, const float* a,
                  const float* b, float* c, bool accumulate);
   template <bool kTransA, bool kTransB>
@@ -47,6 +50,7 @@ class Gemm : public Eigen::internal::level3_blocking<float, float> {
   // threads, so each range's buffers stay warm on the thread that uses them).
   std::vector<avx512_gemm::Buffers> threads_own_;
   static constexpr Eigen::Index kColumnsPerThread = 24;  // fewer, and one thread takes C
+  static constexpr Eigen::Index kRowsPerThread = 64;
 };
 
 }  // namespace peertrain::model

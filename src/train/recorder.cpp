@@ -76,7 +76,8 @@ std::string graph_json(const topology::Topology& t) {
         .add("host", t.peers[static_cast<std::size_t>(i)].host)
         .add("self_weight", t.mixing.coeff(i, i))
         .add("slowdown", t.compute_slowdown(i));
-    peers += (i ? "," : "") + p.dump(0);
+    peers += i ? "," : "";  // two appends: GCC 12 warns (-Wrestrict) on "," + a temporary
+    peers += p.dump(0);
   }
   bool first = true;
   for (const auto& e : t.graph.edges()) {
@@ -87,7 +88,8 @@ std::string graph_json(const topology::Topology& t) {
         .add("w", t.mixing.coeff(e.u, e.v))
         .add("latency_ms", link.latency_ms)
         .add("bandwidth_mbps", link.bandwidth_mbps);
-    links += (first ? "" : ",") + l.dump(0);
+    links += first ? "" : ",";
+    links += l.dump(0);
     first = false;
   }
   json::Object o;
@@ -297,7 +299,8 @@ std::string Recorder::eval_json(const std::vector<Report>& reports, const std::v
         .add("wall", r.wall_s)
         .add("compute", r.compute_s)
         .add("wait", r.comm_wait_s);
-    peers += (peers.size() > 1 ? "," : "") + o.dump(0);
+    peers += peers.size() > 1 ? "," : "";
+    peers += o.dump(0);
   }
   // Each graph edge's bytes so far, both directions summed (every frame on it, the
   // evaluation reports included).

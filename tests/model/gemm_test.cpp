@@ -145,10 +145,14 @@ TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
   if (!avx512_gemm::available()) GTEST_SKIP() << "no AVX-512 kernel in this build";
   const Case all_terms{false, false, true, true, true, true};
   const Case gelu_back{false, false, true, false, false, false, false, true};
+  const Case gelu_forward{false, false, false, true, false, false, true, false};
   std::uint64_t seed = 900;
-  for (const Shape& s : {Shape{64, 100, 100}, Shape{33, 700, 390}, Shape{40, 49, 800}, Shape{500, 61, 128}})
+  // Columns split (n ≥ m), then rows (m > n): whole ranges, and ranges whose last panel is
+  // ragged (1000 rows: 31 panels of 32 and one of 8).
+  for (const Shape& s : {Shape{64, 100, 100}, Shape{33, 700, 390}, Shape{40, 49, 800}, Shape{500, 61, 128},
+                         Shape{1000, 130, 77}, Shape{200, 24, 300}})
     for (int t = 0; t < 4; ++t)
-      for (Case c : {all_terms, gelu_back}) {
+      for (Case c : {all_terms, gelu_back, gelu_forward}) {
         c.trans_a = t & 1;
         c.trans_b = t & 2;
         const auto a = normal_vector(static_cast<std::size_t>(s.m) * s.k, seed++);
@@ -156,25 +160,30 @@ TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
         const auto c0 = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
         const auto bias = normal_vector(s.m, seed++), h = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
         const auto addend = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
-        std::vector<std::vector<float>> outs, sums;
+        std::vector<std::vector<float>> outs, sums, activations;
         for (int threads : {1, 2, 3}) {
           Eigen::setNbThreads(threads);
           Gemm gemm;
           std::vector<float> out = c0, row_sums(static_cast<std::size_t>(s.m), 1.0f);
+          std::vector<float> activation(static_cast<std::size_t>(s.m) * s.n, -1.0f);
           gemm.run(c.trans_a, c.trans_b, s.m, s.n, s.k, a.data(), b.data(), out.data(), c.accumulate,
                    {.row_bias = c.bias ? bias.data() : nullptr,
                     .addend = c.addend ? addend.data() : nullptr,
                     .relu = c.relu,
+                    .gelu_out = c.gelu_forward ? activation.data() : nullptr,
                     .gelu_grad_at = c.gelu_backward ? h.data() : nullptr,
                     .a_row_sums = c.trans_a ? nullptr : row_sums.data()});
           outs.push_back(out);
           sums.push_back(row_sums);
+          activations.push_back(activation);
         }
         Eigen::setNbThreads(1);
         EXPECT_EQ(outs[1], outs[0]) << name(s, c) << ", 2 threads";
         EXPECT_EQ(outs[2], outs[0]) << name(s, c) << ", 3 threads";
         EXPECT_EQ(sums[1], sums[0]) << name(s, c) << ", A's row sums, 2 threads";
         EXPECT_EQ(sums[2], sums[0]) << name(s, c) << ", A's row sums, 3 threads";
+        EXPECT_EQ(activations[1], activations[0]) << name(s, c) << ", GELU(C), 2 threads";
+        EXPECT_EQ(activations[2], activations[0]) << name(s, c) << ", GELU(C), 3 threads";
       }
 }
 

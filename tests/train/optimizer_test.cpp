@@ -2,8 +2,10 @@
 // subtract) against the centralized step.
 #include <gtest/gtest.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -178,6 +180,57 @@ TEST(LrSchedule, WarmsUpThenDecaysToATenth) {
     previous = lr;
   }
   EXPECT_THROW(parse_lr_schedule("linear"), Error);
+}
+
+}  // namespace
+}  // namespace peertrain::train
+
+namespace peertrain::train {
+namespace {
+
+// With Eigen's thread count above one, a pass over enough coordinates runs on ranges, one
+// per thread: every coordinate is its own update, so 2 and 3 threads give the one-thread
+// bits, through step() and compute_update(), SGD's and Adam's (their states included).
+// 200,003 floats: three ranges of at least 2^16, the last one ragged.
+TEST(Optimizer, MoreThreadsGiveTheOneThreadBits) {
+  constexpr std::size_t kSize = 200003;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal;
+  std::vector<float> x0(kSize);
+  std::vector<std::vector<float>> grads(3, std::vector<float>(kSize));
+  for (float& v : x0) v = normal(rng);
+  for (auto& g : grads)
+    for (float& v : g) v = normal(rng);
+  const SgdConfig sgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  const AdamConfig adam{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
+  for (const bool use_adam : {false, true})
+    for (const bool in_place : {true, false}) {
+      std::vector<std::vector<float>> params, states;
+      for (const int threads : {1, 2, 3}) {
+        Eigen::setNbThreads(threads);
+        std::unique_ptr<Optimizer> optimizer =
+            make_optimizer(use_adam ? OptimizerKind::kAdam : OptimizerKind::kSgd, kSize, sgd, adam);
+        std::vector<float> x = x0, update(kSize);
+        for (const auto& g : grads) {
+          if (in_place) {
+            optimizer->step(x, g);
+          } else {
+            optimizer->compute_update(x, g, update);
+            for (std::size_t i = 0; i < kSize; ++i) x[i] -= update[i];
+          }
+        }
+        params.push_back(x);
+        const auto state = optimizer->state();
+        states.emplace_back(state.begin(), state.end());
+      }
+      Eigen::setNbThreads(1);
+      const std::string what = std::string(use_adam ? "Adam" : "SGD") + (in_place ? " step" : " compute_update");
+      EXPECT_NE(params[0], x0) << what << " did not move the parameters";
+      EXPECT_EQ(params[1], params[0]) << what << ", 2 threads";
+      EXPECT_EQ(params[2], params[0]) << what << ", 3 threads";
+      EXPECT_EQ(states[1], states[0]) << what << ", its state, 2 threads";
+      EXPECT_EQ(states[2], states[0]) << what << ", its state, 3 threads";
+    }
 }
 
 }  // namespace
