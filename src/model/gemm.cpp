@@ -69,9 +69,10 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
 }
 
 // More threads take contiguous ranges of C, each packing its own panels, and every range
-// packs all of the operand it does not split: C's rows split when it has more rows than
-// columns (an MLP's forward and input gradient, W·X and Wᵀ·D with the batch as C's 128
-// columns, pack B, the smaller, twice instead of W), its columns otherwise. An element's
+// packs all of the operand it does not split: C's rows split when that gives more ranges,
+// or as many and C has more rows than columns (an MLP's forward and input gradient, W·X
+// and Wᵀ·D with the batch as C's 128 columns, pack B, the smaller, twice instead of W), its
+// columns otherwise. An element's
 // sum does not depend on the ranges (the kernel blocks k alike for every range, and a
 // range's blocks of m or n change only which elements a call computes), so any count of
 // threads gives the one-thread bits. Eigen's parallel product, which this replaced, made
@@ -79,8 +80,12 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
 void Gemm::run_ours(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
                     bool accumulate, const GemmEpilogue& epilogue) {
   const Index lda = trans_a ? k : m, ldb = trans_b ? n : k;
-  const bool split_rows = m > n;
-  const Index parts = std::min<Index>(Eigen::nbThreads(), split_rows ? m / kRowsPerThread : n / kColumnsPerThread);
+  // The direction that gives more threads work; with as many either way, the longer side.
+  const Index threads = Eigen::nbThreads();
+  const Index by_rows = std::min<Index>(threads, m / kRowsPerThread);
+  const Index by_columns = std::min<Index>(threads, n / kColumnsPerThread);
+  const bool split_rows = by_rows > by_columns || (by_rows == by_columns && m > n);
+  const Index parts = split_rows ? by_rows : by_columns;
   if (parts <= 1) {
     const avx512_gemm::Epilogue e{epilogue, accumulate, m};
     avx512_gemm::run(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, m, e, own_);

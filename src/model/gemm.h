@@ -49,7 +49,9 @@ class Gemm : public Eigen::internal::level3_blocking<float, float> {
   // With more threads, the packing buffers of threads 1, 2, ... (OpenMP's pool keeps its
   // threads, so each range's buffers stay warm on the thread that uses them).
   std::vector<avx512_gemm::Buffers> threads_own_;
-  static constexpr Eigen::Index kColumnsPerThread = 24;  // fewer, and one thread takes C
+  // Fewer columns or rows a thread, and one thread takes C: two 12-column or two 32-row
+  // micro-panels at least, so that a range's packing is not most of its work.
+  static constexpr Eigen::Index kColumnsPerThread = 24;
   static constexpr Eigen::Index kRowsPerThread = 64;
 };
 

@@ -3,7 +3,7 @@
 // cache blocks (an inner dimension over 384, rows over 480, a B block of 128 Ki floats), and
 // each epilogue term (bias, residual, ReLU, GELU and its derivative). It runs once on one
 // thread and once on two (our kernel where the build has AVX-512, on two ranges of C's
-// columns with two threads; else Eigen's product, whose epilogue is separate passes), so
+// rows or columns with two threads; else Eigen's product, whose epilogue is separate passes), so
 // the paths the models take are held to the same oracle, and our kernel's two-thread
 // result to its one-thread bits.
 #include <gtest/gtest.h>
@@ -140,17 +140,19 @@ TEST(Gemm, TwoThreadsMatchTheOracle) {
 }
 
 // Our kernel on 2 and 3 threads gives the one-thread bits, every term included: each takes
-// a range of C's columns, and a column's sums do not depend on the ranges.
+// a range of C's rows or columns, and an element's sums do not depend on the ranges.
 TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
   if (!avx512_gemm::available()) GTEST_SKIP() << "no AVX-512 kernel in this build";
   const Case all_terms{false, false, true, true, true, true};
   const Case gelu_back{false, false, true, false, false, false, false, true};
   const Case gelu_forward{false, false, false, true, false, false, true, false};
   std::uint64_t seed = 900;
-  // Columns split (n ≥ m), then rows (m > n): whole ranges, and ranges whose last panel is
-  // ragged (1000 rows: 31 panels of 32 and one of 8).
+  // Columns split (n ≥ m), then rows (m > n): whole ranges, ranges whose last panel is
+  // ragged (1000 rows: 31 panels of 32 and one of 8), an inner dimension of three blocks
+  // (first store, later adds, last store's activation), and 100 × 64, whose 100 rows give
+  // one range and its 64 columns two.
   for (const Shape& s : {Shape{64, 100, 100}, Shape{33, 700, 390}, Shape{40, 49, 800}, Shape{500, 61, 128},
-                         Shape{1000, 130, 77}, Shape{200, 24, 300}})
+                         Shape{1000, 130, 77}, Shape{200, 24, 300}, Shape{500, 61, 800}, Shape{100, 64, 50}})
     for (int t = 0; t < 4; ++t)
       for (Case c : {all_terms, gelu_back, gelu_forward}) {
         c.trans_a = t & 1;
