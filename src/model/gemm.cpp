@@ -4,6 +4,10 @@
 
 #include <algorithm>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "gelu.h"
 #include "peertrain/core/error.h"
 
@@ -80,8 +84,14 @@ void Gemm::run_typed(Index m, Index n, Index k, const float* a, const float* b, 
 void Gemm::run_ours(bool trans_a, bool trans_b, Index m, Index n, Index k, const float* a, const float* b, float* c,
                     bool accumulate, const GemmEpilogue& epilogue) {
   const Index lda = trans_a ? k : m, ldb = trans_b ? n : k;
+  // Eigen's count (the MLP's --threads), capped by this thread's OpenMP limit: a pipeline
+  // worker sets that to its threads per worker, so that N workers do not each open a team
+  // of N (num_threads below would override the limit).
+  Index threads = Eigen::nbThreads();
+#ifdef _OPENMP
+  threads = std::min<Index>(threads, omp_get_max_threads());
+#endif
   // The direction that gives more threads work; with as many either way, the longer side.
-  const Index threads = Eigen::nbThreads();
   const Index by_rows = std::min<Index>(threads, m / kRowsPerThread);
   const Index by_columns = std::min<Index>(threads, n / kColumnsPerThread);
   const bool split_rows = by_rows > by_columns || (by_rows == by_columns && m > n);

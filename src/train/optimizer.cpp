@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "peertrain/core/error.h"
 
 namespace peertrain::train {
@@ -19,8 +23,12 @@ namespace {
 constexpr std::size_t kMinFloatsPerThread = 1 << 16;
 template <class Pass>
 void over_ranges(std::size_t size, Pass pass) {
+  int threads = Eigen::nbThreads();
+#ifdef _OPENMP
+  threads = std::min(threads, omp_get_max_threads());  // this thread's limit, as the GEMM
+#endif
   const auto parts = static_cast<long>(
-      std::min<std::size_t>(static_cast<std::size_t>(std::max(1, Eigen::nbThreads())), size / kMinFloatsPerThread));
+      std::min<std::size_t>(static_cast<std::size_t>(std::max(1, threads)), size / kMinFloatsPerThread));
   if (parts <= 1) {
     pass(std::size_t{0}, size);
     return;

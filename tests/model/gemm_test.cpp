@@ -7,6 +7,7 @@
 // the paths the models take are held to the same oracle, and our kernel's two-thread
 // result to its one-thread bits.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <Eigen/Core>
 #include <cmath>
@@ -163,8 +164,10 @@ TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
         const auto bias = normal_vector(s.m, seed++), h = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
         const auto addend = normal_vector(static_cast<std::size_t>(s.m) * s.n, seed++);
         std::vector<std::vector<float>> outs, sums, activations;
+        const int limit = omp_get_max_threads();  // the GEMM takes the smaller of it and Eigen's count
         for (int threads : {1, 2, 3}) {
           Eigen::setNbThreads(threads);
+          omp_set_num_threads(threads);  // 3 ranges on a 2-core machine too
           Gemm gemm;
           std::vector<float> out = c0, row_sums(static_cast<std::size_t>(s.m), 1.0f);
           std::vector<float> activation(static_cast<std::size_t>(s.m) * s.n, -1.0f);
@@ -180,6 +183,7 @@ TEST(Gemm, MoreThreadsGiveTheOneThreadBits) {
           activations.push_back(activation);
         }
         Eigen::setNbThreads(1);
+        omp_set_num_threads(limit);
         EXPECT_EQ(outs[1], outs[0]) << name(s, c) << ", 2 threads";
         EXPECT_EQ(outs[2], outs[0]) << name(s, c) << ", 3 threads";
         EXPECT_EQ(sums[1], sums[0]) << name(s, c) << ", A's row sums, 2 threads";
