@@ -3,6 +3,9 @@
 // own float GEMM at the same thread count, the ceiling for a model made of GEMMs.
 // bench/compare_mlp_step.sh runs it beside PyTorch's step for the same model.
 #include <Eigen/Core>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -56,6 +59,60 @@ double eigen_gemm_gflops() {
     times.push_back(seconds_since(start));
   }
   return 2.0 * kGemmSize * kGemmSize * kGemmSize / median(times) / 1e9;
+}
+
+// One core's FMA peak in GFLOP/s: 24 independent chains of vector FMAs (more than the
+// FMA latency times the FMA ports on any x86 core of today), the best of 5 runs of some
+// 15 ms. No kernel can beat it, so a step's FLOPs at this rate bound the step from below
+// on one thread: the speed-ups this project targets are checked against it as well as
+// against Eigen's GEMM (bench/all.py). 0 where the build has no FMA vectors.
+// Not inlined: inside the large step() GCC 12 kept the chains on the stack, a store each per
+// FMA, and measured a third of the peak.
+[[gnu::noinline]] double fma_peak_gflops() {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+  using Vector = __m512;
+  constexpr int kLanes = 16;
+  const auto splat = [](float x) { return _mm512_set1_ps(x); };
+  const auto fma = [](Vector a, Vector b, Vector c) { return _mm512_fmadd_ps(a, b, c); };
+  const auto store = [](float* to, Vector a) { _mm512_storeu_ps(to, a); };
+#else
+  using Vector = __m256;
+  constexpr int kLanes = 8;
+  const auto splat = [](float x) { return _mm256_set1_ps(x); };
+  const auto fma = [](Vector a, Vector b, Vector c) { return _mm256_fmadd_ps(a, b, c); };
+  const auto store = [](float* to, Vector a) { _mm256_storeu_ps(to, a); };
+#endif
+  // The lanes' sum through memory: _mm512_reduce_add_ps trips GCC 12's -Wuninitialized.
+  const auto sum = [&](Vector a) {
+    float lanes[kLanes];
+    store(lanes, a);
+    float s = 0;
+    for (float x : lanes) s += x;
+    return s;
+  };
+  constexpr int kChains = 24;
+  constexpr long kIterations = 4'000'000;  // with AVX-512, 3.1 GFLOP a run: about 14 ms at 220 GFLOP/s
+  Vector chain[kChains];
+  for (int i = 0; i < kChains; ++i) chain[i] = splat(0.001f * static_cast<float>(i));
+  const Vector scale = splat(0.9999f), shift = splat(1e-6f);
+  double best = 1e30;
+  float checksum = 0;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    for (long n = 0; n < kIterations; ++n) {
+#pragma GCC unroll 24
+      for (int i = 0; i < kChains; ++i) chain[i] = fma(chain[i], scale, shift);
+    }
+    best = std::min(best, seconds_since(start));
+    for (int i = 0; i < kChains; ++i) checksum += sum(chain[i]);
+  }
+  [[maybe_unused]] static volatile float sink;  // the chains' results stay live, so the loop cannot be dropped
+  sink = checksum;
+  return 2.0 * kChains * kLanes * static_cast<double>(kIterations) / best / 1e9;
+#else
+  return 0;
+#endif
 }
 
 // The memory bandwidth one thread sees: a 64 MiB memcpy, bytes read plus bytes written, the
@@ -329,6 +386,9 @@ int step(int argc, char** argv) {
   const double gflops = bench.flops / seconds / 1e9;
   Eigen::setNbThreads(threads);  // the ceiling at --threads (a batch-parallel step set Eigen to one)
   const double gemm_gflops = eigen_gemm_gflops();
+  // One core's peak: the bound of a one-thread CPU step (a GPU step or more threads have their own).
+  const bool one_core = threads == 1 && !bench.peak_device_bytes;
+  const double peak_gflops = one_core ? fma_peak_gflops() : 0.0;
   const double memory_gbps = bench.other_bytes > 0 ? memory_gbytes_per_s() : 0.0;
 
   if (format == "json") {
@@ -351,6 +411,7 @@ int step(int argc, char** argv) {
         .add("gflops", gflops)
         .add("eigen_gemm_gflops", gemm_gflops)
         .add("eigen_gemm_size", kGemmSize);
+    if (peak_gflops > 0) out.add("fma_peak_gflops", peak_gflops);
     if (bench.other_bytes > 0)
       out.add("other_bytes_per_step", bench.other_bytes).add("memory_gbytes_per_s", memory_gbps);
     std::printf("%s\n", out.dump().c_str());
@@ -370,6 +431,11 @@ int step(int argc, char** argv) {
   if (bench.tokens > 0) std::printf(", %.0f tokens/s", static_cast<double>(bench.tokens) / seconds);
   std::printf("\ncompute      %.1f GFLOP/s (%.3f GFLOP a step), %.0f%% of Eigen's GEMM: %.1f GFLOP/s at %d^3\n", gflops,
               bench.flops / 1e9, 100 * gflops / gemm_gflops, gemm_gflops, kGemmSize);
+  if (peak_gflops > 0)
+    std::printf(
+        "peak         %.1f GFLOP/s, one core's FMA peak (24 chains): the step runs at %.0f%% of it, "
+        "and its FLOPs at it take %.1f ms\n",
+        peak_gflops, 100 * gflops / peak_gflops, bench.flops / peak_gflops / 1e6);
   if (bench.other_bytes > 0) {
     const double floor_s = bench.flops / (gemm_gflops * 1e9) + bench.other_bytes / (memory_gbps * 1e9);
     std::printf("memory       %.0f MB a step outside the GEMMs and attention, %.1f ms at %.1f GB/s (memcpy)\n",

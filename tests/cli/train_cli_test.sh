@@ -42,7 +42,7 @@ if [[ $mode == long ]]; then
       >"$work/$name-kill.log" 2>&1 &
     launcher=$!
     for _ in $(seq 300); do grep -q '"step": [0-9]*[0-9][0-9][0-9]' "$work/$name-kill.log" 2>/dev/null && break; \
-      [[ $(grep -c "" "$work/$name-kill/metrics.csv" 2>/dev/null || echo 0) -gt 1 ]] && break; sleep 0.2; done
+      [[ $(cat "$work/$name-kill/metrics.csv" 2>/dev/null | wc -l) -gt 1 ]] && break; sleep 0.2; done
     pkill -9 -f -- "peer --rank 5 --topology $work/$name.yaml"
     wait $launcher
     code=$?

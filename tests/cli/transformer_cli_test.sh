@@ -194,6 +194,18 @@ expect_error "--sp 2 --tp 1 --pp 2" "${tiny[@]}" --device cuda --pp 2 --sp 2
 expect_error "--gemm-precision 'fp16'" "${tiny[@]}" --gemm-precision fp16
 out=$("$bin" bench step --model mlp --device cuda 2>&1)
 [[ $? -eq 2 ]] && grep -q "error: --device cuda times --model gpt" <<<"$out" && ok || fail "bench step mlp --device cuda: $out"
+# The step's report: its rate beside Eigen's GEMM, and (in a build with FMA vectors, one
+# thread) beside one core's FMA peak, in the text and in the JSON alike.
+text=$("$bin" bench step --model mlp --steps 2 2>&1) && json=$("$bin" bench step --model mlp --steps 2 --format json 2>&1)
+if [[ $? -eq 0 ]] && grep -q "of Eigen's GEMM" <<<"$text"; then
+  if grep -q '"fma_peak_gflops"' <<<"$json"; then
+    grep -q "one core's FMA peak (24 chains): the step runs at [0-9]*% of it" <<<"$text" && ok || fail "bench step peak line: $text"
+  else
+    ! grep -q "FMA peak" <<<"$text" && ok || fail "bench step: a peak line without fma_peak_gflops in the JSON: $text"
+  fi
+else
+  fail "bench step --model mlp --steps 2: $text $json"
+fi
 # A flag for another model is refused, not left unread.
 for bad in "--model mlp --layers 2:--layers is for --model gpt or vit" "--model gpt --hidden 64:--hidden is for --model mlp" \
   "--model vit --seq 64:--seq is for --model gpt (a ViT" "--model gpt --patch 4:--patch is for --model vit" \
