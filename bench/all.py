@@ -276,7 +276,7 @@ def main():
             ratios = {mode: [] for mode in modes}
             steps = {mode: [] for mode in modes}
             # As many runs as the other figures even with --quick (8 s each): single runs at
-            # 8 Gbit/s read 1.28–1.45 within minutes (session 37), so one run decides nothing.
+            # 8 Gbit/s vary by more than the margin to the target, so one run decides nothing.
             for _ in range(runs):
                 for mode in modes:
                     out = run(["bash", os.path.join(HERE, "dpsgd_overlap.sh"), build, str(mbps), mode])
@@ -355,16 +355,14 @@ def main():
 
     @guarded(table, "parallel", "pipeline bubble")
     def pipeline():
-        # 3 steps in both modes (the best kept): one step carried one measurement of each pass,
-        # and its replay read +1.8 and +5.1 points over theory in two --quick runs before session 32.
+        # 3 steps in both modes, the best kept: one step holds a single measurement of each
+        # pass, too noisy to read ±5 points from.
         #
         # The replay gives each pass its thread CPU time, as if each stage had a core of its
-        # own. With 4 stages on this VM's 2 cores, two passes run side by side, and each then
-        # takes up to 30 % more CPU time, unevenly: the same two blocks measured 375 ms a step
-        # alone and 384–516 ms beside another stage (session 37), which the replay reads as an
-        # imbalance no core-per-stage machine has. So the target is read on a run confined to
-        # one core, where no pass runs beside another, and the run on all cores is reported
-        # beside it.
+        # own. With 4 stages on 2 cores, two passes run side by side, and each then takes up
+        # to 30 % more CPU time, unevenly, which the replay reads as an imbalance no
+        # core-per-stage machine has. So the target is read on a run confined to one core,
+        # where no pass runs beside another, and the run on all cores is reported beside it.
         cpu = min(os.sched_getaffinity(0))
         bench = [os.path.join(build, "bench", "pipeline_bench"), "--steps", "3"]
         outs = {"one core": run(bench, timeout=1800, cpus={cpu}), "all cores": run(bench, timeout=1800)}
@@ -403,91 +401,117 @@ another BLAS gives other ratios.
 
 {table.markdown()}
 
-**Where the GPT step's time goes** (one thread, d 128, T 256, batch 8). Its FLOPs at
-Eigen's GEMM rate are the GEMM-bound limit. Every GEMM runs our AVX-512 kernel
-(`src/model/gemm_avx512.cpp`), whose stores add the bias and the residual, overwrite
-without a zero fill and apply the GELU (and GELU'), and whose packing of dy sums the bias
-gradients. What is left between the GEMMs (LayerNorms, the attention's gathers and
-scatters, the GELU's other operand, the loss) moves the bytes in the row above
-(`Transformer::other_bytes_per_step`: 35 activations of d × n floats a block, 72 without
-the fused epilogues) at the memcpy rate. `perf` on the step (on session 19's
-host): the GEMM micro-kernel ~50 % (at ~200 GFLOP/s, near that core's FMA peak of
-~232), its operand packing ~12 %, the
-fused attention ~15 %, the GELU' in the stores ~4.5 %, the LayerNorms ~3.5 %. 80 % of the
-GEMM-bound limit would need the packing and the attention's gathers to go as well. The
-gathers copy one head's 32 floats a token from the token-major QKV: inline AVX-512 moves
-instead of memmove calls took their 3.7 % into the attention loops at no gain, so they are
-bound by the strided reads, not the calls. Session 39 (Zen 5 VM): the packing and its
-transposes were ~23 % of the step's samples, and a microbenchmark showed why: operands
-packed p by p across panels a multiple of 4 KiB apart thrashed one L1 set (4.5 GB/s), and
-cold operands, read in patterns this host's hardware prefetchers do not follow, packed at
-5–7 GB/s. Packing panel by panel and prefetching the next lines in software took the
-packing to ~8 % of the step (micro-kernel ~64 %, the fused attention ~15 %), the step
-from 92 to 88 ms in alternating runs.
+## What the rows measure
 
-**Where the MLP step's time goes** (784-512-512-10, batch 128, one thread). `perf`: the
-GEMM micro-kernel ~75 %, operand packing ~12 %, and SGD with momentum ~9.5 %: one pass
-over the weights, their gradient and the velocity (2.7 MB each), 5 × 2.7 MB read or written
-in ~0.27 ms, about 50 GB/s. An AVX-512 version of the update measured the same, and a
-2.7 MB memcpy measured 31 GB/s, so the update runs at this core's cache bandwidth.
-Forward and backward alone run at about 95 % of Eigen's GEMM rate. The step reaches 90 %
-only if the update leaves its own pass: fused into the weight gradient's stores, which
-needs the optimizer inside the backward. Stepping each layer's slice right after its
-weight gradient, while that gradient is still in L2, measured the same as the separate
-pass (3.41–3.53 ms against 3.42–3.53 over four alternating runs of 1,500 steps, on an
-Emerald Rapids host with a 260 MB L3), so only the fusion into the stores is left to try.
+- **step**: one training step of `peertrain bench step` on random data and the same
+  model and optimizer in PyTorch on the CPU (`bench/torch_mlp_step.py`,
+  `bench/torch_gpt_step.py`, `bench/torch_vit_step.py`), back to back, on one thread
+  unless the row says otherwise; the ratio is PyTorch's time over ours, taken per run.
+  `bench step` measures three limits in the same run: Eigen's float GEMM rate (512³, same
+  thread count), one core's FMA peak (24 independent chains of vector FMAs, the most any
+  kernel can do) and the rate of a 64 MiB memcpy. The GEMM-bound limit is the step's FLOPs
+  at Eigen's rate; the row after it adds, at the memcpy rate, the bytes the step moves
+  outside its GEMMs (`Transformer::other_bytes_per_step`: 35 activations of d × n floats a
+  block, 72 without the GEMMs' fused epilogues). The `--threads 2 against 1` rows run the
+  same steps on two threads.
+- **CPU attention alone** (`bench/attention_bench`): `model::LocalAttention` on one thread,
+  forward 4·T²·D and backward 8·T²·D FLOPs per (sequence, head), half of each when causal,
+  against Eigen's GEMM rate in the same run.
+- **gossip**: three peers on a loopback ring exchange a 10 MB vector with both neighbours
+  and mix it (`bench/gossip_vs_iperf3.sh`), against one iperf3 TCP stream on loopback;
+  "transport alone" leaves out the mix. Through shared memory (the default between peers
+  on one host, docs/net.md) the payloads skip TCP, hence more than 100 %. The D-PSGD rows
+  (`bench/dpsgd_overlap.sh`): two peers on an emulated link train the 784-512-512-10 MLP
+  (2.7 MB of parameters); the step time over the longer of the gradient alone and the
+  exchange alone, 1× when the exchange hides entirely behind the gradient.
+- **net** (`bench/auth_bench`): ChaCha20-Poly1305 over a 10 MB frame on one core; the ratio
+  is the time to sign or verify a frame as a share of the time the frame takes on one
+  loopback TCP stream.
+- **topology**: the spectral gap by Lanczos (`bench/topology_bench`), against a dense
+  eigensolver on 2,000 peers and alone on the large graphs; then the whole `topology
+  inspect` command (read, generate, validate, spectrum; `bench/inspect_timing.sh`).
+- **parallel**: the longest sequence that fits under SP = 1's peak attention memory when
+  ring attention splits it over 4 ranks (`bench/ring_attention_bench`); the pipeline's
+  bubble fraction for PP 4 and M 8 (`bench/pipeline_bench`): each pass's measured thread
+  CPU time replayed through the schedule with a core per stage, against theory's
+  (p − 1)/(m + p − 1) and against what the stages' unequal CPU time alone leaves.
 
-**Where the ViT step's time goes** (d 128, 4 layers, 16 patches, batch 32, one thread;
-`perf record` over 120 steps, session 39, Zen 5 VM). Of the step: the GEMM micro-kernel
-75 % (~170 GFLOP/s with its GELU epilogues, against this core's FMA peak of ~224), the
-GEMMs' packing and 16 × 16 transposes 10 % (21 % in session 37, before the packing's L1
-set conflicts and cold reads were fixed: 19.8 → 19.2 ms, and 20.6 → 19.8 before that, in
-alternating runs), the attention at T = 16 about 5 %, copies 3 %, AdamW 2.5 %, the
-LayerNorms 2.5 %. The weights are small (128 × 128 to 128 × 512), so each activation
-float packed or transposed feeds only 256 to 1,024 FLOPs. 2× PyTorch (about 33 ms on a
-quiet host) needs the step at about 16.5 ms: the micro-kernel's share alone is ~14.4 ms,
-so everything else would have to fall to a third of what it is, or the micro-kernel run
-closer to the FMA peak on these short (k = 128) products.
+## Why the targets are met or missed
 
-**The PyTorch peer, at its best.** `bench/torch_blas.py`, imported by the PyTorch scripts
-before torch, does two things, and the PyTorch column says both.
-- *Kernels.* Debian's OpenBLAS 0.3.21 picks its kernels by the CPU's model: on one it does
-  not know it falls back to Prescott (SSE3; an Emerald Rapids host, model 207: torch's MLP
-  step 16.9–17.3 ms against 5.6–6.1 ms with its AVX-512 kernels, session 21), and on AMD
-  Zen 5 it picks Haswell (AVX2), which this project's Zen 5 VMs also export as
-  `OPENBLAS_CORETYPE=Haswell` (sgemm 1024³ on one core: 102 GFLOP/s against 186 with the
-  AVX-512 kernels). The script sets `OPENBLAS_CORETYPE` to the newest AVX-512 kernels
-  OpenBLAS has (Cooperlake, or SkylakeX without AVX512-BF16).
-- *Allocator* (since session 29). glibc's malloc hands out blocks over its mmap threshold
-  as fresh pages and unmaps them on free, so each eager step faults its activations in
-  again. On the Zen 5 VM of session 29 that made torch's GPT step 479 ms instead of 196 ms,
-  its ViT step 54 ms instead of 30 and its MLP step 13.9 ms instead of 3.5. PyTorch's CPU
-  tuning guide advises a caching allocator (jemalloc, tcmalloc); the script sets glibc's
-  thresholds with `mallopt` so freed memory is kept and reused, as those would. **The
-  speed-ups against PyTorch written before session 29 (MLP 1.73×, GPT 2.23×, ViT 1.99× on
-  the Emerald Rapids host) were measured against torch without this, and are too high by
-  an amount that host's page-fault cost decided and that was not measured.**
+- **"unsure"**: a share of Eigen's GEMM rate counts as met only when that rate moved by
+  less than 15 % across the runs; on a shared VM it often moves more, and a "yes" could be
+  the limit's slow run. Shares over 100 % mean that our GEMM kernel
+  (`src/model/gemm_avx512.cpp`) beats Eigen's, not that the arithmetic limit moved: on one
+  Zen 5 core our kernel and OpenBLAS's SkylakeX kernel both run at 186–199 GFLOP/s (1024³
+  and 512³), Eigen's at the rate of the GEMM column.
+- **GPT step, 2.5× PyTorch in every run: missed, out of reach on this machine.** The GPT's
+  FMA-peak rows give the share of one core's peak the step reaches and the share a step
+  2.5× faster than PyTorch's would need over the whole step: attention, LayerNorms,
+  packing, loss and optimizer included. Our GEMM micro-kernel alone, the most efficient
+  loop in the step, reaches 75–90 % of the peak on these shapes, so the target needs every
+  other part of the step to run as fast as the micro-kernel's FMAs. We do not claim it.
+- **GPT step, 80 % of the GEMM-bound limit.** Most of the step is GEMMs, in a kernel
+  faster than Eigen's (above), which makes up for the work between them. Every GEMM runs
+  our AVX-512 kernel, whose stores add the bias and the residual, overwrite without a
+  zero fill and apply the GELU (and GELU'), and whose packing of dy sums the bias
+  gradients. `perf` on a Zen 5 VM: the GEMM micro-kernel ~64 % of the step, the fused
+  attention ~15 %, operand packing ~8 %, the GELU' in the stores and the LayerNorms a
+  few percent each. The packing goes panel by panel and prefetches the next lines in
+  software: packed p by p across panels a multiple of 4 KiB apart, operands thrash one
+  L1 set, and cold operands read in that pattern escape the hardware prefetchers. The
+  attention's gathers copy one head's 32 floats a token from the token-major QKV and are
+  bound by the strided reads (inline AVX-512 moves in place of memmove calls are no
+  faster).
+- **ViT step, 2× PyTorch: missed.** `perf record` over 120 steps on a Zen 5 VM: the GEMM
+  micro-kernel 75 % of the step (~170 GFLOP/s with its GELU epilogues, near the core's FMA
+  peak), the GEMMs' packing and 16 × 16 transposes 10 %, the attention at T = 16 about
+  5 %, copies 3 %, AdamW 2.5 %, the LayerNorms 2.5 %. The weights are small (128 × 128 to
+  128 × 512), so each activation float packed or transposed feeds only 256 to 1,024 FLOPs.
+  A step 2× faster than PyTorch's has about the time the micro-kernel alone takes: the
+  rest of the step would have to vanish, or the micro-kernel run closer to the FMA peak on
+  these short (k = 128) products. The ViT's FMA-peak rows show the same gap.
+- **MLP step, 90 % of Eigen's GEMM rate.** The step's GEMMs run in our kernel, faster
+  than Eigen's (above). `perf`: the GEMM micro-kernel ~75 %, operand packing ~12 %, SGD
+  with momentum ~9.5 %. The update is one pass over the weights, their gradient and the
+  velocity (2.7 MB each; 5 × 2.7 MB read or written in ~0.27 ms, about 50 GB/s) and runs
+  at the core's cache bandwidth: an AVX-512 version of it is no faster, nor is stepping
+  each layer's slice right after its weight gradient, while that is still in L2. Only
+  fusing the update into the weight gradient's stores (the optimizer inside the
+  backward) would remove its pass.
+- **GPT step, `--threads 2`, 1.8×.** The MLP's and the ViT's speed-ups are reported
+  without a target.
+- **D-PSGD overlap** (≤ 1.1× at 2 Gbit/s, ≤ 1.3× at 8 Gbit/s): the exchange of x_k runs
+  while the gradient at x_k is computed (docs/algo.md). Over loopback TCP alone, reported
+  beside it, the kernel's copies and softirqs take the cores from the gradient. Single
+  runs at 8 Gbit/s vary by more than the margin to the target, so `--quick` runs these as
+  many times as the others.
+- **Pipeline bubble, theory ± 5 points**, read on passes timed on one core. The replay
+  gives each pass its thread CPU time as if each stage had a core of its own; with 4
+  stages on 2 cores two passes run side by side, and each then takes up to 30 % more CPU
+  time, unevenly, which the replay would read as an imbalance that no machine with a core
+  per stage has. The run on all cores is reported beside it. Each runs 3 steps and keeps
+  the best: one step holds a single measurement of each pass.
 
-**What the PyTorch targets ask of the core.** Eigen's GEMM rate moves by 20–30 % between
-runs on a shared VM, so `bench step` also measures one core's FMA peak in the same run (24
-independent chains of vector FMAs, the most any kernel can do) and the table sets each
-step's FLOPs against it. On the Zen 5 VM of session 57 the GPT step ran at 58 % (52–60) of
-that peak, and a step 2.5× faster than PyTorch's would have had to run at 79 % (71–80) of it
-over the whole step: attention, LayerNorms, packing, loss and optimizer included. Our GEMM
-micro-kernel alone, the most efficient loop in the step, reaches 75–90 % of the peak on
-these shapes, so the target needs every other part of the step to run as fast as the
-micro-kernel's FMAs: it is out of reach on this machine, and we do not claim it. The ViT's
-2× would need 66 % (59–79) of the peak against the 53 % (47–57) it reaches, on products with
-k = 128 whose packing feeds only 256–1,024 FLOPs a float.
+## The PyTorch peer, at its best
 
-**Eigen's GEMM rate as the limit.** On the Zen 5 VM, Eigen's float GEMM runs at 135–148
-GFLOP/s on one thread while our AVX-512 kernel (`src/model/gemm_avx512.cpp`) and
-OpenBLAS's SkylakeX kernel both run at 186–199 (1024³ and 512³), and an FMA loop with 24
-accumulators at 224. Shares of "Eigen's GEMM rate" over 100 % on that host mean that our
-kernel beats Eigen's, not that the arithmetic limit moved.
+`bench/torch_blas.py`, imported by the PyTorch scripts before torch, does two things, and
+the PyTorch column says both.
+- *Kernels.* Debian's OpenBLAS 0.3.21 picks its kernels by the CPU's model: on a model it
+  does not know (Emerald Rapids, model 207) it falls back to Prescott (SSE3), and on AMD
+  Zen 5 it picks Haswell (AVX2), which Zen 5 VMs may also export as
+  `OPENBLAS_CORETYPE=Haswell`: sgemm 1024³ on one Zen 5 core runs at 102 GFLOP/s with those
+  kernels, about half the AVX-512 kernels' rate (above). The script sets
+  `OPENBLAS_CORETYPE` to the newest AVX-512 kernels OpenBLAS has (Cooperlake, or SkylakeX
+  without AVX512-BF16).
+- *Allocator.* glibc's malloc hands out blocks over its mmap threshold as fresh pages and
+  unmaps them on free, so each eager step faults its activations in again: on a Zen 5 VM
+  that makes torch's GPT step 479 ms instead of 196 ms, its ViT step 54 ms instead of 30
+  and its MLP step 13.9 ms instead of 3.5. PyTorch's CPU tuning guide advises a caching
+  allocator (jemalloc, tcmalloc); the script sets glibc's thresholds with `mallopt` so that
+  freed memory is kept and reused, as those would.
 
-The GPU figures (an NVIDIA H200, on a device session) are in
-[docs/kernels.md](kernels.md); they need a GPU and are not rerun here.
+The GPU figures are in [docs/kernels.md](kernels.md): they need a GPU, and
+`bench/gpu_checks.sh` measures them on a GPU machine, not `bench/all.sh`.
 """
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Times the whole `peertrain topology inspect` command (read, generate, validate, spectrum)
-# on the issue's large graphs. Targets on this 2-core machine: under 3 s each for the
-# 100,000-peer random 4-regular graph (scipy eigsh: ~10 s) and the 65,536-peer
-# exponential graph. Usage: bench/inspect_timing.sh [build-dir]
+# on the issue's large graphs. Target, on 2 cores: under 3 s each for the 100,000-peer
+# random 4-regular graph (scipy's eigsh is compared in docs/topology.md) and the
+# 65,536-peer exponential graph. Usage: bench/inspect_timing.sh [build-dir]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$root/build}/peertrain

@@ -5,17 +5,17 @@ Import this before torch.
 
 Kernels. Debian's OpenBLAS 0.3.21 picks its kernels from the CPU's model number. On a model
 it does not know (Emerald Rapids, model 207) it falls back to "Prescott", plain SSE3; on AMD
-Zen 5 it picks "Haswell", AVX2, though the core has AVX-512 (sgemm 1024^3 on one Zen 5
-core: 102 GFLOP/s with Haswell's kernels, 186 with SkylakeX's). So when OPENBLAS_CORETYPE
-is not already set and OpenBLAS's own choice has no AVX-512 kernels on an AVX-512 machine,
-this sets OPENBLAS_CORETYPE to the newest AVX-512 kernels this OpenBLAS has (Cooperlake
-where the CPU has AVX512-BF16, else SkylakeX). OpenBLAS reads the variable when torch loads
-it, hence "before torch".
+Zen 5 it picks "Haswell", AVX2, though the core has AVX-512, and runs at about half the
+AVX-512 kernels' rate (measured in docs/performance.md). So when OPENBLAS_CORETYPE is not
+already set and OpenBLAS's own choice has no AVX-512 kernels on an AVX-512 machine, or the
+environment names a core without them, this sets OPENBLAS_CORETYPE to the newest AVX-512
+kernels this OpenBLAS has (Cooperlake where the CPU has AVX512-BF16, else SkylakeX).
+OpenBLAS reads the variable when torch loads it, hence "before torch".
 
 Allocator. glibc's malloc serves blocks over its mmap threshold (128 KiB to 32 MiB, moving)
 with fresh pages and returns them on free, so each step's activation and gradient tensors
-fault their pages in again; on a VM where a page fault is dear that made torch's MLP step
-13.9 ms instead of 3.3 ms (Zen 5, session 29). PyTorch's own tuning guide advises a caching
+fault their pages in again; on a VM where a page fault is dear that makes torch's steps
+up to four times slower (docs/performance.md). PyTorch's own tuning guide advises a caching
 allocator (jemalloc, tcmalloc) on the CPU; this sets glibc's thresholds with mallopt so
 freed memory is kept and reused, which is what those do for a training loop.
 
@@ -67,7 +67,7 @@ if "avx512f" in _flags:
         if _detected and _detected.lower() not in AVX512_CORES:
             os.environ["OPENBLAS_CORETYPE"] = _best
     elif _given.lower() not in AVX512_CORES:
-        # Set for this machine (this project's Zen 5 VMs export Haswell): the peer would
+        # Set by the machine's environment (some Zen 5 VMs export Haswell): the peer would
         # run at half its speed, so it gets its AVX-512 kernels here too, and the report says so.
         _replaced = _given
         os.environ["OPENBLAS_CORETYPE"] = _best

@@ -45,7 +45,7 @@ def base_or(model):
 
 
 def floats(row, key):
-    """A comma-separated column's numbers (empty where an older run has no such column)."""
+    """A comma-separated column's numbers (empty where a results file has no such column)."""
     return [float(x) for x in row.get(key, "").split(",") if x]
 
 
@@ -62,10 +62,10 @@ def main(out):
         for k in ("measured_s", "replayed_s", "predicted_s", "simulate_s"):
             r[k] = float(r[k])
         r["error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-        # Each round's measurement (runs before session 20 kept one, in measured_s).
+        # Each round's measurement (a results file without the column has one, in measured_s).
         r["rounds"] = floats(r, "measured_rounds_s") or [r["measured_s"]]
-        # Each round's prediction, from profiles taken just before it (runs before session 33
-        # profiled once: one prediction).
+        # Each round's prediction, from profiles taken just before it (a results file without
+        # the column, or a run profiled once, has one prediction).
         r["predicted_rounds"] = floats(r, "predicted_rounds_s") or [r["predicted_s"]]
     errors = [abs(r["error"]) for r in grid]
     grid_rounds = max(len(r["rounds"]) for r in grid)
@@ -198,9 +198,9 @@ with W workers (target: within 5 %).
         err = (p - m) / m
         within += abs(err) <= 0.2
         whole = f"{float(r['whole_run_s']) * 1e3:.3f}" if r.get("whole_run_s") else "—"
-        # A retrained run's rounds (runs before session 33 retrained once).
+        # A retrained run's rounds (empty where the file has no such column).
         rounds = floats(r, "measured_rounds_s")
-        # Runs before session 34 predicted once, after every retraining.
+        # Each retraining's prediction (empty where the file has no such column).
         predicted_rounds = floats(r, "predicted_rounds_s")
         prow.append([r["label"], r.get("source", "lian2017"), f"{m * 1e3:.3f}", spread(rounds, 3), whole, f"{p * 1e3:.3f}",
                      spread(predicted_rounds, 3), f"{err * 100:+.1f} %", r["where"]])
@@ -215,7 +215,7 @@ measured: peer 0's seconds per step from its first evaluation to its last (a run
 training's step, which is what plan predicts); beside it, over every step, as lian2017's
 report takes it, which adds the first steps' one-time costs (a synchronous algorithm's
 first step waits for the last peer to start). The high-latency and low-bandwidth runs are
-network-bound and come from lian2017's committed measurements
+network-bound and come from lian2017's stored measurements
 (`experiments/lian2017/results/runs.csv`); the fast network's are bound by the CPU, so by
 the binary, and are trained again by this script with the binary it plans with
 (source `retrained`{f"; each the median of {retrain_rounds} trainings, in rounds over the 12" if retrain_rounds > 1 else ""}),

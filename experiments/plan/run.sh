@@ -30,7 +30,7 @@ predictions), then checks plan's pick, then predicts lian2017's runs across peer
   --out DIR   where results go (default: experiments/plan/results)
   -h, --help  this help
 
-Full mode: about 19 minutes on 2 cores (about half of it profiling). The last round's profiles
+Full mode: about 15-20 minutes on 2 cores (about half of it profiling). The last round's profiles
 are kept in DIR/profile.tsv. Environment: PEERTRAIN (default: <repo>/build/peertrain).
 EOF
 }
@@ -135,9 +135,9 @@ declare -a r_workers r_strategy r_model r_replayed r_predicted r_simulate r_stag
 # with its 256-byte vocabulary the search leaves vocabulary parallelism out, so those rows
 # profile their own shapes. In full mode every round of the grid profiles the machine
 # afresh, just before it measures (3 rounds a unit instead of plan's 7: 15 in all; with 2,
-# a unit's figure was the mean of two, and one slow burst moved it): this
-# host's speed drifts by 10-25 % over minutes, and profiles taken once, in one spell, moved
-# every prediction of a run with that spell (docs/plan.md, session 33). A row's
+# a unit's figure would be the mean of two, which one slow burst moves): a shared
+# host's speed drifts over minutes, and profiles taken once, in one spell, would move
+# every prediction of a run with that spell (docs/plan.md, Validation). A row's
 # prediction is then the median of its rounds', as its measurement is.
 profile() {
   local round=$1 workers row_model
@@ -284,12 +284,12 @@ done
 fi
 # Across peers: every run of the lian2017 experiment with seed 1, predicted from its
 # topology file, with its --eval-every, on this machine's 2 cores as those runs had them.
-# The network-bound runs (high latency, low bandwidth) are taken from lian2017's committed
+# The network-bound runs (high latency, low bandwidth) are taken from lian2017's stored
 # measurements (the seconds per step of peer 0; the other seeds step at the same pace).
 # The fast network's runs are bound by the CPU, so by the binary, and are trained again
 # here with this one: 12 runs of about 5 s, in $retrain_rounds rounds over the 12 (each run's
 # figure the median of its rounds), since one fast run's pace moves by up to 20 % from one
-# minute to the next on this host (docs/plan.md, session 31).
+# minute to the next on a shared 2-core host.
 lian=$PT_SCRIPT_DIR/../lian2017/results
 remeasured=$(mktemp -d)
 trap 'rm -rf "$remeasured"' EXIT
@@ -347,7 +347,7 @@ for ((round = 1; round <= retrain_rounds; round++)); do
     steady_rounds[$label]+="${steady_rounds[$label]:+,}$steady"
     whole_rounds[$label]+="${whole_rounds[$label]:+,}$whole"
     # Predicted right after it was measured, with the host at the same pace (a plan's
-    # probe and profile, like a run, move with it; docs/plan.md, session 34).
+    # probe and profile, like a run, move with it).
     prediction=$(predict_run "$label" "$algorithm" "$hidden" "$batch" "$run_dir" "$eval_every")
     predicted_rounds[$label]+="${predicted_rounds[$label]:+,}$(json 'd["step_s"]' <<< "$prediction")"
     where[$label]=$(json 'd["where"]' <<< "$prediction")

@@ -22,7 +22,5 @@ int run_report(int argc, char** argv);  // peertrain report runs/DIR
 // launch -- PROGRAM: PROGRAM once per local peer of the topology file (launch_program.cpp).
 int launch_program(const std::string& topology_file, const std::string& secret_file,
                    const std::vector<std::string>& command);
-// Whether a topology's host names this machine.
-bool is_local_host(const std::string& host);
 
 }  // namespace peertrain::cli

@@ -27,6 +27,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/json.h"
 #include "peertrain/net/auth.h"
+#include "peertrain/net/host.h"
 #include "../train/recorder.h"
 #include "training_options.h"
 
@@ -232,8 +233,9 @@ std::unique_ptr<DashboardServer> start_dashboard(const cxxopts::ParseResult& arg
 // `launch ... -- PROGRAM ARGS`: the peers run a program of the user's (launch_program.cpp).
 int run_launch_program(int argc, char** argv, int separator) {
   cxxopts::Options options("peertrain launch",
-                           "Start PROGRAM once per local peer of a topology file, with RANK, "
-                           "WORLD_SIZE and PEERTRAIN_TOPOLOGY set (the Python module reads them).");
+                           "Start PROGRAM once per local peer of a topology file, with RANK, LOCAL_RANK, "
+                           "WORLD_SIZE, PEERTRAIN_TOPOLOGY and, with a key, PEERTRAIN_SECRET_FILE set (the "
+                           "Python module reads them).");
   options.custom_help("--topology FILE [--secret-file KEY] -- PROGRAM [ARGS...]");
   options.add_options()("topology", "topology file (YAML)", cxxopts::value<std::string>())(
       "secret-file", "key file every peer shares (passed as PEERTRAIN_SECRET_FILE)", cxxopts::value<std::string>())(
@@ -249,6 +251,16 @@ int run_launch_program(int argc, char** argv, int separator) {
                         std::vector<std::string>(argv + separator + 1, argv + argc));
 }
 
+// The distinct hosts of a topology's peers, for an error message: "10.0.0.1, 10.0.0.2".
+std::string hosts_of(const topology::Topology& topology) {
+  std::vector<std::string> hosts;
+  for (const auto& peer : topology.peers)
+    if (std::find(hosts.begin(), hosts.end(), peer.host) == hosts.end()) hosts.push_back(peer.host);
+  std::string text;
+  for (const auto& h : hosts) text += (text.empty() ? "" : ", ") + h;
+  return text;
+}
+
 }  // namespace
 
 int run_launch(int argc, char** argv) {
@@ -259,7 +271,7 @@ int run_launch(int argc, char** argv) {
                            "or, with '-- PROGRAM ARGS', run a program of yours once per peer (the Python module).");
   options.add_options()("topology", "topology file (YAML)", cxxopts::value<std::string>())(
       "out", "output directory (default: runs/<topology>-<algorithm>)", cxxopts::value<std::string>())(
-      "log-level", "peers' log level: debug | info | warn | error",
+      "log-level", "peers' log level: debug | info | warn | error | off",
       cxxopts::value<std::string>()->default_value("info"))(
       "dashboard",
       "[HOST:]PORT: serve a live dashboard of the run at http://HOST:PORT/ (HOST 127.0.0.1 unless "
@@ -288,11 +300,13 @@ int run_launch(int argc, char** argv) {
   fs::remove(out / "summary.json");
 
   std::vector<int> local, remote;
-  for (const auto& peer : topology.peers) (is_local_host(peer.host) ? local : remote).push_back(peer.id);
+  for (const auto& peer : topology.peers) (net::names_this_machine(peer.host) ? local : remote).push_back(peer.id);
   if (local.empty())
-    throw Error(ErrorKind::kInvalidArgument, str(topology_path.string(), ": none of its ", topology.num_peers(),
-                                                 " peers is on this machine; start them on their hosts with "
-                                                 "'peertrain peer --rank R'"));
+    throw Error(ErrorKind::kInvalidArgument,
+                str(topology_path.string(), ": none of its ", topology.num_peers(), " peers is on this machine (",
+                    hosts_of(topology),
+                    " name no address of its interfaces); run launch on each of those hosts, "
+                    "or start each peer there with 'peertrain peer --rank R'"));
   std::fprintf(stderr, "launching %zu of %d peers of %s: %s, %d epochs, batch %d per peer → %s\n", local.size(),
                topology.num_peers(), topology.name.c_str(), std::string(to_string(config.algorithm)).c_str(),
                config.epochs, config.batch, out.c_str());

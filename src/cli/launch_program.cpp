@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "options.h"
 #include "peertrain/core/error.h"
+#include "peertrain/net/host.h"
 #include "peertrain/topology/topology.h"
 
 namespace peertrain::cli {
@@ -61,13 +62,6 @@ void flush_lines(Program& p, bool all) {
 
 }  // namespace
 
-bool is_local_host(const std::string& host) {
-  if (host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0" || host.rfind("127.", 0) == 0)
-    return true;
-  char name[256] = {};
-  return gethostname(name, sizeof name - 1) == 0 && host == name;
-}
-
 int launch_program(const std::string& topology_file, const std::string& secret_file,
                    const std::vector<std::string>& command) {
   if (command.empty()) {
@@ -78,7 +72,7 @@ int launch_program(const std::string& topology_file, const std::string& secret_f
   const auto topology = topology::load_topology_file(topology_path.string());
   std::vector<int> local;
   for (const auto& peer : topology.peers)
-    if (is_local_host(peer.host)) local.push_back(peer.id);
+    if (net::names_this_machine(peer.host)) local.push_back(peer.id);
   if (local.empty())
     throw Error(ErrorKind::kInvalidArgument,
                 str(topology_path.string(), ": none of its ", topology.num_peers(), " peers is on this machine"));

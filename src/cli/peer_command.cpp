@@ -13,6 +13,7 @@ namespace peertrain::cli {
 
 int run_peer(int argc, char** argv) {
   cxxopts::Options options("peertrain peer", "Run one peer of a topology (launch starts these for you).");
+  // clang-format off
   options.add_options()
       ("topology", "topology file (YAML)", cxxopts::value<std::string>())
       ("rank", "this peer's id (default: $SLURM_PROCID, $OMPI_COMM_WORLD_RANK or $PMI_RANK)", cxxopts::value<std::string>())
@@ -20,8 +21,9 @@ int run_peer(int argc, char** argv) {
       ("progress", "print machine-readable @progress lines (while this peer coordinates)")
       ("rejoin", "restart a peer the others dropped: it takes a neighbour's current parameters and trains on "
                  "(give the run's other flags unchanged; docs/faults.md)")
-      ("log-level", "debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
+      ("log-level", "debug | info | warn | error | off", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "show this help");
+  // clang-format on
   add_training_options(options);
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;

@@ -295,8 +295,10 @@ int run_plan(int argc, char** argv) {
       "measure-steps", "with --measure: timed steps a run (their median; after one warm-up step)",
       cxxopts::value<std::string>()->default_value("5"))(
       "run", "train with the winner: peertrain launch --topology FILE with its flags (and the model's)")(
-      "topology", "with --run: the topology to launch", cxxopts::value<std::string>())(
-      "max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
+      "topology",
+      "a topology file: without --run, predict a whole run across its peers (see the group below); "
+      "with --run, the topology to launch",
+      cxxopts::value<std::string>())("max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
       "out", "with --run: the run's folder (launch's --out)", cxxopts::value<std::string>());
   options.add_options("across peers (with --topology and without --run)")(
       "algorithm", "dpsgd | allreduce | ps", cxxopts::value<std::string>()->default_value("dpsgd"))(

@@ -306,25 +306,29 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>())("warmup-steps", "steps of linear warm-up for --lr-schedule cosine",
                                      cxxopts::value<std::string>()->default_value("20"))(
       "momentum", "SGD momentum", cxxopts::value<std::string>()->default_value("0.9"))(
-      "weight-decay", "L2 weight decay", cxxopts::value<std::string>()->default_value("0.0001"))(
-      "seed", "seed of the model, the shards and the batches", cxxopts::value<std::string>()->default_value("1"))(
+      "weight-decay", "weight decay: L2 for sgd, decoupled for adam (default: 0.0001 for sgd, 0 for adam)",
+      cxxopts::value<std::string>())("seed", "seed of the model, the shards and the batches",
+                                     cxxopts::value<std::string>()->default_value("1"))(
       "eval-every", "steps between evaluations (0: once per epoch)", cxxopts::value<std::string>()->default_value("0"))(
       "partition", "iid | dirichlet", cxxopts::value<std::string>()->default_value("iid"))(
       "alpha", "Dirichlet concentration for --partition dirichlet",
       cxxopts::value<std::string>()->default_value("0.5"))(
       "data-dir", "Fashion-MNIST IDX files", cxxopts::value<std::string>()->default_value(train::kFashionMnistDir))(
-      "peer-timeout", "seconds any wait for a peer may take", cxxopts::value<std::string>()->default_value("60"))(
-      "connect-timeout", "seconds to wait for every peer to come up",
-      cxxopts::value<std::string>()->default_value("60"))(
+      "peer-timeout",
+      "seconds a wait for a peer may take: a silent gossip neighbour is dropped after at most half "
+      "of it (docs/faults.md), an evaluation round may take up to 4 times it",
+      cxxopts::value<std::string>()->default_value("60"))("connect-timeout",
+                                                          "seconds to wait for every peer to come up",
+                                                          cxxopts::value<std::string>()->default_value("60"))(
       "threads",
       "threads per peer: the mlp's Eigen GEMMs; gpt/vit with --sp 1 "
       "--pp 1: the batch's sequences split over them",
-      cxxopts::value<std::string>()->default_value("1"))(
-      "run-id", "run id all peers share (default: derived from the configuration)",
-      cxxopts::value<std::string>()->default_value("0"))(
+      cxxopts::value<std::string>()->default_value("1"))("run-id",
+                                                         "run id all peers share; 0 derives it from the configuration",
+                                                         cxxopts::value<std::string>()->default_value("0"))(
       "max-staleness",
       "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
-      "(0: synchronous, exact D-PSGD)",
+      "(0: synchronous, exact D-PSGD; at most 1000)",
       cxxopts::value<std::string>()->default_value("0"))(
       "on-split",
       "D-PSGD when lost peers split the graph or a partition may have: continue (each piece "
@@ -334,10 +338,10 @@ void add_training_options(cxxopts::Options& options) {
       "checkpoint-dir", "where peers write checkpoints (default: OUT/checkpoints)", cxxopts::value<std::string>())(
       "resume", "restart every peer from the latest complete set of checkpoints")(
       "mixing-trace",
-      "dpsgd: every peer writes the mixing row it applied, whenever it changes, to "
+      "dpsgd, choco, d2, gt: every peer writes the mixing row it applied, whenever it changes, to "
       "OUT/mixing-peer-R.csv (step,self_weight,peer:weight ...)")(
       "text-dir", "gpt: the fortunes text", cxxopts::value<std::string>()->default_value(train::kFortunesDir))(
-      "eval-windows", "gpt: validation windows of --seq bytes", cxxopts::value<std::string>()->default_value("256"))(
+      "eval-windows", "gpt: validation windows of --seq tokens", cxxopts::value<std::string>()->default_value("256"))(
       "secret-file",
       "a key file every peer shares (32 random bytes as hex or base64); without it nobody can "
       "join or inject frames (make one: peertrain keygen run.key)",
@@ -350,8 +354,9 @@ void add_training_options(cxxopts::Options& options) {
                                                 cxxopts::value<std::string>()->default_value("128"))(
       "layers", "transformer blocks", cxxopts::value<std::string>()->default_value("4"))(
       "heads", "attention heads (must divide --d-model)", cxxopts::value<std::string>()->default_value("4"))(
-      "seq", "gpt: context length in bytes", cxxopts::value<std::string>()->default_value("256"))(
-      "patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)", cxxopts::value<std::string>()->default_value("7"))(
+      "seq", "gpt: context length in tokens (bytes with --tokenizer bytes)",
+      cxxopts::value<std::string>()->default_value("256"))("patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)",
+                                                           cxxopts::value<std::string>()->default_value("7"))(
       "tied-head", "gpt: the LM head reuses the byte embedding")(
       "tokenizer", "gpt: bytes | sentencepiece (a BPE vocabulary trained on the text, kept in OUT/tokenizer)",
       cxxopts::value<std::string>()->default_value("bytes"))(
@@ -378,10 +383,11 @@ void add_training_options(cxxopts::Options& options) {
                                                             "seconds a worker thread waits for another",
                                                             cxxopts::value<std::string>()->default_value("60"))(
       "device",
-      "cpu | cuda: where gpt computes its gradient (default: cuda when the build has CUDA and the run "
-      "is gpt with --pp 1 and a GPU for each --sp rank, else cpu)",
+      "cpu | cuda: where gpt computes its gradient (default: cuda when the build has CUDA, a GPU is "
+      "there for each rank, and the run is gpt with --pp 1, or --pp P with --sp 1 and gpipe, 1f1b or "
+      "eager-1f1b, without --tp, --stage-mesh or --vocab-parallel; else cpu)",
       cxxopts::value<std::string>())(
-      "gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: kernels/NOTES.md)",
+      "gemm-precision", "--device cuda: fp32 | tf32 | bf16 tensor-core GEMMs (tolerances: docs/kernels.md)",
       cxxopts::value<std::string>()->default_value("tf32"));
   add_mesh_options(options, "transformer (gpt, vit)");
 }
@@ -407,8 +413,8 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   c.batch = args.count("batch") ? positive<int>(args, "batch") : c.model == train::ModelKind::kGpt ? 8 : 32;
   if (args.count("lr")) c.sgd.lr = c.adam.lr = positive<float>(args, "lr");
   c.sgd.momentum = positive<float>(args, "momentum", true);
-  c.sgd.weight_decay = positive<float>(args, "weight-decay", true);
-  if (args.count("weight-decay")) c.adam.weight_decay = c.sgd.weight_decay;
+  if (args.count("weight-decay"))
+    c.sgd.weight_decay = c.adam.weight_decay = positive<float>(args, "weight-decay", true);
   if (c.sgd.momentum >= 1) throw UsageError("--momentum must be below 1");
   c.seed = number_flag<std::uint64_t>(args, "seed");
   c.eval_every = positive<long long>(args, "eval-every", true);

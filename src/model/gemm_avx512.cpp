@@ -103,10 +103,10 @@ void transpose_block(const float* src, Index stride, int count, int lanes, float
 }
 
 // The operands come from memory: the activations a layer saved in the forward pass, or
-// the gradient a later one wrote, megabytes back. This host's hardware prefetchers did not
-// keep up with the packing's access patterns (a transposed panel reads 12 columns of 8–32
-// lines each; the row copy 12 floats from every line), so the packing asks for the lines
-// it reads next itself: cold operands packed 1.5–3× faster (Zen 5 VM, session 39).
+// the gradient a later one wrote, megabytes back. Hardware prefetchers need not follow the
+// packing's access patterns (a transposed panel reads 12 columns of 8–32 lines each; the
+// row copy 12 floats from every line), so the packing asks for the lines it reads next
+// itself, which packs cold operands several times faster on hosts whose prefetchers do not.
 constexpr Index kPrefetchRows = 4;     // rows of op(B) ahead, in the row copy
 constexpr Index kPrefetchColumns = 8;  // columns of A ahead, in the panel copy
 

@@ -37,9 +37,9 @@ struct Tiling {
 // The units the ring carries. A (sequence, head) whose keys span several blocks travels a
 // block at a time, one unit each. One whose keys fit a block travels with the next ones,
 // whole heads, up to block_tokens keys a unit: every unit is a rendezvous of each part on
-// every hop, and a unit per head made a step of --sp 2 --pp 2 (12 sequences of 32 tokens a
-// rank, 4 heads) switch threads about 700 times (session 36). Each head still meets its
-// hops in the same order, so its sums are the same to the bit. The heads of a unit are
+// every hop, so a unit per head would make a short sequence's step (--sp 2 --pp 2, 12
+// sequences of 32 tokens a rank, 4 heads) switch threads hundreds of times. Each head still
+// meets its hops in the same order, so its sums are the same to the bit. The heads of a unit are
 // consecutive in K, V, dK and dV ([sequence·head][token][d]), and share their positions.
 struct Units {
   Tiling tiles;

@@ -247,7 +247,10 @@ std::vector<std::vector<PipelineOp>> greedy(const ScheduleShape& s, GreedyKnobs 
 Schedule parse_schedule(std::string_view text, std::string_view flag) {
   for (const Named& n : kNames)
     if (n.name == text) return n.schedule;
-  throw invalid(str(flag, " '", text, "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half or pipedream"));
+  std::string names;
+  for (std::size_t i = 0; i < std::size(kNames); ++i)
+    names += str(i == 0 ? "" : i + 1 == std::size(kNames) ? " or " : ", ", kNames[i].name);
+  throw invalid(str(flag, " '", text, "': expected ", names));
 }
 
 std::string_view to_string(Schedule schedule) {

@@ -240,7 +240,7 @@ Prediction simulate(const model::TransformerConfig& config, const Strategy& stra
   // passes whose thread had slept for its input measured worse: GPipe's forwards, mostly
   // queued, came out 25 % low while 1F1B held, docs/plan.md.) That cost is CPU work, done
   // on a shared core like the pass's own: the switch to the woken thread and the caches
-  // it refills. Charged as a wait that left the cores to others (until session 35), it
+  // it refills. Charged instead as a wait that left the cores to others, it would
   // cost only where a core would otherwise idle, so the fit swung with the calibration's
   // noise, and it charged GPipe's queued forwards, whose cores stay busy, more than
   // 1F1B's (GPipe +12…17 % against 1F1B's −1…+6 % in five runs side by side).
@@ -557,7 +557,7 @@ Contention contention_costs(Profiler& profiler, int workers, const model::Transf
   if (workers <= profiler.machine().cores) return {};
   // Calibrated at the planned model's own shape: the wait for a core at a hand-off grows
   // with the passes the other threads are in, so costs fitted on a smaller model's shorter
-  // passes under-charge a larger one's (docs/plan.md, session 32).
+  // passes under-charge a larger one's (docs/plan.md, Contention).
   model::TransformerConfig c = planned;
   c.layers = std::max(c.layers, workers - 2);                            // a unit per stage at least
   batch = 2 * workers * std::max(1, (batch + workers) / (2 * workers));  // 2W micro-batches

@@ -40,6 +40,8 @@ static_assert(std::endian::native == std::endian::little, "checkpoint encoding a
 
 constexpr char kMagic[8] = {'P', 'T', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr std::size_t kChecksumBytes = sizeof(std::uint64_t);
+// Version 1 had no optimizer_state count: its state was as long as the parameters.
+constexpr std::size_t kVersion1HeaderBytes = 136;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -190,14 +192,12 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
   const std::string path = checkpoint_path(dir, s.peer, s.step);
   if (s.peers < 1 || s.peer >= s.peers)
     throw Error(ErrorKind::kInvalidArgument, str(path, ": cannot write peer ", s.peer, " of ", s.peers, " peers"));
-  if (s.momentum.size() != s.params.size())
-    throw Error(ErrorKind::kInvalidArgument, str(path, ": the momentum has ", s.momentum.size(), " values but there are ",
-                                                 s.params.size(), " parameters"));
   if (s.sampler.epoch < 0 || s.sampler.batches_drawn < 0 || s.loss_count < 0)
     throw Error(ErrorKind::kInvalidArgument, str(path, ": negative sampler epoch ", s.sampler.epoch, ", batches drawn ",
                                                  s.sampler.batches_drawn, " or loss count ", s.loss_count));
 
-  codec::Writer out(kCheckpointHeaderBytes + 2 * s.params.size() * sizeof(float) + kChecksumBytes);
+  codec::Writer out(kCheckpointHeaderBytes + (s.params.size() + s.optimizer_state.size()) * sizeof(float) +
+                    kChecksumBytes);
   out.bytes(std::as_bytes(std::span(kMagic)))
       .u32(kCheckpointVersion)
       .u32(static_cast<std::uint32_t>(kCheckpointHeaderBytes))
@@ -216,10 +216,11 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
       .f64(s.comm_wait_s)
       .u64(s.bytes_sent)
       .u64(s.bytes_received)
-      .u64(static_cast<std::uint64_t>(s.params.size()));
+      .u64(static_cast<std::uint64_t>(s.params.size()))
+      .u64(static_cast<std::uint64_t>(s.optimizer_state.size()));
   PEERTRAIN_CHECK(out.size() == kCheckpointHeaderBytes, "checkpoint header of ", out.size(), " bytes, the format says ",
                   kCheckpointHeaderBytes);
-  out.floats(s.params).floats(s.momentum);
+  out.floats(s.params).floats(s.optimizer_state);
   out.u64(net::checksum_payload(out.view()));
   const std::vector<std::byte> bytes = out.take();
 
@@ -266,11 +267,12 @@ CheckpointState read_checkpoint(const std::string& path) {
   codec::Reader in(header, path);
   in.u64();  // the magic, checked above
   const auto version = in.u32();
-  if (version != kCheckpointVersion)
-    bad_file(path, str("format version ", version, "; this build reads version ", kCheckpointVersion));
+  if (version != 1 && version != kCheckpointVersion)
+    bad_file(path, str("format version ", version, "; this build reads versions 1 and ", kCheckpointVersion));
+  const std::size_t format_header = version == 1 ? kVersion1HeaderBytes : kCheckpointHeaderBytes;
   const auto header_bytes = in.u32();
-  if (header_bytes != kCheckpointHeaderBytes)
-    bad_file(path, str("header of ", header_bytes, " bytes; version ", version, " has ", kCheckpointHeaderBytes));
+  if (header_bytes != format_header)
+    bad_file(path, str("header of ", header_bytes, " bytes; version ", version, " has ", format_header));
   CheckpointState s;
   s.peer = in.u32();
   s.peers = in.u32();
@@ -288,21 +290,20 @@ CheckpointState read_checkpoint(const std::string& path) {
   s.bytes_sent = in.u64();
   s.bytes_received = in.u64();
   const auto parameters = in.u64();
-  PEERTRAIN_CHECK(in.offset() == kCheckpointHeaderBytes, "decoded ", in.offset(), " header bytes of ",
-                  kCheckpointHeaderBytes);
+  const auto state_floats = version == 1 ? parameters : in.u64();
+  PEERTRAIN_CHECK(in.offset() == format_header, "decoded ", in.offset(), " header bytes of ", format_header);
 
   // The sizes the header claims, against the file's length, before allocating anything.
-  const std::uint64_t room = file_size > kCheckpointHeaderBytes + kChecksumBytes
-                                 ? file_size - kCheckpointHeaderBytes - kChecksumBytes
-                                 : 0;
-  if (parameters > room / (2 * sizeof(float)))
-    bad_file(path, str("truncated: the header claims ", parameters, " parameters, which need ",
-                       kCheckpointHeaderBytes, " + 2 x 4 x ", parameters, " + ", kChecksumBytes,
-                       " bytes, but the file has ", file_size));
-  const std::uint64_t expected = kCheckpointHeaderBytes + 2 * sizeof(float) * parameters + kChecksumBytes;
+  const std::uint64_t room =
+      file_size > format_header + kChecksumBytes ? file_size - format_header - kChecksumBytes : 0;
+  if (parameters > room / sizeof(float) || state_floats > room / sizeof(float) - parameters)
+    bad_file(path, str("truncated: the header claims ", parameters, " parameters and ", state_floats,
+                       " optimizer values, which need ", format_header, " + 4 x (", parameters, " + ", state_floats,
+                       ") + ", kChecksumBytes, " bytes, but the file has ", file_size));
+  const std::uint64_t expected = format_header + sizeof(float) * (parameters + state_floats) + kChecksumBytes;
   if (file_size != expected)
-    bad_file(path, str(file_size > expected ? "trailing bytes" : "truncated", ": ", parameters, " parameters need ",
-                       expected, " bytes, but the file has ", file_size));
+    bad_file(path, str(file_size > expected ? "trailing bytes" : "truncated", ": ", parameters, " parameters and ",
+                       state_floats, " optimizer values need ", expected, " bytes, but the file has ", file_size));
 
   std::vector<std::byte> bytes(expected);
   std::memcpy(bytes.data(), header.data(), header.size());
@@ -323,9 +324,9 @@ CheckpointState read_checkpoint(const std::string& path) {
   s.sampler.epoch = static_cast<int>(epoch);
   s.sampler.position = static_cast<std::size_t>(position);
 
-  codec::Reader payload(std::span<const std::byte>(bytes).subspan(kCheckpointHeaderBytes), path);
+  codec::Reader payload(std::span<const std::byte>(bytes).subspan(format_header), path);
   s.params = payload.floats(parameters);
-  s.momentum = payload.floats(parameters);
+  s.optimizer_state = payload.floats(state_floats);
   return s;
 }
 

@@ -173,7 +173,7 @@ void PeerRun::resume(std::uint64_t resume_step) {
   if (saved.peer != static_cast<std::uint32_t>(rank_) || saved.params.size() != size_)
     throw Error(ErrorKind::kParse, str(path, ": belongs to another peer or model"));
   x_ = saved.params;
-  optimizer_->restore_state(saved.momentum);
+  optimizer_->restore_state(saved.optimizer_state);
   task_->restore_sampler(saved.sampler);
   loss_sum_ = saved.loss_sum;
   loss_count_ = saved.loss_count;
@@ -222,7 +222,7 @@ void PeerRun::save(long long done) {
   state.bytes_sent = sent_base_ + counters.bytes_sent - eval_sent_;
   state.bytes_received = received_base_ + counters.bytes_received - eval_received_;
   state.params = x_;
-  state.momentum.assign(optimizer_->state().begin(), optimizer_->state().end());
+  state.optimizer_state.assign(optimizer_->state().begin(), optimizer_->state().end());
   write_checkpoint(config_.checkpoint_dir, state);
   if (membership_->is_coordinator()) prune_checkpoints(config_.checkpoint_dir, n_, 2, match_);
 }

@@ -18,6 +18,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/mlp.h"
+#include "peertrain/net/frame.h"
 #include "peertrain/train/data.h"
 #include "peertrain/train/optimizer.h"
 
@@ -46,9 +47,9 @@ CheckpointState random_state(std::uint32_t peer, std::uint32_t peers, std::uint6
   s.bytes_sent = rng.next_u64() >> 8;
   s.bytes_received = rng.next_u64() >> 8;
   s.params.resize(parameters);
-  s.momentum.resize(parameters);
+  s.optimizer_state.resize(parameters);
   for (auto& v : s.params) v = static_cast<float>(rng.normal());
-  for (auto& v : s.momentum) v = static_cast<float>(rng.normal() * 1e-3);
+  for (auto& v : s.optimizer_state) v = static_cast<float>(rng.normal() * 1e-3);
   return s;
 }
 
@@ -106,7 +107,7 @@ TEST_F(Checkpoints, RoundTripsFreshRandomStatesExactly) {
     const CheckpointState loaded = read_checkpoint(path);
     EXPECT_TRUE(loaded == saved) << parameters << " parameters";
     EXPECT_EQ(loaded.params, saved.params);  // shows the first difference when there is one
-    EXPECT_EQ(loaded.momentum, saved.momentum);
+    EXPECT_EQ(loaded.optimizer_state, saved.optimizer_state);
     EXPECT_EQ(loaded.sampler, saved.sampler);
   }
   for (const auto& entry : fs::directory_iterator(dir_))
@@ -153,7 +154,8 @@ TEST_F(Checkpoints, EachBrokenFileIsRejectedWithItsNameAndWhatWasWrong) {
       {"trailing_byte", longer, "trailing bytes"},
       {"wrong_magic", wrong_magic, "bad magic"},
       {"text", FileBytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '\n'}, "bad magic"},
-      {"version_2", patched(8, 2 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 2"},
+      {"version_3", patched(8, 3 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 3"},
+      {"version_1_header", patched(8, 1 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 1 has 136"},
       {"flipped_parameter", flipped(kCheckpointHeaderBytes + 100), "checksum mismatch"},
       {"flipped_momentum", flipped(bytes.size() - 9), "checksum mismatch"},
       {"flipped_step", flipped(40), "checksum mismatch"},
@@ -162,6 +164,8 @@ TEST_F(Checkpoints, EachBrokenFileIsRejectedWithItsNameAndWhatWasWrong) {
       // by trying to allocate them.
       {"huge_claim", patched(128, std::uint64_t{1} << 60), "truncated"},
       {"claims_one_fewer", patched(128, 500), "trailing bytes"},
+      {"huge_state_claim", patched(136, std::uint64_t{1} << 60), "truncated"},
+      {"state_one_more", patched(136, 502), "truncated"},
   };
   for (const Case& c : cases) {
     const std::string path = dir_ + "/" + c.name + ".ckpt";
@@ -185,11 +189,52 @@ TEST_F(Checkpoints, EachBrokenFileIsRejectedWithItsNameAndWhatWasWrong) {
   EXPECT_NE(std::string(e.what()).find("directory"), std::string::npos) << e.what();
 }
 
+// Adam's state is m, v and its step count: 2N + 1 floats, not N.
+TEST_F(Checkpoints, AnAdamStateRoundTripsAndRestoresTheSameNextStep) {
+  const std::size_t n = 1001;
+  Rng rng(11);
+  std::vector<float> params(n), grads(n);
+  for (auto& v : params) v = static_cast<float>(rng.normal());
+  Adam adam(n, {.lr = 1e-3f});
+  for (int step = 0; step < 3; ++step) {
+    for (auto& g : grads) g = static_cast<float>(rng.normal());
+    adam.step(params, grads);
+  }
+  CheckpointState saved = random_state(1, 2, 3, n, 5);
+  saved.params = params;
+  saved.optimizer_state.assign(adam.state().begin(), adam.state().end());
+  ASSERT_EQ(saved.optimizer_state.size(), 2 * n + 1);
+  const CheckpointState loaded = read_checkpoint(write_checkpoint(dir_, saved));
+  EXPECT_TRUE(loaded == saved);
+  Adam resumed(n, {.lr = 1e-3f});
+  resumed.restore_state(loaded.optimizer_state);
+  std::vector<float> next = params, resumed_next = loaded.params;
+  for (auto& g : grads) g = static_cast<float>(rng.normal());
+  adam.step(next, grads);
+  resumed.step(resumed_next, grads);
+  EXPECT_EQ(next, resumed_next);
+}
+
+// A file of format version 1 (136-byte header, the state as long as the parameters).
+TEST_F(Checkpoints, VersionOneFilesAreStillRead) {
+  const CheckpointState saved = random_state(0, 2, 9, 33, 6);
+  FileBytes v2 = read_bytes(write_checkpoint(dir_, saved));
+  FileBytes v1(v2.begin(), v2.begin() + 136);
+  const std::uint64_t version_and_header = 1 | (std::uint64_t{136} << 32);
+  std::memcpy(v1.data() + 8, &version_and_header, sizeof version_and_header);
+  v1.insert(v1.end(), v2.begin() + kCheckpointHeaderBytes, v2.end() - 8);
+  std::vector<std::byte> body(v1.size());
+  std::memcpy(body.data(), v1.data(), v1.size());
+  const std::uint64_t sum = net::checksum_payload(body);
+  v1.resize(v1.size() + 8);
+  std::memcpy(v1.data() + v1.size() - 8, &sum, sizeof sum);
+  const std::string path = dir_ + "/peer-0-step-9.ckpt";
+  write_bytes(path, v1);
+  EXPECT_TRUE(read_checkpoint(path) == saved);
+}
+
 TEST_F(Checkpoints, StatesThatCouldNotBeReadBackAreRefused) {
-  CheckpointState s = random_state(0, 2, 1, 10, 3);
-  s.momentum.pop_back();
-  EXPECT_THROW(write_checkpoint(dir_, s), Error);
-  s = random_state(2, 2, 1, 10, 3);
+  CheckpointState s = random_state(2, 2, 1, 10, 3);
   EXPECT_THROW(write_checkpoint(dir_, s), Error);
   s = random_state(0, 0, 1, 10, 3);
   EXPECT_THROW(write_checkpoint(dir_, s), Error);
@@ -334,7 +379,7 @@ TEST_F(Checkpoints, AResumedRunFollowsTheSameTrajectory) {
     if (resume) {
       first = resume->step;
       x = resume->params;
-      sgd.restore_momentum(resume->momentum);
+      sgd.restore_momentum(resume->optimizer_state);
       sampler.restore(resume->sampler);
       loss_sum = resume->loss_sum;
       loss_count = resume->loss_count;
@@ -359,7 +404,7 @@ TEST_F(Checkpoints, AResumedRunFollowsTheSameTrajectory) {
         state.loss_sum = loss_sum;
         state.loss_count = loss_count;
         state.params = x;
-        state.momentum.assign(sgd.momentum().begin(), sgd.momentum().end());
+        state.optimizer_state.assign(sgd.momentum().begin(), sgd.momentum().end());
         write_checkpoint(dir_, state);
       }
     }

@@ -82,7 +82,7 @@ struct NetworkPrediction {
 // whose steps are timed, starts each period last (it first sends every peer its release)
 // and so ends it last. Not all of the early peers' tests land in its step, though: a test
 // (7 ms) outlasts what is left of that step, and runs on after it. Measured on the
-// lian2017 runs, 0.34–0.50 of the other n − 1 peers' tests landed (docs/plan.md, session 34).
+// lian2017 runs, 0.34–0.50 of the other n − 1 peers' tests landed (docs/plan.md).
 inline constexpr double kTestsLanding = 0.4;
 struct Evaluation {
   double one_s = 0;     // one peer's test pass

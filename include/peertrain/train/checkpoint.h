@@ -1,17 +1,20 @@
 // Checkpoints of one peer's training state, so that a run stopped at any step can resume
-// on the same trajectory (issue 7). Every peer writes its own file per checkpointed step,
+// on the same trajectory. Every peer writes its own file per checkpointed step,
 // dir/peer-<id>-step-<step>.ckpt; a run resumes from the newest step for which every peer's
 // file is present and valid, because the peers' states at one step only make sense together
 // (D-PSGD mixes them; the step tags every message).
 //
-// File format, version 1, little-endian, 136-byte header:
+// File format, version 2, little-endian, 144-byte header:
 //   magic "PTCKPT01" | version u32 | header_bytes u32 | peer u32 | peers u32 |
 //   fingerprint u64 | run_id u64 | step u64 |
 //   sampler epoch i64 | sampler position u64 | sampler batches_drawn i64 |
 //   loss_sum f64 | loss_count i64 | wall_s f64 | compute_s f64 | comm_wait_s f64 |
-//   bytes_sent u64 | bytes_received u64 | parameters u64
-// then the parameters (f32 × parameters), the momentum (f32 × parameters), and a trailing
-// u64 checksum (net::checksum_payload) of every byte before it.
+//   bytes_sent u64 | bytes_received u64 | parameters u64 | optimizer_state u64
+// then the parameters (f32 × parameters), the optimizer's state (f32 × optimizer_state:
+// SGD's momentum, as long as the parameters; Adam's two moments and its step count), and a
+// trailing u64 checksum (net::checksum_payload) of every byte before it. Version 1 files
+// (a 136-byte header without optimizer_state, the state as long as the parameters) are
+// read too.
 //
 // A file is written to a temporary name in the same directory, fsynced, renamed over its
 // final name and the directory fsynced, so a crash leaves either the whole file or none
@@ -29,8 +32,8 @@
 
 namespace peertrain::train {
 
-inline constexpr std::uint32_t kCheckpointVersion = 1;
-inline constexpr std::size_t kCheckpointHeaderBytes = 136;
+inline constexpr std::uint32_t kCheckpointVersion = 2;
+inline constexpr std::size_t kCheckpointHeaderBytes = 144;
 
 // Everything a peer needs to continue after `step` completed steps.
 struct CheckpointState {
@@ -48,7 +51,7 @@ struct CheckpointState {
   double wall_s = 0, compute_s = 0, comm_wait_s = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::vector<float> params;    // the peer's x
-  std::vector<float> momentum;  // Sgd::momentum(), as long as params
+  std::vector<float> optimizer_state;  // Optimizer::state(): for SGD its momentum, for Adam m, v and t
 
   bool operator==(const CheckpointState&) const = default;
 };
@@ -58,7 +61,7 @@ std::string checkpoint_path(const std::string& dir, std::uint32_t peer, std::uin
 
 // Writes state to checkpoint_path(dir, state.peer, state.step) atomically (see above),
 // creating dir if needed, and returns that path. Throws Error(kInvalidArgument) for a state
-// that could not be read back (peer ≥ peers, momentum not as long as params) and
+// that could not be read back (peer ≥ peers, negative counters) and
 // Error(kIo) naming the file when the disk refuses.
 std::string write_checkpoint(const std::string& dir, const CheckpointState& state);
 

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# Everything one device-machine call checks and measures, in order of importance, each step
-# under its own time limit so that one hang cannot take the rest: the GPU tests
-# (kernels_cuda_test, device_cuda_test with DeviceRingAttention, nccl_group_test, cli.gpu:
-# the ring4 losses --device cuda against --device cpu), compute-sanitizer over the kernel
-# tests, then the figures (kernels_bench: every kernel against the card's bandwidth and
-# attention against the cuBLAS BF16 GEMM rate; the GPT step against PyTorch eager and
-# compiled, and with the optimizer on the host; `profile`, only when named: Nsight Compute's
-# device time per kernel over one step; `profattn`, only when named: the same for each
-# tensor-core attention tiling); `sanitize` runs memcheck over the kernel tests and the
-# device pipeline's, and racecheck over the tensor-core attention's; `pipeline` times the
-# GPT step with --pp 1, 2 and 4 (stages sharing the GPUs round robin) in one run. Runs the programs bench/gpu_pack.sh put in
-# .gpu/ (unpacking .gpupack/gpu.tar.xz first where only that travelled).
-# Logs go to $OUT (or /tmp/gpu-out): session.log holds everything, summary.txt one line per
-# step.
-#   bench/gpu_session.sh [STEP...]      (default: every step)
+# Runs every GPU test and measurement on a machine with an NVIDIA GPU, in order of
+# importance, each step under its own time limit so that one hang cannot take the rest.
+# It builds nothing: it runs the programs bench/gpu_bundle.sh put in .gpu/ (unpacking
+# .gpupack/gpu.tar.xz first where only the archive was copied over).
+# Steps (default: every one but profile and profattn):
+#   kernels   kernels_cuda_test
+#   device    device_cuda_test (the GPT step, DeviceRingAttention, the GPU pipeline)
+#   nccl      nccl_group_test
+#   cli       cli.gpu: the ring4 losses, --device cuda against --device cpu
+#   sanitize  compute-sanitizer: memcheck over the kernel tests and the pipeline tests,
+#             racecheck over the tensor-core attention tests
+#   pipeline  the GPT step with --pp 1, 2 and 4 (stages share the GPUs round robin)
+#   bench     kernels_bench: every kernel against the card's bandwidth, attention against
+#             the cuBLAS BF16 GEMM rate
+#   step      the GPT step against PyTorch eager and compiled, with the optimizer on the
+#             host, and with BF16 GEMMs
+#   profile   Nsight Compute: the device time per kernel over one GPT step (only when named)
+#   profattn  Nsight Compute: each tensor-core attention tiling (only when named)
+# Writes into $OUT (default /tmp/gpu-out): checks.log holds everything, summary.txt one line
+# per step (exit code, milliseconds), ncu.csv the profile; the figures and failures are
+# printed last.
+#   bench/gpu_checks.sh [STEP...]
 set -u
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 gpu=$root/.gpu
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
-log=$out/session.log summary=$out/summary.txt
+log=$out/checks.log summary=$out/summary.txt
 : >"$log"
 : >"$summary"
 steps=("$@")
@@ -31,9 +38,9 @@ for s in "${steps[@]}"; do
       exit 2; }
 done
 [[ -x $gpu/peertrain || ! -f $root/.gpupack/gpu.tar.xz ]] || tar -C "$root" -xJf "$root/.gpupack/gpu.tar.xz"
-[[ -x $gpu/peertrain ]] || { echo "error: $gpu/peertrain is missing: run bench/gpu_pack.sh first" >&2; exit 1; }
+[[ -x $gpu/peertrain ]] || { echo "error: $gpu/peertrain is missing: run bench/gpu_bundle.sh first" >&2; exit 1; }
 
-# The device's own CUDA libraries (cuBLAS, NCCL, the runtime), wherever its image keeps them.
+# This machine's own CUDA libraries (cuBLAS, NCCL, the runtime), wherever its system keeps them.
 cuda_dirs=$(for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1
 done | xargs -r -n1 dirname | sort -u | paste -sd:)
@@ -44,7 +51,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 for p in peertrain kernels_cuda_test device_cuda_test nccl_group_test kernels_bench; do
   ldd "$gpu/$p" | grep 'not found' | sed "s|^|$p: |" | tee -a "$log"
 done
-# Where the device's C library is older than the build's, run through the carried one.
+# Where this machine's C library is older than the build's, run through the copy in .gpu/glibc.
 bin=$gpu
 if ! "$gpu/peertrain" --version >/dev/null 2>>"$log"; then
   bin=/tmp/gpu-wrap
@@ -54,10 +61,11 @@ if ! "$gpu/peertrain" --version >/dev/null 2>>"$log"; then
       "$gpu/glibc:$LD_LIBRARY_PATH" "$gpu/$p" >"$bin/$p"
     chmod +x "$bin/$p"
   done
-  echo "running through the carried C library" | tee -a "$log"
+  echo "running through the C library in .gpu/glibc" | tee -a "$log"
 fi
 "$bin/peertrain" --version 2>&1 | tee -a "$log"
-# The GPT trains on Debian's fortunes by default; the image has none, bench/gpu_pack.sh packed them.
+# The GPT trains on Debian's fortunes by default; where this machine has none, install the
+# copy bench/gpu_bundle.sh packed.
 [[ -d /usr/share/games/fortunes ]] || { mkdir -p /usr/share/games && cp -r "$gpu/fortunes" /usr/share/games/fortunes; }
 
 step() {  # step NAME LIMIT_S COMMAND...: run it, log it, one summary line
@@ -126,6 +134,6 @@ if want profattn && command -v ncu >/dev/null; then
   step stalls 120 ncu --clock-control none --kernel-name regex:'attention_forward_(mma|wgmma)' \
     --metrics "${stalls%,}" "$gpu/kernels_bench" --profile-tilings
 fi
-# The figures and failures, last, where the call's output tail shows them.
+# The figures and failures, last, where the end of the output shows them.
 grep -E '^\[  FAILED|FAIL |vs cpu:|TFLOP/s|GB/s|ms/step|speed-up|peak|ERROR SUMMARY|error:|^rows|^step |^of which' "$log" | head -80
 cat "$summary"
