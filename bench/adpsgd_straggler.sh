@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AD-PSGD against a straggler (issue 18's target): four peers on a ring train the MLP for
+# AD-PSGD against a straggler: four peers on a ring train the MLP for
 # --epochs (batch 128), with no straggler and with peer 1 five times slower (the topology's
 # stragglers: it sleeps 4x each gradient), under AD-PSGD and under D-PSGD, each --seeds
 # times. Prints the other peers' throughput (their steps per second, summed) with the

@@ -4,8 +4,8 @@
 #   compute alone:  --algorithm local, batch 128
 #   exchange alone: --algorithm dpsgd, batch 1 (the gradient costs almost nothing)
 #   D-PSGD:         --algorithm dpsgd, batch 128
-# Targets: D-PSGD step time <= 1.1 x max(compute, exchange) up to 2 Gbit/s (issue 3), <= 1.3 x
-# at 8 Gbit/s and above (issue 23; there both cores are busy with the gradients and the
+# Targets: D-PSGD step time <= 1.1 x max(compute, exchange) up to 2 Gbit/s, <= 1.3 x
+# at 8 Gbit/s and above (there both cores are busy with the gradients and the
 # exchange's copies, docs/algo.md).
 # The peers move their payloads through shared memory, as any two peers on one host do by
 # default (docs/net.md); `off` as the third argument keeps every byte on loopback TCP.

@@ -1,7 +1,7 @@
 // Gossip exchange benchmark: three peers on a ring (two neighbours each), as threads of
 // this process on loopback, exchange a 10 MB parameter vector. Reported: time per
 // exchange and the aggregate loopback traffic of all peers, to set against iperf3 on
-// loopback (bench/gossip_vs_iperf3.sh runs both). Target (issue 3): at least 80% of
+// loopback (bench/gossip_vs_iperf3.sh runs both). Target: at least 80% of
 // iperf3's loopback rate. Two variants: the transport alone, and the D-PSGD exchange with
 // its mix; each over loopback TCP alone (second argument 0, which iperf3 compares with)
 // and with the payloads through shared memory (1, the default for peers on one host).

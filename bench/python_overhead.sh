@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python module's overhead (issue 20's target): one neighbor_allreduce of a 10 MB
+# The Python module's overhead: one neighbor_allreduce of a 10 MB
 # float32 tensor on a ring of 3 peers on loopback, from Python (3 processes under
 # `peertrain launch -- python3`), against the C++ gossip exchange and mix of the same
 # bytes (bench/gossip_bench's BM_GossipExchange: 3 peers on a ring, TCP on loopback), run

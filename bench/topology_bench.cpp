@@ -1,4 +1,4 @@
-// Spectral-gap and topology-file benchmarks (issue 2 targets, on this 2-core machine):
+// Spectral-gap and topology-file benchmarks (targets in docs/performance.md):
 //   100,000-peer random 4-regular and 65,536-peer exponential graphs: < 3 s each for the
 //   whole inspect command (scipy eigsh: ~10 s for the first); dense n = 2,000 for
 //   comparison; a 4,096-peer ring (time and method); parsing and validating a

@@ -73,7 +73,7 @@ def main(out):
     ek.write_csv(os.path.join(out, "curves.csv"), ["label", "step", "consensus_distance", "train_loss"], curves)
 
     tested = [t for t in table if not t["calibration"] and t["xi_predicted"] > 0 and t["xi_measured"] > 0]
-    lines = ["# Consensus distance: measured against the spectrum's prediction (issue 19)", "",
+    lines = ["# Consensus distance: measured against the spectrum's prediction", "",
              f"Command: `{meta.get('command', 'experiments/consensus/run.sh')}` ({meta.get('mode', '?')} mode). "
              f"D-PSGD (cta, local momentum), MLP, iid shards, lr {runs[0]['lr']}, {runs[0]['steps']} steps; Ξ = "
              "(1/n) Σ‖x_i − x̄‖² averaged over the evaluations of the second half.", "",

@@ -23,7 +23,7 @@ def main(out):
     noniid_m0 = [r for r in runs if r["part"] == "noniid-m0"]
     latency = [r for r in runs if r["part"] == "latency"]
     write_tables(out, runs)
-    lines = ["# Compressed gossip, update forms and fair baselines (issue 18)", ""]
+    lines = ["# Compressed gossip, update forms and fair baselines", ""]
     lines.append(f"Command: `{meta.get('command', 'experiments/gossip/run.sh')}` ({meta.get('mode', '?')} mode).")
     lines.append("")
     lines += slow_section(out, slow)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment: the second wave's gossip (issue 18) against its baselines, on one machine.
+# Experiment: compressed and heterogeneity-aware gossip against its baselines, on one machine.
 #  1. slow network: n peers on a ring at 10 Mbit/s per link and per network card; ring and
 #     recursive-doubling all-reduce, D-PSGD, and CHOCO-SGD with several compressors: time
 #     until the training loss reaches a target, x̄'s accuracy, bytes per step;

@@ -95,7 +95,7 @@ def main(out):
 
     pngs = plot(out, alphas, momenta, graphs, forms, accuracy_rows, split_rows)
     peers = runs[0]["peers"]
-    lines = ["# Non-iid data, taken apart: the update form against the spectral gap (issue 19)", "",
+    lines = ["# Non-iid data, taken apart: the update form against the spectral gap", "",
              f"Command: `{meta.get('command', 'experiments/heterogeneity/run.sh')}` ({meta.get('mode', '?')} mode). "
              f"{peers} peers, MLP, Dirichlet shards of α = {', '.join(alpha_label(a) for a in alphas)}; "
              f"graphs {', '.join(graphs)} (spectral gap 1 − max|λ| {', '.join(f'{gaps[g]:.3f}' for g in graphs)}) and "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment: non-iid data, taken apart (issue 19). How much of x̄'s accuracy gap to
+# Experiment: non-iid data, taken apart. How much of x̄'s accuracy gap to
 # all-reduce comes from the update form, and how much from the graph's spectral gap?
 #   Dirichlet α of ∞ (iid), 1, 0.3 and 0.1
 #   × ring, exponential and complete graphs of 16 peers, and all-reduce

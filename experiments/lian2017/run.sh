@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Experiment: Lian et al. 2017 ("Can Decentralized Algorithms Outperform Centralized
-# Algorithms?", NeurIPS) on one machine (issue 6).
+# Algorithms?", NeurIPS) on one machine.
 #
 # D-PSGD on a ring against C-PSGD as a parameter server (--algorithm ps), as ring
 # all-reduce (--algorithm allreduce) and as binomial-tree all-reduce (--allreduce-algo

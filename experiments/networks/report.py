@@ -72,7 +72,7 @@ def main(out):
         r["error"] = r["predicted_s"] / r["measured_s"] - 1
     write_tables(out, runs, sweep, parts, to_target, steps_per_epoch)
 
-    lines = ["# Time to accuracy on swept and uneven networks (issue 19)", "",
+    lines = ["# Time to accuracy on swept and uneven networks", "",
              f"Command: `{meta.get('command', 'experiments/networks/run.sh')}` ({meta.get('mode', '?')} mode). "
              f"{n} peers on a ring (the parameter server and the all-reduces use their own partners), MLP of "
              f"{(size - FRAME_HEADER) / 4:,.0f} parameters ({size:,.0f} bytes a message, its 48-byte header included"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment: time to accuracy on swept and uneven networks (issue 19).
+# Experiment: time to accuracy on swept and uneven networks.
 #  1. accuracy: each algorithm on the fast network (no emulation), 3 seeds, and one worker
 #     alone (n = 1, batch n × 32): the steps until x̄ reaches the target test accuracy. The algorithms are
 #     synchronous, so their iterates do not depend on the network: on any network the time

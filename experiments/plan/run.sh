@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment: the step-time simulator against the engine (issue 17). For a grid of
+# Experiment: the step-time simulator against the engine. For a grid of
 # strategies the engine runs here — sequence, tensor and pipeline parallelism, micro-batch
 # counts, the schedules, a stage-mesh pair — measures the step time with `peertrain bench
 # pipeline` and predicts it with `peertrain plan --strategy` (the same stage boundaries),

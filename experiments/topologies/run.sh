@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment: how the gossip topology changes D-PSGD (issues 6 and 19).
+# Experiment: how the gossip topology changes D-PSGD.
 #
 # The same model and data on n = 16 peers joined as a ring, a 4x4 torus, the exponential
 # graph, the one-peer exponential graph and the complete graph, with ring all-reduce (the

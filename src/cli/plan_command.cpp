@@ -353,8 +353,14 @@ int run_plan(int argc, char** argv) {
       if (args.count("measure")) throw UsageError("--measure is for one peer's strategies, not with --topology");
       if (args.count("profile-rounds"))
         throw UsageError("--profile-rounds is for one peer's strategies, not with --topology");
+      refuse_flags(args,
+                   {"top", "memory-per-worker", "no-contention", "contention", "sequence-split", "workers",
+                    "measure-rounds", "measure-steps"},
+                   "one peer's strategies, not with --topology (without --run)");
+      refuse_flags(args, {"max-steps", "out"}, "plan --run");
       return plan_network(args, model_name, config, batch, format);
     }
+    if (!args.count("run")) refuse_flags(args, {"max-steps", "out"}, "plan --run");
     const int measure = number_flag<int>(args, "measure");
     const plan::MeasureOptions mo{.best = measure,
                                   .rounds = at_least_flag(args, "measure-rounds", 1),

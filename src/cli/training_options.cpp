@@ -427,6 +427,9 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
     throw UsageError("--partition '" + partition + "' is not one of iid, dirichlet");
   }
   c.alpha = positive<double>(args, "alpha");
+  if (c.partition != train::Partition::kDirichlet) refuse_flags(args, {"alpha"}, "--partition dirichlet");
+  if (c.optimizer != train::OptimizerKind::kSgd)
+    refuse_flags(args, {"momentum"}, "--optimizer sgd (Adam keeps its own moments)");
   c.data_dir = args["data-dir"].as<std::string>();
   c.peer_timeout_s = positive<double>(args, "peer-timeout");
   c.connect_timeout_s = positive<double>(args, "connect-timeout");
@@ -452,6 +455,7 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
     throw UsageError(e.what());
   }
   c.warmup_steps = positive<long long>(args, "warmup-steps", true);
+  if (c.lr_schedule != train::LrSchedule::kCosine) refuse_flags(args, {"warmup-steps"}, "--lr-schedule cosine");
   c.max_staleness = positive<int>(args, "max-staleness", true);
   if (c.max_staleness > 1000) throw UsageError("--max-staleness must be at most 1000, got " + std::to_string(c.max_staleness));
   if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)

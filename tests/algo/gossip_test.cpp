@@ -102,7 +102,7 @@ TEST(Gossip, OverLoopbackWithADelayedPeerStillEqualsWToTheK) {
 // has been silent for the deadline (half of --peer-timeout), not at the whole bound: the
 // peer waiting on us waits the whole bound, and must not give up on us first (a ring of 6
 // under load lost a chain of peers to one stall that way). Peer 1 never sends and stalls
-// 1 s into peer 0's wait; peer 0 drops it at about 4 s, where it used to wait all 6 s.
+// 1 s into peer 0's wait; peer 0 drops it at about 4 s, not after the whole 6 s.
 TEST(Gossip, AStallMidWaitIsGivenUpOnAtTheDeadlineNotTheWholeBound) {
   const Topology t = topology_from("graph: {generator: ring, n: 3}");
   constexpr double kTimeout = 6, kStallAfter = 1;

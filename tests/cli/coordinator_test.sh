@@ -29,7 +29,7 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 # Below 32768, where Linux's ephemeral ports begin (ip_local_port_range): an outgoing
 # connection of this or another test can hold a port there and a peer then cannot listen
-# on it (the base was 25000-33999 until session 33, and a run on 32992 failed so).
+# on it (a base reaching 32992 failed so).
 base=$((25000 + ($$ * 16) % 7000))
 {
   echo "name: ring8"

@@ -86,6 +86,8 @@ expect_error "--measure is for one peer's strategies" --topology "$work/pair.yam
 expect_error "--profile-rounds must be at least 1" "${tiny[@]}" --workers 2 --profile-rounds 0
 expect_error "--profile-rounds is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --profile-rounds 3
 expect_error "--eval-every is for plan --topology" "${tiny[@]}" --workers 2 --eval-every 5
+expect_error "--top is for one peer's strategies" --topology "$work/pair.yaml" --model mlp --top 3
+expect_error "--max-steps is for plan --run" "${tiny[@]}" --workers 2 --max-steps 10
 
 echo "plan cli tests: $pass passed, $failures failed"
 exit $((failures > 0))

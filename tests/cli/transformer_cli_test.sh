@@ -185,6 +185,9 @@ expect_error "gpt or vit" --sp 2
 expect_error "--seq is for --model gpt" --seq 64
 expect_error "--hidden is for --model mlp" "${tiny[@]}" --hidden 64
 expect_error "--eval-windows is for --model gpt (a ViT" --model vit --eval-windows 4
+expect_error "--momentum is for --optimizer sgd" "${tiny[@]}" --momentum 0.5
+expect_error "--alpha is for --partition dirichlet" --alpha 0.1
+expect_error "--warmup-steps is for --lr-schedule cosine" --warmup-steps 5
 expect_error "--device 'gpu'" "${tiny[@]}" --device gpu
 expect_error "--device cuda runs --model gpt" --device cuda
 expect_error "--device cuda runs --sp S (one GPU each) or --pp P with --sp 1" "${tiny[@]}" --device cuda --pp 2 \

@@ -1,4 +1,4 @@
-// Authentication of peers that share a secret key file (`--secret-file`, issue 7).
+// Authentication of peers that share a secret key file (`--secret-file`).
 //
 // Threat model. Every peer of a run reads the same secret. A process without it must be
 // unable to (a) complete a handshake, i.e. join the run, or (b) inject, alter, replay,

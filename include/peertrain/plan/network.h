@@ -1,4 +1,4 @@
-// The cost model of a decentralized run over a topology (issue 17, across peers): from each
+// The cost model of a decentralized run over a topology (across peers): from each
 // peer's compute time, the message sizes and every link's latency and bandwidth (the
 // topology file's link emulation), it predicts each peer's time per step under D-PSGD,
 // an all-reduce (ring, tree, recursive doubling) or a parameter server, and where the time goes.
