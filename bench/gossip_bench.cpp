@@ -11,7 +11,7 @@
 #include <functional>
 #include <thread>
 
-#include "../tests/net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "peertrain/algo/gossip.h"
 
 namespace {

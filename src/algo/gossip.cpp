@@ -239,6 +239,20 @@ void Gossip::start(std::uint64_t step, std::span<const float> x) {
                                           net::as_bytes(x.subspan(parts[p].first, parts[p].second))));
 }
 
+bool Gossip::left_out(MixingRow& row, std::vector<char>& home, std::size_t j) const {
+  if (home[j]) return true;
+  if (!is_lost(row.peers[j])) return false;
+  row.keep_home(j);
+  home[j] = 1;
+  return true;
+}
+
+void Gossip::give_up_during_round(MixingRow& row, std::vector<char>& home, std::size_t j, const std::string& why) {
+  give_up_on(row.peers[j], why);
+  row.keep_home(j);
+  home[j] = 1;
+}
+
 void Gossip::give_up_on(int peer, const std::string& why) {
   lost_.push_back(peer);
   newly_lost_.emplace_back(peer, why);
@@ -271,14 +285,8 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     const std::size_t bytes = size * sizeof(float);
     weights.clear();
     for (std::size_t j = 0; j < row.peers.size(); ++j) {
-      if (home[j]) continue;
+      if (left_out(row, home, j)) continue;
       const int peer = row.peers[j];
-      if (is_lost(peer)) {
-        row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
-        row.weights[j] = 0;
-        home[j] = 1;
-        continue;
-      }
       try {
         net::Payload payload = receive_or_give_up(peer, step_, p);
         if (payload.size() != bytes)
@@ -289,10 +297,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
         weights.push_back(row.weights[j]);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-        give_up_on(peer, e.what());
-        row.self_weight += row.weights[j];
-        row.weights[j] = 0;
-        home[j] = 1;
+        give_up_during_round(row, home, j, e.what());
       }
     }
     // This part of x must not change while it is being sent; a send to a peer just lost may fail.
@@ -325,17 +330,11 @@ double Gossip::finish_message(const TakeMessage& take) {
   const auto begin = std::chrono::steady_clock::now();
   newly_lost_.clear();
   MixingRow row = rows_[step_ % rows_.size()];
-  auto stay_home = [&](std::size_t j) {
-    row.self_weight += row.weights[j];
-    row.weights[j] = 0;
-  };
+  std::vector<char> home(row.peers.size(), 0);
   double taking = 0;  // time in take(): the caller's arithmetic, not waiting
   for (std::size_t j = 0; j < row.peers.size(); ++j) {
+    if (left_out(row, home, j)) continue;
     const int peer = row.peers[j];
-    if (is_lost(peer)) {
-      stay_home(j);
-      continue;
-    }
     try {
       net::Payload payload = receive_or_give_up(peer, step_, 0);
       const auto took = std::chrono::steady_clock::now();
@@ -344,8 +343,7 @@ double Gossip::finish_message(const TakeMessage& take) {
       network_.recycle(std::move(payload));
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout && e.kind() != ErrorKind::kParse) throw;
-      give_up_on(peer, e.what());
-      stay_home(j);
+      give_up_during_round(row, home, j, e.what());
     }
   }
   if (!sends_.empty()) wait_sends(sends_[0]);

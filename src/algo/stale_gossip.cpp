@@ -99,14 +99,8 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
     weights.clear();
     inputs.clear();
     for (std::size_t j = 0; j < row.peers.size(); ++j) {
-      if (home[j]) continue;
+      if (left_out(row, home, j)) continue;
       const int peer = row.peers[j];
-      if (is_lost(peer)) {
-        row.self_weight += row.weights[j];  // a lost neighbour's weight stays home
-        row.weights[j] = 0;
-        home[j] = 1;
-        continue;
-      }
       HeldPart& held = freshest_[peer].parts.at(p);
       try {
         auto take = [&](net::Payload payload) {
@@ -127,10 +121,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
         while (held.payload.empty() || held.step < oldest) take(receive_or_give_up(peer, held.next, p));
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
-        give_up_on(peer, e.what());  // forgets what we held of it; no input below points there
-        row.self_weight += row.weights[j];
-        row.weights[j] = 0;
-        home[j] = 1;
+        give_up_during_round(row, home, j, e.what());  // forgets what we held of it; no input points there
         continue;
       }
       weights.push_back(row.weights[j]);

@@ -325,7 +325,8 @@ int step(int argc, char** argv) {
       "schedule", "gpipe | 1f1b | eager-1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | pipedream",
       cxxopts::value<std::string>()->default_value("1f1b"))(
       "device",
-      "gpt: cpu | cuda (the GPU step, parameters and gradients through pinned host memory; with --pp, "
+      "gpt: cpu (the default) | cuda (with --sp 1: the GPU step, parameters and gradients through pinned host memory; "
+      "with --pp, "
       "gpipe, 1f1b or eager-1f1b stages on the GPUs round robin)",
       cxxopts::value<std::string>())("optimizer-on",
                                      "--device cuda: device (Adam beside the model, only its update comes back, as "

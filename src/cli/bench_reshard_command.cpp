@@ -141,10 +141,12 @@ int bench_reshard(int argc, char** argv) {
   cxxopts::Options options("peertrain bench reshard",
                            "Plan cross-mesh resharding (Zhuang et al. 2023) and compare send-recv, broadcast and "
                            "local-allgather on a modelled link: time, busiest link, lower bound");
-  options.add_options()("source", "source mesh, e.g. 2 or 2x2 (with the other case flags: one case)",
+  options.add_options()("source",
+                        "source mesh, e.g. 2 or 2x2; --source, --destination and both layouts together give one "
+                        "case, without them the built-in cases run",
                         cxxopts::value<std::string>())("destination", "destination mesh",
                                                        cxxopts::value<std::string>())(
-      "source-layout", "per tensor dimension R or S<axis>, e.g. S0,R", cxxopts::value<std::string>())(
+      "source-layout", "per tensor dimension R, S<axis> or Z<axis> (zigzag), e.g. S0,R", cxxopts::value<std::string>())(
       "destination-layout", "e.g. R,S0", cxxopts::value<std::string>())(
       "shape", "tensor shape", cxxopts::value<std::string>()->default_value("2048x2048"))(
       "between-gbps",
@@ -152,7 +154,7 @@ int bench_reshard(int argc, char** argv) {
       "stay small next to it)",
       cxxopts::value<std::string>()->default_value("1"))("within-gbps", "link bandwidth inside a mesh, Gb/s",
                                                          cxxopts::value<std::string>()->default_value("10"))(
-      "latency-us", "per message", cxxopts::value<std::string>()->default_value("20"))(
+      "latency-us", "latency per message, microseconds", cxxopts::value<std::string>()->default_value("20"))(
       "plan", "print each strategy's transfers and bytes per worker")(
       "model-only", "only the modelled times: plan, do not carry out")("h,help", "this help");
   cxxopts::ParseResult args;

@@ -80,14 +80,16 @@ int bench_schedule(int argc, char** argv) {
                            "bubble and peak activation memory against the papers' values");
   options.add_options()("pp", "pipeline stages p", cxxopts::value<std::string>()->default_value("4"))(
       "microbatches", "micro-batches m per step", cxxopts::value<std::string>()->default_value("8"))(
-      "schedule", "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, pipedream, or all",
+      "schedule", "gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, pipedream, or all",
       cxxopts::value<std::string>()->default_value("all"))("chunks", "interleaved: chunks per stage v",
                                                            cxxopts::value<std::string>()->default_value("2"))(
       "times", "F,B,W: a stage's forward, input-gradient and weight-gradient times",
       cxxopts::value<std::string>()->default_value("1,1,1"))(
       "timeline", "draw each stage's passes in time (F/B/W forward/input/weight, lower case the second chunk)")(
       "format", "table or json", cxxopts::value<std::string>()->default_value("table"))("h,help", "this help");
-  options.custom_help("[--pp 4] [--microbatches 8] [--schedule all|NAME] [--chunks 2] [--times F,B,W] [--timeline]");
+  options.custom_help(
+      "[--pp 4] [--microbatches 8] [--schedule all|NAME] [--chunks 2] [--times F,B,W] [--timeline] [--format "
+      "table|json]");
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
   try {

@@ -29,7 +29,7 @@ void print_usage() {
       "  plan                predict each split of a peer's workers and pick the fastest that fits\n"
       "  report runs/DIR     one self-contained HTML page of a finished run (the dashboard's view)\n"
       "  keygen FILE         write a new key file for --secret-file\n\n"
-      "Run 'peertrain <command> --help' for a command's options.\n"
+      "Run 'peertrain <command> --help' for a command's options, 'peertrain --version' for the version.\n"
       "build: cuda=%s nccl=%s\n",
       PEERTRAIN_VERSION, PEERTRAIN_HAVE_CUDA ? "yes" : "no", PEERTRAIN_HAVE_NCCL ? "yes" : "no");
 }

@@ -277,8 +277,10 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>())(
       "no-contention",
       "with more workers than cores, do not add the hand-off costs measured on a calibration model to the passes "
-      "(added by default; see docs/plan.md)")("contention", "the default (kept for old command lines)")(
-      "profile-cache", "the profile cache file (default: ~/.cache/peertrain/profile.tsv; 'none': measure anew)",
+      "(added by default; see docs/plan.md)")("contention", "add the hand-off costs (the default)")(
+      "profile-cache",
+      "the profile cache file (default: $XDG_CACHE_HOME/peertrain/profile.tsv, else ~/.cache/peertrain/profile.tsv; "
+      "'none': measure anew)",
       cxxopts::value<std::string>())(
       "profile-rounds",
       "rounds over the unit shapes the cache lacks, each measured once a round (their median kept): more rounds "

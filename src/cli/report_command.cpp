@@ -163,7 +163,8 @@ int run_report(int argc, char** argv) {
   options.add_options()("dir", "the run's --out directory (graph.json, evals.jsonl, summary.json)",
                         cxxopts::value<std::string>())("o,output", "the HTML file (default: DIR/report.html)",
                                                        cxxopts::value<std::string>())(
-      "topology", "the run's topology file, for a run without graph.json (default: DIR/topology.yaml)",
+      "topology",
+      "the run's topology file, drawn in place of DIR/graph.json (default: DIR/graph.json, else DIR/topology.yaml)",
       cxxopts::value<std::string>())("h,help", "show this help");
   options.parse_positional({"dir"});
   options.positional_help("runs/DIR");

@@ -130,7 +130,7 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
       break;
     case train::ModelKind::kVit:
       refuse_flags(args, {"hidden"}, "--model mlp");
-      refuse_flags(args, {"seq", "text-dir", "vocab-size", "eval-windows"},
+      refuse_flags(args, {"seq", "text-dir", "vocab-size", "eval-windows", "tied-head"},
                    "--model gpt (a ViT's tokens are its image's patches)");
       break;
   }
@@ -357,7 +357,7 @@ void add_training_options(cxxopts::Options& options) {
       "seq", "gpt: context length in tokens (bytes with --tokenizer bytes)",
       cxxopts::value<std::string>()->default_value("256"))("patch", "vit: patch side, 7 (16 tokens) or 4 (49 tokens)",
                                                            cxxopts::value<std::string>()->default_value("7"))(
-      "tied-head", "gpt: the LM head reuses the byte embedding")(
+      "tied-head", "gpt: the LM head reuses the token embedding")(
       "tokenizer", "gpt: bytes | sentencepiece (a BPE vocabulary trained on the text, kept in OUT/tokenizer)",
       cxxopts::value<std::string>()->default_value("bytes"))(
       "vocab-size", "gpt --tokenizer sentencepiece: pieces (default 8000)", cxxopts::value<std::string>())(

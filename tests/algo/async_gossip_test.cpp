@@ -12,7 +12,7 @@
 #include <chrono>
 #include <thread>
 
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "gossip_test_data.h"
 #include "peertrain/core/codec.h"
 #include "peertrain/core/rng.h"

@@ -7,7 +7,7 @@
 
 #include <Eigen/Dense>
 
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "gossip_test_data.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/net/loopback.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/net/loopback.h"
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "gossip_test_data.h"
 #include "peertrain/net/faulty.h"
 #include "peertrain/net/loopback.h"

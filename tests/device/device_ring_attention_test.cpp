@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/device/device_ring_attention.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/comm/thread_group.h"

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/device/device_transformer.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/core/error.h"

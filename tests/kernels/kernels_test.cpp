@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "../../src/model/layers.h"
 #include "peertrain/kernels/device.h"
 #include "peertrain/kernels/ops.h"

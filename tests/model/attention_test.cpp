@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "../../src/model/attention_blocks.h"
 #include "peertrain/core/error.h"
 #include "peertrain/model/attention.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "../../src/model/gemm.h"
 #include "transformer_test_util.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "transformer_test_util.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/parameter_store.h"

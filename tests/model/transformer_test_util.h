@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/transformer.h"
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "test_cluster.h"
+#include "test_support/cluster.h"
 
 namespace peertrain::testing {
 

@@ -15,7 +15,7 @@
 #include "../../src/net/shared_ring.h"
 #include "peertrain/net/tcp.h"
 #include "middle_proxy.h"
-#include "test_cluster.h"
+#include "test_support/cluster.h"
 
 namespace peertrain::net {
 namespace {

@@ -19,7 +19,7 @@
 #include "../../src/net/shared_ring.h"
 #include "../topology/test_util.h"
 #include "middle_proxy.h"
-#include "test_cluster.h"
+#include "test_support/cluster.h"
 
 namespace peertrain::net {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"

@@ -4,7 +4,7 @@
 // ≤ 1e-5, on fresh random inputs. Sweeps SP = 1, 2, 3, 4, 8 × causal or not × zigzag or
 // contiguous × online softmax or RSA, with batch and heads > 1, and small blocks so that
 // every rank has several query tiles and travelling units (a partial last one included).
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/parallel/ring_attention.h"
 
 #include <gtest/gtest.h>

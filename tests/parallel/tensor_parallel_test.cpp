@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"

@@ -7,7 +7,7 @@
 // already silences. It is reported where the intrinsics header is read, so this comes first.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include "../normalized_error.h"
+#include "test_support/normalized_error.h"
 #include "peertrain/parallel/vocab_parallel.h"
 
 #include <gtest/gtest.h>

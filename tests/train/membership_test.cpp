@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "peertrain/net/faulty.h"
 #include "peertrain/net/loopback.h"
 

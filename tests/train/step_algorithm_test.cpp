@@ -16,7 +16,7 @@
 #include <mutex>
 
 #include "../../src/train/membership.h"
-#include "../net/test_cluster.h"
+#include "test_support/cluster.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/net/loopback.h"
 

@@ -31,6 +31,13 @@ struct MixingRow {
   std::vector<int> peers;
   std::vector<float> weights;
   float self_weight = 1.0f;
+
+  // Neighbour j is left out of this round (lost before or during it): its weight stays
+  // home, on the diagonal, so the row still sums to 1 and the mix stays an average.
+  void keep_home(std::size_t j) {
+    self_weight += weights[j];
+    weights[j] = 0;
+  }
 };
 
 // Rows for steps 0..period−1; step t uses rows[t % period].
@@ -134,6 +141,11 @@ class Gossip {
 
  private:
   bool is_lost(int peer) const;
+  // Whether neighbour j of `row` is out of this round: moved home in an earlier part
+  // (home[j]), or lost, when its weight moves home now. One rule for every finish().
+  bool left_out(MixingRow& row, std::vector<char>& home, std::size_t j) const;
+  // Neighbour j failed during the round: it is given up on and its weight moves home.
+  void give_up_during_round(MixingRow& row, std::vector<char>& home, std::size_t j, const std::string& why);
   // Waits for each send and clears the list; a send to a peer lost meanwhile may fail.
   static void wait_sends(std::vector<Work>& sends);
   bool sending() const;

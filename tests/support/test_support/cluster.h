@@ -60,8 +60,8 @@ inline void run_peers(int n, const std::function<void(int)>& body) {
 }
 
 // Network options for `rank` of a cluster whose links are the given neighbour lists.
-inline net::TcpOptions options_for(int rank, const std::vector<net::Endpoint>& endpoints,
-                                       std::vector<int> links, std::uint64_t max_payload = 1 << 24) {
+inline net::TcpOptions options_for(int rank, const std::vector<net::Endpoint>& endpoints, std::vector<int> links,
+                                   std::uint64_t max_payload = 1 << 24) {
   net::TcpOptions o;
   o.self = rank;
   o.endpoints = endpoints;
