@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "peertrain/core/allocator.h"
-#include "peertrain/core/json.h"
+#include <nlohmann/json.hpp>
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/parallel/pipeline.h"
@@ -40,6 +40,7 @@ namespace {
 
 using namespace peertrain;
 using namespace peertrain::parallel;
+using Json = nlohmann::ordered_json;
 
 struct Options {
   int d = 128, layers = 8, heads = 4, seq = 256, pp = 4, m = 8, micro = 8, steps = 3;
@@ -171,19 +172,18 @@ int main(int argc, char** argv) {
   }
 
   const double theory = theoretical_bubble(o.pp, o.m);
-  json::Object report;
-  report.add("model", json::Object()
-                          .add("d_model", o.d)
-                          .add("layers", o.layers)
-                          .add("heads", o.heads)
-                          .add("seq", o.seq));
-  report.add("pp", o.pp).add("microbatches", o.m).add("batch", batch);
-  report.add("hardware_threads", static_cast<int>(std::thread::hardware_concurrency()));
-  report.add("stage_sizes", format_stage_sizes(first_units, units));
-  report.add_raw("unit_costs_s", json::array(unit_costs));
-  report.add("profile_stage_balance", balance).add("theoretical_bubble", theory);
-  report.add("serial_step_s", serial_s);
-  std::string schedules = "[";
+  Json report;
+  report["model"] = Json{{"d_model", o.d}, {"layers", o.layers}, {"heads", o.heads}, {"seq", o.seq}};
+  report["pp"] = o.pp;
+  report["microbatches"] = o.m;
+  report["batch"] = batch;
+  report["hardware_threads"] = static_cast<int>(std::thread::hardware_concurrency());
+  report["stage_sizes"] = format_stage_sizes(first_units, units);
+  report["unit_costs_s"] = unit_costs;
+  report["profile_stage_balance"] = balance;
+  report["theoretical_bubble"] = theory;
+  report["serial_step_s"] = serial_s;
+  Json schedules = Json::array();
   bool within_all = true;
   for (const Run& run : runs) {
     const StepStats& st = run.stats;
@@ -191,26 +191,22 @@ int main(int argc, char** argv) {
                 1e3 * run.best_step_s, 1e3 * serial_s, batch * o.seq / run.best_step_s);
     std::printf("  stage units  busy ms  busy cpu ms  wait ms  idle ms  bubble  peak act MiB  in flight"
                 "  (1f1b bound p-s)\n");
-    std::string stages = "[";
+    Json stages = Json::array();
     for (int s = 0; s < o.pp; ++s) {
       const StageStats& x = st.stages[s];
       std::printf("  %5d %5d %8.1f %12.1f %8.1f %8.1f %7.3f %13.2f %10d %18d\n", s, x.units, 1e3 * x.busy_s,
                   1e3 * x.busy_cpu_s, 1e3 * x.wait_s, 1e3 * x.idle_s, x.bubble(),
                   x.peak_activation_bytes / 1048576.0, x.peak_in_flight, std::min(o.pp - s, o.m));
-      if (s) stages += ',';
-      stages += json::Object()
-                      .add("stage", s)
-                      .add("units", x.units)
-                      .add("busy_s", x.busy_s)
-                      .add("busy_cpu_s", x.busy_cpu_s)
-                      .add("wait_s", x.wait_s)
-                      .add("idle_s", x.idle_s)
-                      .add("bubble", x.bubble())
-                      .add("peak_activation_bytes", x.peak_activation_bytes)
-                      .add("peak_in_flight", x.peak_in_flight)
-                      .dump(0);
+      stages.push_back(Json{{"stage", s},
+                            {"units", x.units},
+                            {"busy_s", x.busy_s},
+                            {"busy_cpu_s", x.busy_cpu_s},
+                            {"wait_s", x.wait_s},
+                            {"idle_s", x.idle_s},
+                            {"bubble", x.bubble()},
+                            {"peak_activation_bytes", x.peak_activation_bytes},
+                            {"peak_in_flight", x.peak_in_flight}});
     }
-    stages += "]";
     // Unequal stages leave a bubble even with free communication: with the measured
     // balance b = mean/max of the stages' CPU time, about 1 − (1 − theory)·b.
     double cpu_max = 0, cpu_sum = 0;
@@ -226,22 +222,18 @@ int main(int argc, char** argv) {
                 "(p-1)/(m+p-1) %.3f | with the stages' imbalance (balance %.3f) %.3f -> replayed %s 5 pp of theory\n\n",
                 st.measured_bubble, st.replayed_bubble, theory, run_balance, imbalance_floor,
                 within ? "within" : "NOT within");
-    if (schedules.size() > 1) schedules += ',';
-    schedules += json::Object()
-                       .add("schedule", to_string(run.schedule))
-                       .add("step_s", run.best_step_s)
-                       .add("pipeline_s", st.pipeline_s)
-                       .add("tokens_per_s", batch * o.seq / run.best_step_s)
-                       .add("measured_bubble", st.measured_bubble)
-                       .add("replayed_bubble", st.replayed_bubble)
-                       .add("replayed_within_5pp", within)
-                       .add("stage_cpu_balance", run_balance)
-                       .add("imbalance_bubble", imbalance_floor)
-                       .add_raw("stages", stages)
-                       .dump(0);
+    schedules.push_back(Json{{"schedule", to_string(run.schedule)},
+                             {"step_s", run.best_step_s},
+                             {"pipeline_s", st.pipeline_s},
+                             {"tokens_per_s", batch * o.seq / run.best_step_s},
+                             {"measured_bubble", st.measured_bubble},
+                             {"replayed_bubble", st.replayed_bubble},
+                             {"replayed_within_5pp", within},
+                             {"stage_cpu_balance", run_balance},
+                             {"imbalance_bubble", imbalance_floor},
+                             {"stages", std::move(stages)}});
   }
-  schedules += "]";
-  report.add_raw("schedules", schedules);
+  report["schedules"] = std::move(schedules);
 
   // 1F1B's memory against GPipe's, stage by stage: expected (p − s)/m.
   std::printf("peak activation memory, 1f1b / gpipe:");
@@ -252,10 +244,10 @@ int main(int argc, char** argv) {
     ratios.push_back(ratio);
     std::printf(" stage %d %.3f (bound %d/%d)%s", s, ratio, std::min(o.pp - s, o.m), o.m, s + 1 < o.pp ? "," : "\n");
   }
-  report.add_raw("memory_ratio_1f1b_over_gpipe", json::array(ratios));
-  report.add("replayed_within_5pp", within_all);
+  report["memory_ratio_1f1b_over_gpipe"] = ratios;
+  report["replayed_within_5pp"] = within_all;
 
-  const std::string text = report.dump();
+  const std::string text = report.dump(2);
   std::printf("\n%s\n", text.c_str());
   if (!o.json_path.empty()) std::ofstream(o.json_path) << text << "\n";
   return 0;

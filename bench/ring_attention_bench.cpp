@@ -34,7 +34,7 @@
 
 #include "peertrain/comm/thread_group.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
+#include <nlohmann/json.hpp>
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/ring_attention.h"
 
@@ -42,6 +42,7 @@ namespace {
 
 using namespace peertrain;
 using namespace peertrain::parallel;
+using Json = nlohmann::ordered_json;
 using model::AttentionShape;
 
 struct Options {
@@ -218,21 +219,29 @@ int longest_fitting(const Options& o, int sp, RingMode mode, std::size_t cap) {
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-std::string json_runs(const std::vector<Run>& runs) {
-  std::string out = "[";
+Json json_runs(const std::vector<Run>& runs) {
+  Json out = Json::array();
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
-    json::Object o;
-    o.add("mode", to_string(r.mode)).add("split", to_string(r.split)).add("tokens", r.tokens).add("sp", r.sp);
-    o.add("own_forward_bytes", r.own_forward).add("own_backward_bytes", r.own_backward);
-    o.add("peak_attention_bytes_per_rank", r.total).add("accounting_matches", r.accounting_matches);
-    o.add("wall_forward_s", r.wall_forward_s).add("wall_backward_s", r.wall_backward_s);
-    o.add("cpu_forward_s_max_rank", r.cpu_forward_s).add("cpu_backward_s_max_rank", r.cpu_backward_s);
+    Json o;
+    o["mode"] = to_string(r.mode);
+    o["split"] = to_string(r.split);
+    o["tokens"] = r.tokens;
+    o["sp"] = r.sp;
+    o["own_forward_bytes"] = r.own_forward;
+    o["own_backward_bytes"] = r.own_backward;
+    o["peak_attention_bytes_per_rank"] = r.total;
+    o["accounting_matches"] = r.accounting_matches;
+    o["wall_forward_s"] = r.wall_forward_s;
+    o["wall_backward_s"] = r.wall_backward_s;
+    o["cpu_forward_s_max_rank"] = r.cpu_forward_s;
+    o["cpu_backward_s_max_rank"] = r.cpu_backward_s;
     std::vector<double> work(r.work.begin(), r.work.end());
-    o.add_raw("work_per_rank", json::array(work)).add("work_max_over_mean", r.work_imbalance());
-    out += (i ? ", " : "") + o.dump(0);
+    o["work_per_rank"] = work;
+    o["work_max_over_mean"] = r.work_imbalance();
+    out.push_back(std::move(o));
   }
-  return out + "]";
+  return out;
 }
 
 }  // namespace
@@ -287,15 +296,18 @@ int main(int argc, char** argv) {
       }
     const double ratio = static_cast<double>(fits[1].tokens) / ring_one;
     std::printf("ring SP=%d / SP=1: %.2fx (target >= 3.5)\n", o.cap_sp, ratio);
-    json::Object validation;
+    Json validation;
     if (o.validate) {
       const Run check = run(o, fits[1].tokens, o.cap_sp, RingMode::kOnlineSoftmax, SequenceSplit::kZigzag, true);
       std::printf("run at T=%d, SP=%d: %.3f MiB per rank (cap %.3f), accounting formula %s, wall %.2f s\n",
                   check.tokens, check.sp, mib(check.total), mib(cap),
                   check.accounting_matches ? "matches the run" : "DISAGREES with the run",
                   check.wall_forward_s + check.wall_backward_s);
-      validation.add("tokens", check.tokens).add("sp", check.sp).add("peak_attention_bytes_per_rank", check.total);
-      validation.add("fits_cap", check.total <= cap).add("accounting_matches", check.accounting_matches);
+      validation["tokens"] = check.tokens;
+      validation["sp"] = check.sp;
+      validation["peak_attention_bytes_per_rank"] = check.total;
+      validation["fits_cap"] = check.total <= cap;
+      validation["accounting_matches"] = check.accounting_matches;
     }
 
     // (d): causal balance.
@@ -309,21 +321,26 @@ int main(int argc, char** argv) {
                   balance.back().work_imbalance());
     }
 
-    json::Object report;
-    report.add("tokens", T).add("head_dim", o.head_dim).add("heads", o.heads).add("batch", o.batch);
-    report.add_raw("fixed_tokens", json_runs(fixed));
-    json::Object capped;
-    capped.add("cap_bytes", cap).add("ring_sp1_tokens", ring_one);
-    std::string fit_array = "[";
-    for (std::size_t i = 0; i < fits.size(); ++i) {
-      json::Object f;
-      f.add("mode", to_string(fits[i].mode)).add("sp", fits[i].sp).add("longest_tokens", fits[i].tokens);
-      fit_array += (i ? ", " : "") + f.dump(0);
+    Json report;
+    report["tokens"] = T;
+    report["head_dim"] = o.head_dim;
+    report["heads"] = o.heads;
+    report["batch"] = o.batch;
+    report["fixed_tokens"] = json_runs(fixed);
+    Json capped;
+    capped["cap_bytes"] = cap;
+    capped["ring_sp1_tokens"] = ring_one;
+    Json fit_array = Json::array();
+    for (const auto& fit : fits)
+      fit_array.push_back(Json{{"mode", to_string(fit.mode)}, {"sp", fit.sp}, {"longest_tokens", fit.tokens}});
+    capped["fits"] = std::move(fit_array);
+    capped["ring_ratio"] = ratio;
+    capped["target_ratio"] = 3.5;
+    if (o.validate) {
+      capped["validation"] = validation;
     }
-    capped.add_raw("fits", fit_array + "]").add("ring_ratio", ratio).add("target_ratio", 3.5);
-    if (o.validate) capped.add("validation", validation);
-    report.add("capped_memory", capped);
-    report.add_raw("causal_balance", json_runs(balance));
+    report["capped_memory"] = capped;
+    report["causal_balance"] = json_runs(balance);
     const std::string text = report.dump(2);
     std::printf("\n%s\n", text.c_str());
     if (!o.json_path.empty()) {

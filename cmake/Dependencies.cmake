@@ -6,6 +6,8 @@ find_package(ZLIB REQUIRED)
 find_package(OpenMP REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(OpenSSL REQUIRED)
+# JSON for the run's files and every --format json: nlohmann-json3-dev (headers only).
+find_package(nlohmann_json 3 REQUIRED)
 find_path(SPECTRA_INCLUDE_DIR Spectra/SymEigsSolver.h REQUIRED)
 find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)
 # The subword vocabulary (--tokenizer sentencepiece): libsentencepiece-dev.

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake git pkg-config
   libeigen3-dev libspectra-dev libboost-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libomp-dev libssl-dev
   libsentencepiece-dev
-  nlohmann-json3-dev libsimgrid-dev  # run records (JSON), simulated clusters
+  nlohmann-json3-dev  # the run's files and every --format json
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist fortunes
   gnuplot-nox python3 iperf3  # experiment plots and reports, the loopback baseline

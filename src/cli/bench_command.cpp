@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "model_flags.h"
@@ -23,7 +24,6 @@
 #include "training_options.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/device_model.h"
 #include "peertrain/model/gradient_engine.h"
@@ -35,6 +35,8 @@
 #include "peertrain/train/optimizer.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 constexpr int kGemmSize = 512;
@@ -393,29 +395,36 @@ int step(int argc, char** argv) {
   const double memory_gbps = bench.other_bytes > 0 ? memory_gbytes_per_s() : 0.0;
 
   if (format == "json") {
-    json::Object out;
-    out.add("model", model_name)
-        .add("shape", bench.shape)
-        .add("parameters", bench.parameters)
-        .add("batch", batch)
-        .add("threads", threads)
-        .add("steps", steps)
-        .add("ms_per_step", seconds * 1e3)
-        .add("items_per_s", bench.items / seconds);
-    if (bench.tokens > 0) out.add("tokens_per_s", static_cast<double>(bench.tokens) / seconds);
-    if (bench.peak_device_bytes)
-      out.add("device", bench.device)
-          .add("peak_device_bytes", bench.peak_device_bytes())
-          .add("optimizer_on", bench.optimizer)
-          .add("host_optimizer_ms", optimizer_ms);
-    out.add("flops_per_step", bench.flops)
-        .add("gflops", gflops)
-        .add("eigen_gemm_gflops", gemm_gflops)
-        .add("eigen_gemm_size", kGemmSize);
-    if (peak_gflops > 0) out.add("fma_peak_gflops", peak_gflops);
-    if (bench.other_bytes > 0)
-      out.add("other_bytes_per_step", bench.other_bytes).add("memory_gbytes_per_s", memory_gbps);
-    std::printf("%s\n", out.dump().c_str());
+    Json out;
+    out["model"] = model_name;
+    out["shape"] = bench.shape;
+    out["parameters"] = bench.parameters;
+    out["batch"] = batch;
+    out["threads"] = threads;
+    out["steps"] = steps;
+    out["ms_per_step"] = seconds * 1e3;
+    out["items_per_s"] = bench.items / seconds;
+    if (bench.tokens > 0) {
+      out["tokens_per_s"] = static_cast<double>(bench.tokens) / seconds;
+    }
+    if (bench.peak_device_bytes) {
+      out["device"] = bench.device;
+      out["peak_device_bytes"] = bench.peak_device_bytes();
+      out["optimizer_on"] = bench.optimizer;
+      out["host_optimizer_ms"] = optimizer_ms;
+    }
+    out["flops_per_step"] = bench.flops;
+    out["gflops"] = gflops;
+    out["eigen_gemm_gflops"] = gemm_gflops;
+    out["eigen_gemm_size"] = kGemmSize;
+    if (peak_gflops > 0) {
+      out["fma_peak_gflops"] = peak_gflops;
+    }
+    if (bench.other_bytes > 0) {
+      out["other_bytes_per_step"] = bench.other_bytes;
+      out["memory_gbytes_per_s"] = memory_gbps;
+    }
+    std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
   std::printf("model        %s %s (%zu parameters)\n", model_name.c_str(), bench.shape.c_str(), bench.parameters);

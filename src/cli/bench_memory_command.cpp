@@ -19,16 +19,18 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "options.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/pipeline.h"
 #include "peertrain/parallel/random_batch.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 struct Footprint {
@@ -122,22 +124,24 @@ int bench_memory(int argc, char** argv) {
     const double batch_ratio = ratio(rows[0].max_batch, rows[1].max_batch);
     const double seq_ratio = ratio(rows[0].max_seq, rows[1].max_seq);
     if (format == "json") {
-      json::Object o;
-      o.add("workers", workers)
-          .add("cap_gib", cap / (1ull << 30))
-          .add("d_model", config.d_model)
-          .add("layers", config.layers)
-          .add("heads", config.heads)
-          .add("vocab", config.vocab)
-          .add("seq", seq)
-          .add("batch", batch);
-      for (const Row& r : rows)
-        o.add(str(r.name, "_state_bytes"), r.f.state_bytes)
-            .add(str(r.name, "_activation_bytes_per_token"), r.f.activation_per_token)
-            .add(str(r.name, "_max_batch"), r.max_batch)
-            .add(str(r.name, "_max_seq"), r.max_seq);
-      o.add("batch_ratio", batch_ratio).add("seq_ratio", seq_ratio);
-      std::printf("%s\n", o.dump().c_str());
+      Json o;
+      o["workers"] = workers;
+      o["cap_gib"] = cap / (1ull << 30);
+      o["d_model"] = config.d_model;
+      o["layers"] = config.layers;
+      o["heads"] = config.heads;
+      o["vocab"] = config.vocab;
+      o["seq"] = seq;
+      o["batch"] = batch;
+      for (const Row& r : rows) {
+        o[str(r.name, "_state_bytes")] = r.f.state_bytes;
+        o[str(r.name, "_activation_bytes_per_token")] = r.f.activation_per_token;
+        o[str(r.name, "_max_batch")] = r.max_batch;
+        o[str(r.name, "_max_seq")] = r.max_seq;
+      }
+      o["batch_ratio"] = batch_ratio;
+      o["seq_ratio"] = seq_ratio;
+      std::printf("%s\n", o.dump(2).c_str());
       return 0;
     }
     std::printf("gpt d %d, L %d, H %d, vocab %d; %d workers, %.3g GiB each, Adam (4 copies of the parameters)\n",

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "mesh_options.h"
@@ -14,7 +15,6 @@
 #include "options.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/parallel/partitioner.h"
@@ -22,6 +22,8 @@
 #include "peertrain/parallel/random_batch.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 double max_over_mean(const std::vector<double>& values) {
@@ -112,48 +114,45 @@ int bench_pipeline(int argc, char** argv) {
     // peak_in_flight counts (micro-batch, chunk) pairs; a chunk holds 1/chunks of a stage.
     const double chunks = pipeline.schedule_shape().chunks();
     if (format == "json") {
-      std::vector<std::string> stages;
+      Json stages = Json::array();
       for (std::size_t p = 0; p < stats.stages.size(); ++p) {
         const auto& st = stats.stages[p];
-        json::Object o;
+        Json o;
         const auto& mesh = pipeline.meshes()[p];
-        o.add("stage", static_cast<int>(p))
-            .add("sp", mesh.sp)
-            .add("tp", mesh.tp)
-            .add("units", st.units)
-            .add("parameter_bytes", st.parameter_bytes)
-            .add("compute_s", st.busy_cpu_s)
-            .add("wait_s", st.wait_s)
-            .add("reduce_s", st.reduce_s)
-            .add("peak_microbatches", static_cast<double>(st.peak_in_flight) / chunks)
-            .add("peak_activation_bytes", st.peak_activation_bytes)
-            .add("peak_output_states", st.peak_output_states);
-        stages.push_back(o.dump(0));
+        o["stage"] = static_cast<int>(p);
+        o["sp"] = mesh.sp;
+        o["tp"] = mesh.tp;
+        o["units"] = st.units;
+        o["parameter_bytes"] = st.parameter_bytes;
+        o["compute_s"] = st.busy_cpu_s;
+        o["wait_s"] = st.wait_s;
+        o["reduce_s"] = st.reduce_s;
+        o["peak_microbatches"] = static_cast<double>(st.peak_in_flight) / chunks;
+        o["peak_activation_bytes"] = st.peak_activation_bytes;
+        o["peak_output_states"] = st.peak_output_states;
+        stages.push_back(std::move(o));
       }
-      std::string array = "[";
-      for (std::size_t i = 0; i < stages.size(); ++i) array += (i ? ", " : "") + stages[i];
-      array += "]";
-      json::Object out;
-      out.add("model", model_name)
-          .add("vocab", config.vocab)
-          .add("pp", engine.pp)
-          .add("microbatches", engine.microbatches)
-          .add("schedule", parallel::to_string(engine.schedule))
-          .add("vocab_parallel", parallel::to_string(engine.vocab_parallel))
-          .add("stage_mesh", parallel::to_string(pipeline.meshes()))
-          .add("reshard", parallel::to_string(engine.reshard))
-          .add("link_between_gbps", engine.links ? engine.links->between_bytes_per_s * 8 / 1e9 : 0.0)
-          .add("split", split)
-          .add_raw("stages", array)
-          .add("parameter_bytes_max_over_mean", max_over_mean(param_bytes))
-          .add("compute_max_over_mean", max_over_mean(compute))
-          .add("replayed_bubble", stats.replayed_bubble)
-          .add("theoretical_bubble", stats.theoretical_bubble)
-          .add("step_s", step_s)
-          .add("tokens_per_s", step_tokens / step_s)
-          .add("replayed_step_s", stats.replayed_step_s)
-          .add("replayed_tokens_per_s", step_tokens / stats.replayed_step_s);
-      std::printf("%s\n", out.dump().c_str());
+      Json out;
+      out["model"] = model_name;
+      out["vocab"] = config.vocab;
+      out["pp"] = engine.pp;
+      out["microbatches"] = engine.microbatches;
+      out["schedule"] = parallel::to_string(engine.schedule);
+      out["vocab_parallel"] = parallel::to_string(engine.vocab_parallel);
+      out["stage_mesh"] = parallel::to_string(pipeline.meshes());
+      out["reshard"] = parallel::to_string(engine.reshard);
+      out["link_between_gbps"] = engine.links ? engine.links->between_bytes_per_s * 8 / 1e9 : 0.0;
+      out["split"] = split;
+      out["stages"] = std::move(stages);
+      out["parameter_bytes_max_over_mean"] = max_over_mean(param_bytes);
+      out["compute_max_over_mean"] = max_over_mean(compute);
+      out["replayed_bubble"] = stats.replayed_bubble;
+      out["theoretical_bubble"] = stats.theoretical_bubble;
+      out["step_s"] = step_s;
+      out["tokens_per_s"] = step_tokens / step_s;
+      out["replayed_step_s"] = stats.replayed_step_s;
+      out["replayed_tokens_per_s"] = step_tokens / stats.replayed_step_s;
+      std::printf("%s\n", out.dump(2).c_str());
       return 0;
     }
     std::printf(

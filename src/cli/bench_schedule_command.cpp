@@ -8,14 +8,16 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "options.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/parallel/schedule.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 using parallel::PassKind;
@@ -145,19 +147,19 @@ int bench_schedule(int argc, char** argv) {
       const double theory_peak = parallel::theoretical_peak(shape);
       const double ratio = one_f_one_b > 0 ? result.span_bubble / one_f_one_b : std::nan("");
       if (format == "json") {
-        json::Object o;
-        o.add("schedule", parallel::to_string(schedule))
-            .add("stages", stages)
-            .add("microbatches", microbatches)
-            .add("chunks", shape.chunks())
-            .add("bubble", result.span_bubble)
-            .add("theoretical_bubble", theory)
-            .add("step_bubble", result.bubble)
-            .add("bubble_vs_1f1b", ratio)
-            .add("peak_microbatches", peak)
-            .add("theoretical_peak_microbatches", theory_peak)
-            .add_raw("peak_by_stage", json::array(peaks));
-        rows.push_back(o.dump(0));
+        Json o;
+        o["schedule"] = parallel::to_string(schedule);
+        o["stages"] = stages;
+        o["microbatches"] = microbatches;
+        o["chunks"] = shape.chunks();
+        o["bubble"] = result.span_bubble;
+        o["theoretical_bubble"] = theory;
+        o["step_bubble"] = result.bubble;
+        o["bubble_vs_1f1b"] = ratio;
+        o["peak_microbatches"] = peak;
+        o["theoretical_peak_microbatches"] = theory_peak;
+        o["peak_by_stage"] = peaks;
+        rows.push_back(o.dump());
         continue;
       }
       std::string by_stage;

@@ -19,15 +19,16 @@
 #include <map>
 #include <set>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
 #include "dashboard_server.h"
 #include "options.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/net/auth.h"
 #include "peertrain/net/host.h"
+#include "peertrain/train/run_record.h"
 #include "../train/recorder.h"
 #include "training_options.h"
 
@@ -36,15 +37,23 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
-// The value of "key": in a one-line JSON object (the @progress lines peer 0 prints).
-double field(const std::string& line, const std::string& key, double fallback = NAN) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return fallback;
-  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+// The number under `key` in a one-line JSON object (the @progress and @eval lines), or
+// `fallback` when the line has none.
+double field(const Json& line, const char* key, double fallback = NAN) {
+  const auto it = line.find(key);
+  if (it == line.end()) return fallback;
+  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+  return it->is_number() ? it->get<double>() : fallback;
+}
+
+Json parse_line(const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : Json::object();
 }
 
 struct Child {
@@ -88,13 +97,14 @@ class ProgressLine {
  public:
   explicit ProgressLine(bool tty) : tty_(tty) {}
 
-  void update(const std::string& json) {
+  void update(const std::string& line_text) {
+    const Json json = parse_line(line_text);
     const double step = field(json, "step"), total = field(json, "total_steps"), epoch = field(json, "epoch");
     const double loss = field(json, "loss"), speed = field(json, "items_per_s");
     const double acc = field(json, "avg_accuracy"), consensus = field(json, "consensus_distance");
     // A language model reports validation bits per byte of x̄ where a classifier reports accuracy.
     const double bpb = field(json, "avg_bits_per_byte");
-    const bool text = json.find("\"bits_per_byte\"") != std::string::npos;
+    const bool text = json.value("metric", "") == "bits_per_byte";
     const double shown = text ? bpb : acc;
     char line[256];
     std::snprintf(line, sizeof line, "epoch %.2f | step %.0f/%.0f | loss %.4f | %s %s | consensus %s | %.0f %s/s",
@@ -106,7 +116,7 @@ class ProgressLine {
                     return std::string(b);
                   }().c_str(),
                   speed, text ? "seq" : "img");
-    const bool evaluated = field(json, "evaluated", 0) > 0 || json.find("\"evaluated\":true") != std::string::npos;
+    const bool evaluated = field(json, "evaluated", 0) > 0;
     if (tty_) {
       std::fprintf(stderr, "\r\033[K%s", line);
       if (evaluated) std::fprintf(stderr, "\n");
@@ -126,73 +136,45 @@ class ProgressLine {
 };
 
 void print_summary(const fs::path& out) {
-  std::ifstream in(out / "summary.json");
-  if (!in) {
+  if (!fs::exists(out / "summary.json")) {
     std::printf("(the coordinator ran elsewhere: the summary is on its machine)\n");
     return;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  auto get_string = [&](const std::string& key) {
-    const auto at = s.find("\"" + key + "\": \"");
-    if (at == std::string::npos) return std::string("?");
-    const auto start = at + key.size() + 5;
-    return s.substr(start, s.find('"', start) - start);
-  };
-  const std::string model = get_string("model");
-  std::printf("\n%s · %s · %s · %.0f peers · %.0f steps · %.2f epochs · %.1f s\n", get_string("topology").c_str(),
-              get_string("algorithm").c_str(), model.c_str(), field(s, "peers"), field(s, "steps"), field(s, "epochs"),
-              field(s, "wall_s"));
-  if (model == "gpt") {
-    std::printf("  validation bits/byte   %.4f (x̄)\n", field(s, "val_bits_per_byte"));
-    std::printf("  next-byte accuracy     %.4f (x̄)\n", field(s, "test_accuracy"));
+  const train::RunSummary s = train::read_summary(out / "summary.json");
+  const bool text = s.model == "gpt";
+  std::printf("\n%s · %s · %s · %d peers · %lld steps · %.2f epochs · %.1f s\n", s.topology.c_str(),
+              s.algorithm.c_str(), s.model.c_str(), s.peers, s.steps, s.epochs, s.wall_s);
+  if (text) {
+    std::printf("  validation bits/byte   %.4f (x̄)\n", s.val_bits_per_byte.value_or(NAN));
+    std::printf("  next-byte accuracy     %.4f (x̄)\n", s.test_accuracy);
   } else {
-    std::printf("  test accuracy of x̄    %.4f\n", field(s, "test_accuracy"));
+    std::printf("  test accuracy of x̄    %.4f\n", s.test_accuracy);
   }
-  std::printf("  mean local accuracy    %.4f\n", field(s, "mean_local_accuracy"));
-  std::printf("  consensus distance     %.3e\n", field(s, "consensus_distance"));
-  std::printf("  spectral gap           %.4g\n", field(s, "spectral_gap"));
-  std::printf("  bytes sent per peer    %s\n", human_bytes(field(s, "bytes_sent_per_peer")).c_str());
-  std::printf("  throughput             %.0f %s/s\n", field(s, "items_per_s"), model == "gpt" ? "sequences" : "images");
-  std::printf("  time per peer          %.1f s compute, %.1f s waiting for peers\n", field(s, "mean_compute_s"),
-              field(s, "mean_comm_wait_s"));
-
-  std::ifstream csv(out / "metrics.csv");
-  std::string line;
-  std::map<int, std::vector<std::string>> last;
-  std::getline(csv, line);  // header
-  while (std::getline(csv, line)) {
-    std::vector<std::string> cells;
-    std::stringstream row(line);
-    std::string cell;
-    while (std::getline(row, cell, ',')) cells.push_back(cell);
-    if (cells.size() >= 12) last[std::stoi(cells[2])] = cells;
-  }
+  std::printf("  mean local accuracy    %.4f\n", s.mean_local_accuracy);
+  std::printf("  consensus distance     %.3e\n", s.consensus_distance);
+  std::printf("  spectral gap           %.4g\n", s.spectral_gap);
+  std::printf("  bytes sent per peer    %s\n", human_bytes(s.bytes_sent_per_peer).c_str());
+  std::printf("  throughput             %.0f %s/s\n", s.items_per_s, text ? "sequences" : "images");
+  std::printf("  time per peer          %.1f s compute, %.1f s waiting for peers\n", s.mean_compute_s,
+              s.mean_comm_wait_s);
   // Who coordinated: peer 0, or the survivors that took over from a lost coordinator.
-  for (auto at = s.find("\"takeovers\": ["), p = s.find("{\"peer\":", at); at != std::string::npos &&
-                                                                           p != std::string::npos && p < s.find(']', at);
-       p = s.find("{\"peer\":", p + 1))
-    std::printf("  coordinator            peer %.0f took over from peer %.0f at step %.0f\n", field(s.substr(p), "peer"),
-                field(s.substr(p), "from"), field(s.substr(p), "step"));
+  for (const train::TakeoverRecord& t : s.takeovers)
+    std::printf("  coordinator            peer %d took over from peer %d at step %lld\n", t.peer, t.from, t.step);
+  std::map<int, train::MetricsRow> last;  // each peer's last row
+  for (const train::MetricsRow& row : train::read_metrics(out / "metrics.csv")) last[row.peer] = row;
   long long final_step = 0;
-  for (const auto& [peer, c] : last) final_step = std::max(final_step, std::stoll(c[0]));
+  for (const auto& [peer, row] : last) final_step = std::max(final_step, row.step);
   // AD-PSGD's peers end at steps of their own: the lost ones are those the summary names.
-  const bool async = get_string("algorithm") == "adpsgd";
-  std::set<int> failed;
-  if (const auto at = s.find("\"failed_peers\": ["); at != std::string::npos) {
-    std::stringstream list(s.substr(at + 17, s.find(']', at) - at - 17));
-    for (std::string id; std::getline(list, id, ',');)
-      if (id.find_first_of("0123456789") != std::string::npos) failed.insert(std::stoi(id));
-  }
+  const bool async = s.algorithm == "adpsgd";
+  const std::set<int> failed(s.failed_peers.begin(), s.failed_peers.end());
   std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s%s\n", async ? "  steps" : "");
-  for (const auto& [peer, c] : last)
-    if (async ? failed.count(peer) > 0 : std::stoll(c[0]) < final_step)
-      std::printf("  %4d  lost: its last report was at step %s\n", peer, c[0].c_str());
+  for (const auto& [peer, r] : last)
+    if (async ? failed.count(peer) > 0 : r.step < final_step)
+      std::printf("  %4d  lost: its last report was at step %lld\n", peer, r.step);
     else
-      std::printf("  %4d  %10s  %8s  %-8s  %9s  %6s%s\n", peer, c[3].c_str(), c[4].c_str(),
-                  human_bytes(std::stod(c[7])).c_str(), c[10].c_str(), c[11].c_str(),
-                  async ? str("  ", c[0]).c_str() : "");
+      std::printf("  %4d  %10.9g  %8.4f  %-8s  %9.4f  %6.4f%s\n", peer, r.train_loss, r.test_accuracy,
+                  human_bytes(r.bytes_sent).c_str(), r.compute_s, r.comm_wait_s,
+                  async ? str("  ", r.step).c_str() : "");
   std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
 }
 
@@ -215,16 +197,15 @@ std::unique_ptr<DashboardServer> start_dashboard(const cxxopts::ParseResult& arg
   options.graph_json = train::graph_json(topology);
   std::string flags;
   for (const auto& f : forwarded_training_flags(args)) flags += (flags.empty() ? "" : " ") + f;
-  options.config_json = json::Object()
-                            .add("topology", topology.name)
-                            .add("peers", topology.num_peers())
-                            .add("algorithm", to_string(config.algorithm))
-                            .add("model", to_string(config.model))
-                            .add("epochs", config.epochs)
-                            .add("batch_per_peer", config.batch)
-                            .add("flags", flags)
-                            .add("out", out.string())
-                            .dump(0);
+  options.config_json = Json{
+      {"topology", topology.name},
+      {"peers", topology.num_peers()},
+      {"algorithm", to_string(config.algorithm)},
+      {"model", to_string(config.model)},
+      {"epochs", config.epochs},
+      {"batch_per_peer", config.batch},
+      {"flags", flags},
+      {"out", out.string()}}.dump();
   auto server = std::make_unique<DashboardServer>(std::move(options));
   std::fprintf(stderr, "dashboard: %s\n", server->url().c_str());
   return server;
@@ -400,7 +381,7 @@ int run_launch(int argc, char** argv) {
           progress.update(line.substr(10));
           if (dashboard) dashboard->progress(line.substr(10));
         } else if (line.rfind("@eval ", 0) == 0) {
-          last_eval_step = static_cast<long long>(field(line.substr(6), "step", 0));
+          last_eval_step = static_cast<long long>(field(parse_line(line.substr(6)), "step", 0));
           if (dashboard) dashboard->eval(line.substr(6));
         } else if (!line.empty()) {
           std::printf("[peer %d] %s\n", c.rank, line.c_str());
@@ -418,12 +399,9 @@ int run_launch(int argc, char** argv) {
           if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) && failure.empty()) {
             const std::string what = str("peer ", c.rank, " ", describe_exit(status), ": ", last_error_line(c.log));
             if (dashboard)
-              dashboard->event(json::Object()
-                                   .add("kind", "lost")
-                                   .add("peer", c.rank)
-                                   .add("reason", describe_exit(status))
-                                   .add("after_step", last_eval_step)
-                                   .dump(0));
+              dashboard->event(Json{
+                  {"kind", "lost"}, {"peer", c.rank}, {"reason", describe_exit(status)}, {"after_step", last_eval_step}}
+                                   .dump());
             if (survivable) {
               // D-PSGD drops a lost peer and goes on; a lost coordinator is replaced.
               progress.end();
@@ -460,12 +438,12 @@ int run_launch(int argc, char** argv) {
             --running;
             if (std::find(lost.begin(), lost.end(), c.rank) == lost.end()) lost.push_back(c.rank);
             if (dashboard)
-              dashboard->event(json::Object()
-                                   .add("kind", "lost")
-                                   .add("peer", c.rank)
-                                   .add("reason", "stalled: stopped 20 s after the others finished")
-                                   .add("after_step", last_eval_step)
-                                   .dump(0));
+              dashboard->event(Json{
+                  {"kind", "lost"},
+                  {"peer", c.rank},
+                  {"reason", "stalled: stopped 20 s after the others finished"},
+                  {"after_step",
+                   last_eval_step}}.dump());
           }
       }
     }
@@ -489,11 +467,12 @@ int run_launch(int argc, char** argv) {
       }
     }
     if (!fs::exists(out / "summary.json")) {
-      json::Object summary;
-      summary.add("topology", topology.name).add("algorithm", to_string(config.algorithm));
-      summary.add_raw("failed_peers", failed_peer >= 0 ? json::array(std::vector<int>{failed_peer}) : "[]");
-      summary.add("error", failure);
-      std::ofstream(out / "summary.json") << summary.dump() << "\n";
+      train::RunSummary summary;
+      summary.topology = topology.name;
+      summary.algorithm = to_string(config.algorithm);
+      if (failed_peer >= 0) summary.failed_peers = {failed_peer};
+      summary.error = failure;
+      train::write_summary(out, summary);
     }
     std::fprintf(stderr, "error: %s\n", failure.c_str());
     std::fprintf(stderr, "stopped the other peers; logs are in %s/peer-*.log\n", out.c_str());
@@ -509,13 +488,9 @@ int run_launch(int argc, char** argv) {
   }
   // Peers restarted by hand with --rejoin came back: summary.json's rejoined_peers.
   std::vector<int> back;
-  {
-    const std::string s = read_text(out / "summary.json", "");
-    const auto at = s.find("\"rejoined_peers\": [");
-    const auto end = at == std::string::npos ? at : s.find(']', at);
-    for (auto p = s.find("\"peer\":", at); at != std::string::npos && p < end; p = s.find("\"peer\":", p + 1))
-      back.push_back(std::atoi(s.c_str() + p + 7));
-  }
+  if (fs::exists(out / "summary.json"))
+    for (const train::RejoinRecord& r : train::read_summary(out / "summary.json").rejoined_peers)
+      back.push_back(r.peer);
   if (!back.empty()) {
     std::string list;
     for (int r : back) list += (list.empty() ? "" : ", ") + std::to_string(r);

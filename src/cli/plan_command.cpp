@@ -18,13 +18,13 @@
 #include <vector>
 
 #include <Eigen/Core>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "mesh_options.h"
 #include "model_flags.h"
 #include "options.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/model/mlp.h"
@@ -34,6 +34,8 @@
 #include "peertrain/topology/generators.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 double parse_bytes(const std::string& text, const std::string& flag) {
@@ -217,16 +219,16 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   if (format == "json") {
     std::string out = "[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      json::Object o;
-      o.add("plan", rows[i].name)
-          .add("step_s", rows[i].p.step_s)
-          .add("slowest_peer", rows[i].p.slowest)
-          .add("where", rows[i].p.where)
-          .add("compute_s", compute_s)
-          .add("test_s", test_s)
-          .add("eval_every", static_cast<double>(evaluation.every))
-          .add("parameter_bytes", bytes);
-      out += (i ? ", " : "") + o.dump(0);
+      Json o;
+      o["plan"] = rows[i].name;
+      o["step_s"] = rows[i].p.step_s;
+      o["slowest_peer"] = rows[i].p.slowest;
+      o["where"] = rows[i].p.where;
+      o["compute_s"] = compute_s;
+      o["test_s"] = test_s;
+      o["eval_every"] = static_cast<double>(evaluation.every);
+      o["parameter_bytes"] = bytes;
+      out += (i ? ", " : "") + o.dump();
     }
     std::printf("%s]\n", out.c_str());
     return 0;
@@ -465,25 +467,34 @@ int run_plan(int argc, char** argv) {
       std::string rows = "[";
       for (std::size_t i = 0; i < candidates.size(); ++i) {
         const auto& c = candidates[i];
-        json::Object o;
-        o.add("strategy", c.strategy.describe()).add("feasible", c.prediction.feasible);
-        if (!c.prediction.why_not.empty()) o.add("why_not", c.prediction.why_not);
-        o.add("step_s", c.prediction.step_s)
-            .add("passes_s", c.prediction.passes_s)
-            .add("compute_s", c.prediction.compute_s)
-            .add("bubble", c.prediction.bubble)
-            .add("overhead_s", c.prediction.overhead_s)
-            .add("reduce_s", c.prediction.reduce_s)
-            .add("peak_worker_bytes", c.prediction.peak_bytes())
-            .add("stages", parallel::format_stage_sizes(c.prediction.first_units, config.layers + 2));
-        if (!c.loses_because.empty()) o.add("loses_because", c.loses_because);
-        if (c.measured_s > 0)
-          o.add("measured_s", c.measured_s).add_raw("measured_rounds_s", json::array(c.measured_rounds_s));
-        if (simulate_s > 0) o.add("simulate_s", simulate_s);
+        Json o;
+        o["strategy"] = c.strategy.describe();
+        o["feasible"] = c.prediction.feasible;
+        if (!c.prediction.why_not.empty()) {
+          o["why_not"] = c.prediction.why_not;
+        }
+        o["step_s"] = c.prediction.step_s;
+        o["passes_s"] = c.prediction.passes_s;
+        o["compute_s"] = c.prediction.compute_s;
+        o["bubble"] = c.prediction.bubble;
+        o["overhead_s"] = c.prediction.overhead_s;
+        o["reduce_s"] = c.prediction.reduce_s;
+        o["peak_worker_bytes"] = c.prediction.peak_bytes();
+        o["stages"] = parallel::format_stage_sizes(c.prediction.first_units, config.layers + 2);
+        if (!c.loses_because.empty()) {
+          o["loses_because"] = c.loses_because;
+        }
+        if (c.measured_s > 0) {
+          o["measured_s"] = c.measured_s;
+          o["measured_rounds_s"] = c.measured_rounds_s;
+        }
+        if (simulate_s > 0) {
+          o["simulate_s"] = simulate_s;
+        }
         std::string flags;
         for (const auto& f : c.strategy.flags()) flags += (flags.empty() ? "" : " ") + f;
-        o.add("flags", flags);
-        rows += (i ? ", " : "") + o.dump(0);
+        o["flags"] = flags;
+        rows += (i ? ", " : "") + o.dump();
       }
       std::printf("%s]\n", rows.c_str());
     } else {

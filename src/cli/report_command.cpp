@@ -1,10 +1,11 @@
 // peertrain report runs/DIR [-o FILE]: one self-contained HTML file with the dashboard's
 // view of a finished run (the graph, the curves, the time split, the events), built from
-// the files the coordinator wrote: graph.json, evals.jsonl and summary.json. The page and
-// Chart.js are inlined, so the file opens anywhere with no network.
+// the files the coordinator wrote: graph.json, evals.jsonl and summary.json, each parsed
+// and written again (train/run_record.h) so that nothing in them reaches the page as
+// markup. The page and Chart.js are inlined, so the file opens anywhere with no network.
 //
-// Runs written before evals.jsonl existed are read from metrics.csv instead (everything
-// but each link's bytes), with the graph from the run's topology.yaml or --topology.
+// A run folder without evals.jsonl is read from metrics.csv instead (everything but each
+// link's bytes), with the graph from the run's topology.yaml or --topology.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,7 @@
 #include "options.h"
 #include "../train/recorder.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
+#include "peertrain/train/run_record.h"
 #include "peertrain/topology/topology.h"
 #include "web_assets.h"
 
@@ -35,124 +36,50 @@ std::string read_file(const fs::path& path, const char* what) {
   return text.str();
 }
 
-// evals.jsonl as a JSON array; a line that is not an object (a run cut off mid-write) is
-// named and skipped.
-std::string evals_array(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::kIo, str(path.string(), ": cannot read the evaluations"));
-  std::string out = "[", line;
-  int number = 0, kept = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    if (line.front() != '{' || line.back() != '}') {
-      std::fprintf(stderr, "warning: %s:%d is not a complete evaluation; left out\n", path.c_str(), number);
-      continue;
-    }
-    out += (kept++ ? "," : "") + line;
-  }
-  return out + "]";
-}
-
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> cells;
-  std::stringstream row(line);
-  for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
-  if (!line.empty() && line.back() == ',') cells.emplace_back();
-  return cells;
-}
-
 // metrics.csv as the evaluations of evals.jsonl: one evaluation per block of rows (a block
 // ends where a peer comes again), a peer seen before and missing from a block counted lost.
-std::string evals_from_metrics(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::kIo, str(path.string(), ": cannot read (nor evals.jsonl beside it)"));
-  std::string line;
-  std::getline(in, line);
-  const auto header = split_csv(line);
-  auto column = [&](const char* name, bool required = true) {
-    for (std::size_t i = 0; i < header.size(); ++i)
-      if (header[i] == name) return static_cast<int>(i);
-    if (!required) return -1;
-    throw Error(ErrorKind::kParse, str(path.string(), ":1: no column '", name, "' (is this peertrain's metrics.csv?)"));
-  };
-  const int c_step = column("step"), c_epoch = column("epoch"), c_peer = column("peer"), c_loss = column("train_loss"),
-            c_acc = column("test_accuracy"), c_avg = column("avg_accuracy"), c_cons = column("consensus_distance"),
-            c_sent = column("bytes_sent"), c_recv = column("bytes_received"), c_wall = column("wall_s"),
-            c_compute = column("compute_s"), c_wait = column("comm_wait_s"),
-            c_bpb = column("test_bits_per_byte", false),
-            c_avg_bpb = column("avg_bits_per_byte", false);  // the language model's, since the GPT
-  auto cell = [](const std::vector<std::string>& r, int c) { return c >= 0 ? r[c] : std::string(); };
-  std::vector<std::vector<std::string>> block;
-  std::set<int> seen;
-  std::string out = "[";
-  int number = 1;
+std::vector<train::EvalRecord> evals_from_metrics(const fs::path& path) {
+  std::vector<train::EvalRecord> evals;
+  std::vector<train::MetricsRow> block;
+  std::set<int> seen, in_block;
   auto flush = [&] {
     if (block.empty()) return;
+    train::EvalRecord e;
     std::set<int> here;
-    std::string peers = "[";
-    double loss = 0, wall = 0;
-    for (const auto& r : block) {
-      here.insert(std::stoi(r[c_peer]));
-      json::Object o;
-      o.add("peer", std::stoi(r[c_peer]))
-          .add("step", std::stod(r[c_step]))
-          .add("loss", std::stod(r[c_loss]))
-          .add("acc", std::stod(r[c_acc]))
-          .add("bpb", cell(r, c_bpb).empty() ? 0.0 : std::stod(cell(r, c_bpb)))
-          .add("sent", std::stod(r[c_sent]))
-          .add("recv", std::stod(r[c_recv]))
-          .add("wall", std::stod(r[c_wall]))
-          .add("compute", std::stod(r[c_compute]))
-          .add("wait", std::stod(r[c_wait]));
-      peers += (peers.size() > 1 ? "," : "") + o.dump(0);
-      loss += std::stod(r[c_loss]);
-      wall = std::max(wall, std::stod(r[c_wall]));
+    double loss = 0;
+    for (const train::MetricsRow& r : block) {
+      here.insert(r.peer);
+      e.peers.push_back({r.peer, static_cast<double>(r.step), r.train_loss, r.test_accuracy,
+                         r.test_bits_per_byte.value_or(0), r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s,
+                         r.comm_wait_s});
+      loss += r.train_loss;
+      e.wall_s = std::max(e.wall_s, r.wall_s);
     }
-    std::vector<int> lost;
     for (int p : seen)
-      if (!here.count(p)) lost.push_back(p);
+      if (!here.count(p)) e.lost.push_back(p);
     seen.insert(here.begin(), here.end());
-    const auto& first = block.front();
-    const bool text = !cell(first, c_avg_bpb).empty();
-    json::Object e;
-    e.add("step", static_cast<long long>(std::stod(first[c_step])))
-        .add("epoch", std::stod(first[c_epoch]))
-        .add("wall_s", wall)
-        .add("loss", loss / static_cast<double>(block.size()))
-        .add(text ? "avg_bpb" : "avg_acc", std::stod(text ? cell(first, c_avg_bpb) : first[c_avg]))
-        .add("consensus", std::stod(first[c_cons]))
-        .add("coordinator", 0)
-        .add_raw("lost", json::array(lost))
-        .add_raw("rejoined", "[]")
-        .add_raw("peers", peers + "]")
-        .add_null("links");
-    out += (out.size() > 1 ? "," : "") + e.dump(0);
+    const train::MetricsRow& first = block.front();
+    e.step = first.step;
+    e.epoch = first.epoch;
+    e.loss = loss / static_cast<double>(block.size());
+    if (first.avg_bits_per_byte)
+      e.avg_bpb = first.avg_bits_per_byte;
+    else
+      e.avg_acc = first.avg_accuracy;
+    e.consensus = first.consensus_distance;
+    evals.push_back(std::move(e));
     block.clear();
   };
-  std::set<int> in_block;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    auto cells = split_csv(line);
-    if (cells.size() < header.size())
-      throw Error(ErrorKind::kParse,
-                  str(path.string(), ":", number, ": ", cells.size(), " columns, expected ", header.size()));
-    try {
-      const int peer = std::stoi(cells[c_peer]);
-      if (in_block.count(peer)) {
-        flush();
-        in_block.clear();
-      }
-      in_block.insert(peer);
-    } catch (const std::exception&) {
-      throw Error(ErrorKind::kParse,
-                  str(path.string(), ":", number, ": the peer '", cells[c_peer], "' is not a number"));
+  for (const train::MetricsRow& row : train::read_metrics(path)) {
+    if (in_block.count(row.peer)) {
+      flush();
+      in_block.clear();
     }
-    block.push_back(std::move(cells));
+    in_block.insert(row.peer);
+    block.push_back(row);
   }
   flush();
-  return out + "]";
+  return evals;
 }
 
 }  // namespace
@@ -181,24 +108,32 @@ int run_report(int argc, char** argv) {
     const fs::path topology =
         args.count("topology") ? fs::path(args["topology"].as<std::string>()) : dir / "topology.yaml";
     if (!fs::exists(topology))
-      throw Error(ErrorKind::kIo, str(dir.string(), ": no graph.json (a run of an older peertrain?) and no ",
-                                      topology.string(), "; give the run's topology with --topology FILE"));
+      throw Error(ErrorKind::kIo, str(dir.string(), ": no graph.json and no ", topology.string(),
+                                      "; give the run's topology with --topology FILE"));
     graph = train::graph_json(topology::load_topology_file(topology.string()));
   } else {
     graph = read_file(dir / "graph.json", "the graph");
   }
-  const std::string summary = read_file(dir / "summary.json", "the summary");
-  const std::string evals =
-      fs::exists(dir / "evals.jsonl") ? evals_array(dir / "evals.jsonl") : evals_from_metrics(dir / "metrics.csv");
+  // Every file is parsed and written again before it goes into the page's <script>.
+  graph = train::script_safe_json(graph, (dir / "graph.json").string());
+  const fs::path summary_path = dir / "summary.json";
+  const std::string summary = train::script_safe_json(read_file(summary_path, "the summary"), summary_path.string());
+  const std::vector<train::EvalRecord> records =
+      fs::exists(dir / "evals.jsonl")
+          ? train::read_evals(dir / "evals.jsonl",
+                              [](const std::string& where, const std::string& why) {
+                                std::fprintf(stderr, "warning: %s is not a complete evaluation (%s); left out\n",
+                                             where.c_str(), why.c_str());
+                              })
+          : evals_from_metrics(dir / "metrics.csv");
+  const std::string evals = train::evals_script_array(records);
   const std::string run = "{\"graph\":" + graph + ",\"config\":" + summary + ",\"evals\":" + evals +
                           ",\"events\":[],\"progress\":null,\"summary\":" + summary + "}";
   const fs::path output = args.count("output") ? fs::path(args["output"].as<std::string>()) : dir / "report.html";
   std::ofstream out(output);
   out << dashboard_page_report(run);
   if (!out) throw Error(ErrorKind::kIo, str(output.string(), ": cannot write"));
-  std::size_t count = 0;
-  for (auto at = evals.find("{\"step\":"); at != std::string::npos; at = evals.find("{\"step\":", at + 1)) ++count;
-  std::printf("wrote %s (%zu evaluations; open it in a browser, no network needed)\n", output.c_str(), count);
+  std::printf("wrote %s (%zu evaluations; open it in a browser, no network needed)\n", output.c_str(), records.size());
   return 0;
 }
 

@@ -3,16 +3,18 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "options.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
 #include "peertrain/topology/formats.h"
 #include "peertrain/topology/spectrum.h"
 #include "peertrain/topology/topology.h"
 
 namespace peertrain::cli {
+
+using Json = nlohmann::ordered_json;
 namespace {
 
 using namespace peertrain::topology;
@@ -154,38 +156,38 @@ int inspect(int argc, char** argv) {
                     to_matrix_market(t.mixing, str("W of topology ", t.name, " (", to_string(t.weights), ")")));
 
   if (format == "json") {
-    json::Object out;
-    out.add("name", t.name)
-        .add("file", t.path)
-        .add("peers", t.num_peers())
-        .add("edges", t.graph.num_edges())
-        .add("min_degree", t.graph.min_degree())
-        .add("max_degree", t.graph.max_degree())
-        .add("weights", to_string(t.weights))
-        .add("connected", t.graph.is_connected())
-        .add("doubly_stochastic", true)
-        .add("max_row_sum_error", std::max(check.max_row_error, check.max_column_error))
-        .add("max_asymmetry", check.max_asymmetry)
-        .add("lambda2", s.lambda2)
-        .add("lambda_min", s.lambda_min)
-        .add("spectral_gap", gap)
-        .add("consensus", gap > kNoConsensusGap)
-        .add("contraction_per_step", contraction)
-        .add("solver", s.solver)
-        .add("solver_seconds", s.seconds)
-        .add("load_seconds", load_seconds)
-        .add("time_varying", t.time_varying())
-        .add("fingerprint", hex(t.fingerprint()));
+    Json out;
+    out["name"] = t.name;
+    out["file"] = t.path;
+    out["peers"] = t.num_peers();
+    out["edges"] = t.graph.num_edges();
+    out["min_degree"] = t.graph.min_degree();
+    out["max_degree"] = t.graph.max_degree();
+    out["weights"] = to_string(t.weights);
+    out["connected"] = t.graph.is_connected();
+    out["doubly_stochastic"] = true;
+    out["max_row_sum_error"] = std::max(check.max_row_error, check.max_column_error);
+    out["max_asymmetry"] = check.max_asymmetry;
+    out["lambda2"] = s.lambda2;
+    out["lambda_min"] = s.lambda_min;
+    out["spectral_gap"] = gap;
+    out["consensus"] = gap > kNoConsensusGap;
+    out["contraction_per_step"] = contraction;
+    out["solver"] = s.solver;
+    out["solver_seconds"] = s.seconds;
+    out["load_seconds"] = load_seconds;
+    out["time_varying"] = t.time_varying();
+    out["fingerprint"] = hex(t.fingerprint());
     if (period) {
-      json::Object p;
-      p.add("period", period->period)
-          .add("contraction", period->contraction)
-          .add("spectral_gap", period->spectral_gap)
-          .add("solver", period->solver)
-          .add("step0_spectral_gap", s.spectral_gap);
-      out.add("period", p);
+      Json p;
+      p["period"] = period->period;
+      p["contraction"] = period->contraction;
+      p["spectral_gap"] = period->spectral_gap;
+      p["solver"] = period->solver;
+      p["step0_spectral_gap"] = s.spectral_gap;
+      out["period"] = p;
     }
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
 

@@ -5,16 +5,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "membership.h"
 #include "peertrain/core/codec.h"
 #include "peertrain/core/error.h"
-#include "peertrain/core/json.h"
+#include "peertrain/train/run_record.h"
 #include "peertrain/topology/layout.h"
 #include "peertrain/topology/spectrum.h"
 
 namespace peertrain::train {
+
+using Json = nlohmann::ordered_json;
 
 std::vector<std::byte> encode_report(const Report& r, std::span<const double> sent_to, std::span<const float> x) {
   codec::Writer w;
@@ -67,43 +70,34 @@ double consensus_distance(const std::vector<std::span<const float>>& xs, std::ve
 std::string graph_json(const topology::Topology& t) {
   const auto places = topology::spectral_layout(t);
   const auto spectrum = topology::analyze_spectrum(t.mixing, t.graph);
-  std::string peers = "[", links = "[";
-  for (int i = 0; i < t.num_peers(); ++i) {
-    json::Object p;
-    p.add("id", i)
-        .add("x", places[static_cast<std::size_t>(i)][0])
-        .add("y", places[static_cast<std::size_t>(i)][1])
-        .add("host", t.peers[static_cast<std::size_t>(i)].host)
-        .add("self_weight", t.mixing.coeff(i, i))
-        .add("slowdown", t.compute_slowdown(i));
-    peers += i ? "," : "";  // two appends: GCC 12 warns (-Wrestrict) on "," + a temporary
-    peers += p.dump(0);
-  }
-  bool first = true;
+  Json peers = Json::array(), links = Json::array();
+  for (int i = 0; i < t.num_peers(); ++i)
+    peers.push_back(Json{{"id", i},
+                         {"x", places[static_cast<std::size_t>(i)][0]},
+                         {"y", places[static_cast<std::size_t>(i)][1]},
+                         {"host", t.peers[static_cast<std::size_t>(i)].host},
+                         {"self_weight", t.mixing.coeff(i, i)},
+                         {"slowdown", t.compute_slowdown(i)}});
   for (const auto& e : t.graph.edges()) {
     const topology::LinkProperties link = t.link(e.u, e.v);
-    json::Object l;
-    l.add("a", e.u)
-        .add("b", e.v)
-        .add("w", t.mixing.coeff(e.u, e.v))
-        .add("latency_ms", link.latency_ms)
-        .add("bandwidth_mbps", link.bandwidth_mbps);
-    links += first ? "" : ",";
-    links += l.dump(0);
-    first = false;
+    links.push_back(Json{{"a", e.u},
+                         {"b", e.v},
+                         {"w", t.mixing.coeff(e.u, e.v)},
+                         {"latency_ms", link.latency_ms},
+                         {"bandwidth_mbps", link.bandwidth_mbps}});
   }
-  json::Object o;
-  o.add("name", t.name)
-      .add("peers_count", t.num_peers())
-      .add("time_varying", t.time_varying())
-      .add("spectral_gap", spectrum.spectral_gap)
-      .add("lambda2", spectrum.lambda2)
-      .add("lambda_min", spectrum.lambda_min)
-      .add("contraction_per_step", spectrum.contraction_per_step())
-      .add("node_bandwidth_mbps", t.node_bandwidth_mbps)
-      .add_raw("peers", peers + "]")
-      .add_raw("links", links + "]");
-  return o.dump(0);
+  Json o;
+  o["name"] = t.name;
+  o["peers_count"] = t.num_peers();
+  o["time_varying"] = t.time_varying();
+  o["spectral_gap"] = spectrum.spectral_gap;
+  o["lambda2"] = spectrum.lambda2;
+  o["lambda_min"] = spectrum.lambda_min;
+  o["contraction_per_step"] = spectrum.contraction_per_step();
+  o["node_bandwidth_mbps"] = t.node_bandwidth_mbps;
+  o["peers"] = std::move(peers);
+  o["links"] = std::move(links);
+  return o.dump();
 }
 
 Recorder::Recorder(const TrainConfig& config, const topology::Topology& topology, double spectral_gap,
@@ -139,9 +133,7 @@ Recorder::Recorder(const TrainConfig& config, const topology::Topology& topology
   if (!evals_) throw Error(ErrorKind::kIo, str(evals_path.string(), ": cannot write"));
   evals_ << kept_evals;
   std::ofstream(std::filesystem::path(config.out_dir) / "graph.json") << graph_json(topology) << "\n";
-  csv_ << "step,epoch,peer,train_loss,test_accuracy,avg_accuracy,consensus_distance,bytes_sent,bytes_received,"
-          "wall_s,compute_s,comm_wait_s,test_bits_per_byte,avg_bits_per_byte\n"
-       << kept;
+  csv_ << metrics_header() << "\n" << kept;
 }
 
 void Recorder::record(const std::vector<Report>& reports, const std::vector<std::vector<double>>& sent_to,
@@ -151,20 +143,28 @@ void Recorder::record(const std::vector<Report>& reports, const std::vector<std:
   avg_bits_per_byte_ = avg_bits_per_byte;
   consensus_ = consensus;
   if (csv_) {
-    char line[512];
     for (std::size_t peer = 0; peer < reports.size(); ++peer) {
       const Report& r = reports[peer];
       if (r.step == 0) continue;  // lost: no row
-      // Bits per byte only for a language model; the classifiers leave the columns empty.
-      char bpb[64] = "";
-      if (language_model_)
-        std::snprintf(bpb, sizeof bpb, "%.5f,%.5f", r.test_bits_per_byte, avg_bits_per_byte);
-      else
-        std::snprintf(bpb, sizeof bpb, ",");
-      std::snprintf(line, sizeof line, "%lld,%.4f,%zu,%.9g,%.4f,%.4f,%.6g,%.0f,%.0f,%.4f,%.4f,%.4f,%s\n",
-                    static_cast<long long>(r.step), r.epoch, peer, r.train_loss, r.test_accuracy, avg_accuracy,
-                    consensus, r.bytes_sent, r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s, bpb);
-      csv_ << line;
+      MetricsRow row{.step = static_cast<long long>(r.step),
+                     .epoch = r.epoch,
+                     .peer = static_cast<int>(peer),
+                     .train_loss = r.train_loss,
+                     .test_accuracy = r.test_accuracy,
+                     .avg_accuracy = avg_accuracy,
+                     .consensus_distance = consensus,
+                     .bytes_sent = r.bytes_sent,
+                     .bytes_received = r.bytes_received,
+                     .wall_s = r.wall_s,
+                     .compute_s = r.compute_s,
+                     .comm_wait_s = r.comm_wait_s,
+                     .test_bits_per_byte = std::nullopt,
+                     .avg_bits_per_byte = std::nullopt};
+      if (language_model_) {
+        row.test_bits_per_byte = r.test_bits_per_byte;
+        row.avg_bits_per_byte = avg_bits_per_byte;
+      }
+      csv_ << metrics_line(row) << "\n";
     }
     csv_.flush();
   }
@@ -178,17 +178,20 @@ void Recorder::record(const std::vector<Report>& reports, const std::vector<std:
 
 void Recorder::progress(double step, double epoch, double loss, double wall_s, bool evaluated) {
   if (!config_.progress) return;
-  json::Object o;
-  o.add("step", static_cast<long long>(step))
-      .add("total_steps", total_steps_)
-      .add("epoch", epoch)
-      .add("loss", loss)
-      .add("items_per_s", wall_s > 0 ? step * config_.batch * topology_.num_peers() / wall_s : 0.0)
-      .add("evaluated", evaluated)
-      .add("metric", language_model_ ? "bits_per_byte" : "accuracy");
-  if (!last_.empty()) o.add("avg_accuracy", avg_accuracy_).add("consensus_distance", consensus_);
-  if (!last_.empty() && language_model_) o.add("avg_bits_per_byte", avg_bits_per_byte_);
-  std::printf("@progress %s\n", o.dump(0).c_str());
+  Json o;
+  o["step"] = static_cast<long long>(step);
+  o["total_steps"] = total_steps_;
+  o["epoch"] = epoch;
+  o["loss"] = loss;
+  o["items_per_s"] = wall_s > 0 ? step * config_.batch * topology_.num_peers() / wall_s : 0.0;
+  o["evaluated"] = evaluated;
+  o["metric"] = language_model_ ? "bits_per_byte" : "accuracy";
+  if (!last_.empty()) {
+    o["avg_accuracy"] = avg_accuracy_;
+    o["consensus_distance"] = consensus_;
+  }
+  if (!last_.empty() && language_model_) o["avg_bits_per_byte"] = avg_bits_per_byte_;
+  std::printf("@progress %s\n", o.dump().c_str());
   std::fflush(stdout);
 }
 
@@ -208,125 +211,92 @@ void Recorder::finish(const Membership& membership, int coordinator) {
     wait += r.comm_wait_s;
   }
   const double n = std::max(alive, 1.0);
-  const std::vector<int>& failed = membership.lost();
-  std::string details = "[";
-  std::string moved = "[";
-  for (const Takeover& t : membership.takeovers()) {
-    json::Object one;
-    one.add("peer", t.peer).add("step", static_cast<long long>(t.step)).add("from", t.from);
-    moved += (moved.size() > 1 ? ", " : "") + one.dump(0);
-  }
-  moved += "]";
-  std::string back = "[";
-  for (const Rejoin& r : rejoins) {
-    json::Object one;
-    one.add("peer", r.peer).add("step", static_cast<long long>(r.step)).add("donor", r.donor);
-    back += (back.size() > 1 ? ", " : "") + one.dump(0);
-  }
-  back += "]";
-  for (const Failure& f : failures) {
-    json::Object one;
-    one.add("peer", f.peer).add("step", static_cast<long long>(f.step)).add("reason", f.reason);
-    details += (details.size() > 1 ? ", " : "") + one.dump(0);
-  }
-  details += "]";
   // AD-PSGD's peers end at steps of their own: count each one's.
   double items = last_[self_].step * config_.batch * n;
   if (config_.algorithm == Algorithm::kAdpsgd) {
     items = 0;
     for (const Report& r : last_) items += r.step * config_.batch;
   }
-  json::Object o;
-  o.add("topology", topology_.name)
-      .add("algorithm", to_string(config_.algorithm))
-      .add("model", to_string(config_.model))
-      .add("peers", topology_.num_peers())
-      .add("steps", static_cast<long long>(last_[self_].step))
-      .add("epochs", last_[self_].epoch)
-      .add("batch_per_peer", config_.batch)
-      .add("test_accuracy", avg_accuracy_)
-      .add("mean_local_accuracy", local / n)
-      .add("consensus_distance", consensus_)
-      .add("final_train_loss", mean_loss())
-      .add("wall_s", wall)
-      .add("mean_compute_s", compute / n)
-      .add("mean_comm_wait_s", wait / n)
-      .add("bytes_sent_per_peer", sent / n)
-      .add("survivors", static_cast<long long>(alive))
-      .add("items_per_s", wall > 0 ? items / wall : 0.0)
-      .add("spectral_gap", spectral_gap_);
-  if (language_model_) o.add("val_bits_per_byte", avg_bits_per_byte_);
+  RunSummary s;
+  s.topology = topology_.name;
+  s.algorithm = to_string(config_.algorithm);
+  s.model = to_string(config_.model);
+  s.peers = topology_.num_peers();
+  s.steps = static_cast<long long>(last_[self_].step);
+  s.epochs = last_[self_].epoch;
+  s.batch_per_peer = config_.batch;
+  s.test_accuracy = avg_accuracy_;
+  s.mean_local_accuracy = local / n;
+  s.consensus_distance = consensus_;
+  s.final_train_loss = mean_loss();
+  s.wall_s = wall;
+  s.mean_compute_s = compute / n;
+  s.mean_comm_wait_s = wait / n;
+  s.bytes_sent_per_peer = sent / n;
+  s.survivors = static_cast<long long>(alive);
+  s.items_per_s = wall > 0 ? items / wall : 0.0;
+  s.spectral_gap = spectral_gap_;
+  if (language_model_) s.val_bits_per_byte = avg_bits_per_byte_;
   if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kChoco)
-    o.add("update", config_.update == UpdateForm::kAtc ? "atc" : "cta");
+    s.update = config_.update == UpdateForm::kAtc ? "atc" : "cta";
   if (config_.algorithm == Algorithm::kDpsgd || config_.algorithm == Algorithm::kGt)
-    o.add("momentum_form", config_.momentum_form == MomentumForm::kQuasiGlobal ? "quasi-global" : "local");
-  if (config_.algorithm == Algorithm::kChoco)
-    o.add("compression", config_.compression.describe()).add("gossip_step", config_.choco_gamma());
+    s.momentum_form = config_.momentum_form == MomentumForm::kQuasiGlobal ? "quasi-global" : "local";
+  if (config_.algorithm == Algorithm::kChoco) {
+    s.compression = config_.compression.describe();
+    s.gossip_step = config_.choco_gamma();
+  }
   if (config_.algorithm == Algorithm::kAllreduce)
-    o.add("allreduce_algo", std::string(algo::to_string(config_.allreduce_algo)));
+    s.allreduce_algo = std::string(algo::to_string(config_.allreduce_algo));
   if (config_.model != ModelKind::kMlp)
-    o.add("sp", config_.engine.sp)
-        .add("tp", config_.engine.tp)
-        .add("pp", config_.engine.pp)
-        .add("stage_mesh", parallel::to_string(config_.engine.stage_meshes))
-        .add("reshard", std::string(parallel::to_string(config_.engine.reshard)))
-        .add("microbatches", config_.engine.microbatches);
-  o.add_raw("failed_peers", json::array(failed))
-      .add_raw("failures", details)
-      .add_raw("rejoined_peers", back)
-      .add("coordinator", coordinator)
-      .add_raw("takeovers", moved);
-  std::ofstream out(std::filesystem::path(config_.out_dir) / "summary.json");
-  out << o.dump() << "\n";
-  if (!out) throw Error(ErrorKind::kIo, str(config_.out_dir, "/summary.json: cannot write"));
+    s.layout = LayoutRecord{config_.engine.sp,
+                            config_.engine.tp,
+                            config_.engine.pp,
+                            parallel::to_string(config_.engine.stage_meshes),
+                            std::string(parallel::to_string(config_.engine.reshard)),
+                            config_.engine.microbatches};
+  s.failed_peers = membership.lost();
+  for (const Failure& f : failures) s.failures.push_back({f.peer, static_cast<long long>(f.step), f.reason});
+  for (const Rejoin& r : rejoins) s.rejoined_peers.push_back({r.peer, static_cast<long long>(r.step), r.donor});
+  s.coordinator = coordinator;
+  for (const Takeover& t : membership.takeovers())
+    s.takeovers.push_back({t.peer, static_cast<long long>(t.step), t.from});
+  write_summary(config_.out_dir, s);
 }
 
 // Keys are short: a long run keeps every evaluation in the page.
 std::string Recorder::eval_json(const std::vector<Report>& reports, const std::vector<std::vector<double>>& sent_to,
                                 const Membership& membership) const {
-  std::string peers = "[";
+  EvalRecord e;
   for (std::size_t p = 0; p < reports.size(); ++p) {
     const Report& r = reports[p];
     if (r.step == 0) continue;
-    json::Object o;
-    o.add("peer", p)
-        .add("step", r.step)
-        .add("loss", r.train_loss)
-        .add("acc", r.test_accuracy)
-        .add("bpb", r.test_bits_per_byte)
-        .add("sent", r.bytes_sent)
-        .add("recv", r.bytes_received)
-        .add("wall", r.wall_s)
-        .add("compute", r.compute_s)
-        .add("wait", r.comm_wait_s);
-    peers += peers.size() > 1 ? "," : "";
-    peers += o.dump(0);
+    e.peers.push_back({static_cast<int>(p), r.step, r.train_loss, r.test_accuracy, r.test_bits_per_byte, r.bytes_sent,
+                       r.bytes_received, r.wall_s, r.compute_s, r.comm_wait_s});
   }
   // Each graph edge's bytes so far, both directions summed (every frame on it, the
   // evaluation reports included).
   std::vector<double> links;
-  for (const auto& e : topology_.graph.edges()) {
+  for (const auto& edge : topology_.graph.edges()) {
     double bytes = 0;
-    const auto a = static_cast<std::size_t>(e.u), b = static_cast<std::size_t>(e.v);
+    const auto a = static_cast<std::size_t>(edge.u), b = static_cast<std::size_t>(edge.v);
     if (a < sent_to.size() && b < sent_to[a].size()) bytes += sent_to[a][b];
     if (b < sent_to.size() && a < sent_to[b].size()) bytes += sent_to[b][a];
     links.push_back(bytes);
   }
-  std::vector<int> rejoined;
-  for (const Rejoin& r : membership.rejoins()) rejoined.push_back(r.peer);
-  json::Object o;
-  o.add("step", static_cast<long long>(reports[self_].step))
-      .add("epoch", reports[self_].epoch)
-      .add("wall_s", reports[self_].wall_s)
-      .add("loss", mean_loss())
-      .add(language_model_ ? "avg_bpb" : "avg_acc", language_model_ ? avg_bits_per_byte_ : avg_accuracy_)
-      .add("consensus", consensus_)
-      .add("coordinator", static_cast<long long>(self_))
-      .add_raw("lost", json::array(membership.lost()))
-      .add_raw("rejoined", json::array(rejoined))
-      .add_raw("peers", peers + "]")
-      .add_raw("links", json::array(links));
-  return o.dump(0);
+  e.step = static_cast<long long>(reports[self_].step);
+  e.epoch = reports[self_].epoch;
+  e.wall_s = reports[self_].wall_s;
+  e.loss = mean_loss();
+  if (language_model_)
+    e.avg_bpb = avg_bits_per_byte_;
+  else
+    e.avg_acc = avg_accuracy_;
+  e.consensus = consensus_;
+  e.coordinator = static_cast<int>(self_);
+  e.lost = membership.lost();
+  for (const Rejoin& r : membership.rejoins()) e.rejoined.push_back(r.peer);
+  e.links = std::move(links);
+  return eval_line(e);
 }
 
 double Recorder::mean_loss() const {

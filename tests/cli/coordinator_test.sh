@@ -68,7 +68,7 @@ kill -9 $(peer0 kill)
 wait
 [[ $(cat "$work/kill.code") == 0 ]] && ok || { fail "kill: launch exited $(cat "$work/kill.code")"; tail -5 "$work/kill.log"; }
 [[ $(field "$work/kill" failed_peers) == "[0]" ]] && ok || fail "kill: failed_peers is $(field "$work/kill" failed_peers), expected [0]"
-grep -q '"takeovers": \[{"peer":1, "step":[0-9]*, "from":0}\]' "$work/kill/summary.json" && ok ||
+grep -q '"takeovers": \[{"peer":1,"step":[0-9]*,"from":0}\]' "$work/kill/summary.json" && ok ||
   fail "kill: summary.json does not say peer 1 took over from peer 0: $(grep takeovers "$work/kill/summary.json")"
 grep -q "peer 1 took over from peer 0" "$work/kill.log" && ok || fail "kill: launch's summary does not name the takeover"
 awk -v a="$(field "$work/kill" test_accuracy)" -v b="$calm_acc" 'BEGIN { exit !(a > b - 0.02) }' && ok ||

@@ -160,11 +160,11 @@ split() {
   dir="$work/split-$policy"
   if [[ $policy == continue ]]; then
     all_zero "split-$policy" && ok || fail "split continue: exit codes $(cat "$dir/codes"): $(tail -2 "$dir/peer-4.log")"
-    [[ $(field "$dir/out-0" failed_peers) == "[4, 5, 6, 7]" ]] && ok ||
-      fail "split continue: peer 0's failed_peers $(field "$dir/out-0" failed_peers), expected [4, 5, 6, 7]"
+    [[ $(field "$dir/out-0" failed_peers) == "[4,5,6,7]" ]] && ok ||
+      fail "split continue: peer 0's failed_peers $(field "$dir/out-0" failed_peers), expected [4,5,6,7]"
     [[ $(field "$dir/out-4" coordinator) == 4 ]] && ok || fail "split continue: peer 4 did not take over its half"
-    [[ $(field "$dir/out-4" failed_peers) == "[0, 1, 2, 3]" ]] && ok ||
-      fail "split continue: peer 4's failed_peers $(field "$dir/out-4" failed_peers), expected [0, 1, 2, 3]"
+    [[ $(field "$dir/out-4" failed_peers) == "[0,1,2,3]" ]] && ok ||
+      fail "split continue: peer 4's failed_peers $(field "$dir/out-4" failed_peers), expected [0,1,2,3]"
   else
     [[ $(cat "$dir/codes") != *0* ]] && ok || fail "split stop: exit codes $(cat "$dir/codes"), expected no 0"
     # Each side's coordinator names the flag. The others do too, unless all their side's

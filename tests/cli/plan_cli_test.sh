@@ -20,7 +20,7 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --top 4 --measure 2 --measure-rounds 
   ! grep -q "profiling 0 unit shapes" <<<"$out" &&
   ok || fail "plan --measure 2: $out"
 out=$("$bin" plan "${tiny[@]}" --workers 2 --measure 2 --measure-rounds 2 --measure-steps 1 --format json 2>&1)
-[[ $(grep -o '"measured_rounds_s":\[[0-9.e-]*, [0-9.e-]*\]' <<<"$out" | wc -l) -eq 2 ]] && ok ||
+[[ $(grep -o '"measured_rounds_s":\[[0-9.e-]*, *[0-9.e-]*\]' <<<"$out" | wc -l) -eq 2 ]] && ok ||
   fail "plan --measure 2 --format json: two strategies with two rounds each expected: $out"
 # --profile-rounds R: a fresh cache's unit shapes measured in R rounds.
 out=$("$bin" plan "${tiny[@]/$work\/profile.tsv/none}" --strategy --pp 2 --microbatches 2 --profile-rounds 2 2>&1)
@@ -29,12 +29,12 @@ out=$("$bin" plan "${tiny[@]}" --workers 2 --memory-per-worker 1KiB 2>&1)
 grep -q "no strategy fits" <<<"$out" && grep -q "does not fit: stage 0's workers need" <<<"$out" && ok ||
   fail "plan under a 1 KiB cap: $out"
 out=$("$bin" plan "${tiny[@]}" --strategy --pp 2 --microbatches 2 --schedule zb-h1 --format json 2>&1)
-grep -q '"strategy":"sp1 tp1 pp2 m2 zb-h1", "feasible":true, "step_s":' <<<"$out" && ok || fail "plan --strategy: $out"
+grep -q '"strategy":"sp1 tp1 pp2 m2 zb-h1", *"feasible":true, *"step_s":' <<<"$out" && ok || fail "plan --strategy: $out"
 out=$("$bin" plan "${tiny[@]}" --strategy --pp 2 --microbatches 2 --vocab-parallel vocab-2 --format json 2>&1)
-grep -q '"strategy":"sp1 tp1 pp2 m2 1f1b vocab-2", "feasible":true, "step_s":' <<<"$out" && ok ||
+grep -q '"strategy":"sp1 tp1 pp2 m2 1f1b vocab-2", *"feasible":true, *"step_s":' <<<"$out" && ok ||
   fail "plan --strategy --vocab-parallel vocab-2: $out"
 out=$("$bin" plan "${tiny[@]}" --strategy --tp 3 --format json 2>&1)
-grep -q '"feasible":false, "why_not":"--tp tp=3 does not divide the 2 attention heads' <<<"$out" && ok ||
+grep -q '"feasible":false, *"why_not":"--tp tp=3 does not divide the 2 attention heads' <<<"$out" && ok ||
   fail "plan --strategy --tp 3: $out"
 # --run trains with the winner on a topology.
 base=$((21000 + ($$ * 16 + 11) % 9000))

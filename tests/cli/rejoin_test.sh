@@ -78,13 +78,13 @@ step=$(grep -o "rejoined at step [0-9]*" "$work/peer-$victim-rejoined.log" | gre
 [[ -n $step ]] && ok || fail "the rejoined peer did not say at which step it came back: $(tail -3 "$work/peer-$victim-rejoined.log")"
 grep -q "finished $steps steps" "$work/peer-$victim-rejoined.log" && ok || fail "the rejoined peer did not finish the run"
 summary="$work/out/summary.json"
-grep -q "\"rejoined_peers\": \[{\"peer\": *$victim, \"step\": *${step:-x}," "$summary" && ok ||
+grep -q "\"rejoined_peers\": \[{\"peer\": *$victim, *\"step\": *${step:-x}," "$summary" && ok ||
   fail "summary.json does not record the rejoin at step ${step:-?}: $(grep rejoined "$summary")"
 grep -q '"failed_peers": \[\]' "$summary" && ok || fail "failed_peers: $(grep failed_peers "$summary")"
 grep -q "\"failures\": \[{\"peer\": *$victim," "$summary" && ok || fail "the loss is not in failures: $(grep failures "$summary")"
 grep -q '"survivors": 8' "$summary" && ok || fail "not all 8 peers reported at the end: $(grep survivors "$summary")"
 if [[ $victim == 0 ]]; then
-  grep -q '"takeovers": \[{"peer":1, "step":[0-9]*, "from":0}\]' "$summary" && ok ||
+  grep -q '"takeovers": \[{"peer":1,"step":[0-9]*,"from":0}\]' "$summary" && ok ||
     fail "summary.json does not say peer 1 took over from peer 0: $(grep takeovers "$summary")"
 fi
 # Trained on after coming back: its final model is as good as its neighbours', and the
