@@ -184,8 +184,8 @@ Bench mlp_bench(const cxxopts::ParseResult& args, int batch) {
   return b;
 }
 
-// The transformer step as training runs it: the unsplit model for --sp 1 --pp 1, else the
-// pipeline engine's worker threads; then the optimizer step (Adam, as the trainer uses).
+// The transformer step as training runs it: the gradient engine training would choose for
+// these flags, then the optimizer step (Adam, as the trainer uses).
 Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   model::TransformerConfig config =
       transformer_shape(args, gpt ? model::TransformerKind::kGpt : model::TransformerKind::kVit, false);
@@ -207,12 +207,9 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
     std::vector<std::int32_t> bytes, targets;
     std::vector<int> positions;
     std::unique_ptr<train::Optimizer> optimizer;
-    std::unique_ptr<parallel::PipelineEngine> engine;
-    std::unique_ptr<model::DeviceModel> device;
-    std::unique_ptr<model::GradientEngine> batch_parallel;  // --threads N, --sp 1 --pp 1, on the CPU
+    parallel::GradientEngineMade engine;
   };
-  auto state = std::make_shared<State>(
-      State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr});
+  auto state = std::make_shared<State>(State{model::Transformer(config), {}, {}, {}, {}, {}, {}, nullptr, {}});
   const std::size_t size = state->model.num_parameters();
   const int tokens = config.tokens();
   state->params.resize(size);
@@ -226,18 +223,25 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   state->targets = std::move(data.targets);
   state->pixels = std::move(data.pixels);
   Bench b;
-  const std::string device = args.count("device") ? args["device"].as<std::string>() : "cpu";
+  const int threads = number_flag<int>(args, "threads");
+  parallel::GradientEngineChoice choice;
+  choice.engine = engine;
+  choice.threads = threads;
   try {
-    if (model::parse_device(device) == model::Device::kCuda) {
+    choice.device = model::parse_device(args.count("device") ? args["device"].as<std::string>() : "cpu");
+    if (choice.device == model::Device::kCuda) {
       if (!gpt || engine.sp > 1) throw UsageError("--device cuda times --model gpt with --sp 1 (and any --pp)");
-      state->device =
-          model::make_device_model(config, {.device = 0,
-                                            .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>()),
-                                            .pp = engine.pp,
-                                            .microbatches = engine.microbatches,
-                                            .schedule = std::string(parallel::to_string(engine.schedule))});
-      b.device = state->device->describe();
-      b.peak_device_bytes = [state] { return state->device->peak_device_bytes(); };
+      choice.device_options = {.device = 0,
+                               .gemm = model::parse_gemm_mode(args["gemm-precision"].as<std::string>()),
+                               .pp = engine.pp,
+                               .microbatches = engine.microbatches,
+                               .schedule = std::string(parallel::to_string(engine.schedule))};
+    }
+    // The engine training would use for these flags (parallel::make_gradient_engine).
+    state->engine = parallel::make_gradient_engine(state->model, choice);
+    if (model::DeviceModel* device = state->engine.device) {
+      b.device = device->describe();
+      b.peak_device_bytes = [state] { return state->engine.device->peak_device_bytes(); };
       b.optimizer_seconds = std::make_shared<std::vector<double>>();
       std::string place = args["optimizer-on"].as<std::string>();
       if (place != "device" && place != "host")
@@ -246,7 +250,7 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
         train::TrainConfig train_config;
         train_config.algorithm = train::Algorithm::kLocal;
         train_config.optimizer = train::OptimizerKind::kAdam;
-        auto device_update = train::make_device_update(state->device.get(), size, train_config);
+        auto device_update = train::make_device_update(device, size, train_config);
         if (device_update)
           state->optimizer = std::move(device_update);
         else  // the device pipeline keeps it on the host, as training does
@@ -257,39 +261,16 @@ Bench transformer_bench(const cxxopts::ParseResult& args, bool gpt, int batch) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (!state->device && engine.sp * engine.pp > 1)
-    state->engine = std::make_unique<parallel::PipelineEngine>(state->model, engine);
-  const int threads = number_flag<int>(args, "threads");
-  if (!state->engine && !state->device && threads > 1)  // as training runs it (transformer_task.cpp)
-    state->batch_parallel = model::make_batch_parallel_engine(state->model, threads);
   b.step = [state, batch, tokens, gpt, optimizer_seconds = b.optimizer_seconds] {
-    if (state->engine) {
-      parallel::GlobalBatch global;
-      global.batch = batch;
-      global.bytes = state->bytes;
-      global.targets = state->targets;
-      global.pixels = state->pixels;
-      global.labels = state->targets;
-      state->engine->step(state->params, global, state->grads);
-    } else {
-      model::TokenBatch whole;
-      whole.batch = batch;
-      whole.tokens = tokens;
-      whole.positions = state->positions;
-      whole.bytes = state->bytes;
-      whole.pixels = state->pixels;
-      whole.targets = state->targets;
-      whole.loss_divisor = gpt ? static_cast<double>(batch) * tokens : batch;
-      if (state->batch_parallel) {  // an engine: it clears grads itself, a part per thread
-        state->batch_parallel->forward_backward(state->params, whole, state->grads);
-      } else {  // the models add into grads
-        std::fill(state->grads.begin(), state->grads.end(), 0.0f);
-        if (state->device)
-          state->device->forward_backward(state->params, whole, state->grads);
-        else
-          state->model.forward_backward(state->params, whole, state->grads);
-      }
-    }
+    model::TokenBatch whole;
+    whole.batch = batch;
+    whole.tokens = tokens;
+    whole.positions = state->positions;
+    whole.bytes = state->bytes;
+    whole.pixels = state->pixels;
+    whole.targets = state->targets;
+    whole.loss_divisor = gpt ? static_cast<double>(batch) * tokens : batch;
+    state->engine.engine->forward_backward(state->params, whole, state->grads);  // overwrites grads
     const auto update = std::chrono::steady_clock::now();
     state->optimizer->step(state->params, state->grads);
     if (optimizer_seconds) optimizer_seconds->push_back(seconds_since(update));

@@ -36,4 +36,20 @@ std::unique_ptr<model::GradientEngine> make_pipeline_gradient_engine(model::Tran
   return std::make_unique<Pipelined>(model, std::move(config));
 }
 
+GradientEngineMade make_gradient_engine(model::Transformer& model, const GradientEngineChoice& choice) {
+  GradientEngineMade made;
+  if (choice.device == model::Device::kCuda) {
+    auto device = model::make_device_model(model.config(), choice.device_options);
+    made.device = device.get();  // owned by the engine
+    made.engine = model::make_device_engine(std::move(device));
+  } else if (choice.engine.workers() > 1) {
+    made.engine = make_pipeline_gradient_engine(model, choice.engine);
+  } else if (choice.threads > 1) {
+    made.engine = model::make_batch_parallel_engine(model, choice.threads);
+  } else {
+    made.engine = model::make_unsplit_engine(model);
+  }
+  return made;
+}
+
 }  // namespace peertrain::parallel

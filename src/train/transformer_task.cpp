@@ -61,28 +61,23 @@ class TransformerTask final : public Task {
       pixels_.resize(static_cast<std::size_t>(batch_) * shard_.features);
       labels_.resize(batch_);
     }
-    if (config.device == model::Device::kCuda) {
-      // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
-      const int devices = std::max(1, model::cuda_device_count());
-      auto device = model::make_device_model(model_.config(),
-                                             {.device = config.engine.sp > 1 ? 0 : rank % devices,
-                                              .gemm = config.gemm,
-                                              .sp = config.engine.sp,
-                                              .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag,
-                                              .pp = config.engine.pp,
-                                              .microbatches = config.engine.microbatches,
-                                              .schedule = std::string(parallel::to_string(config.engine.schedule)),
-                                              .stage_first_units = config.engine.stage_first_units,
-                                              .timeout_s = config.engine.timeout_s});
-      device_ = device.get();  // owned by the engine, which lives as long as this task
-      engine_ = model::make_device_engine(std::move(device));
-    } else if (config.engine.workers() > 1) {
-      engine_ = parallel::make_pipeline_gradient_engine(model_, config.engine);
-    } else if (config.threads > 1) {  // --threads N: the batch's sequences over N threads
-      engine_ = model::make_batch_parallel_engine(model_, config.threads);
-    } else {
-      engine_ = model::make_unsplit_engine(model_);
-    }
+    // Peers on one machine share its GPUs round-robin; two peers may share one GPU.
+    const int devices = config.device == model::Device::kCuda ? std::max(1, model::cuda_device_count()) : 1;
+    auto made = parallel::make_gradient_engine(
+        model_, {.device = config.device,
+                 .device_options = {.device = config.engine.sp > 1 ? 0 : rank % devices,
+                                    .gemm = config.gemm,
+                                    .sp = config.engine.sp,
+                                    .zigzag = config.engine.split == parallel::SequenceSplit::kZigzag,
+                                    .pp = config.engine.pp,
+                                    .microbatches = config.engine.microbatches,
+                                    .schedule = std::string(parallel::to_string(config.engine.schedule)),
+                                    .stage_first_units = config.engine.stage_first_units,
+                                    .timeout_s = config.engine.timeout_s},
+                 .engine = config.engine,
+                 .threads = config.threads});
+    engine_ = std::move(made.engine);
+    device_ = made.device;  // owned by the engine, which lives as long as this task
     engine_config_ = config.engine;
   }
 

@@ -229,4 +229,19 @@ class PipelineEngine {
 // tests hold equal to it.
 std::unique_ptr<model::GradientEngine> make_pipeline_gradient_engine(model::Transformer& model, EngineConfig config);
 
+// How a peer computes its transformer's gradient, chosen in one place for training and
+// `bench step`: on a GPU when `device` is cuda; else the pipeline engine when the split
+// has more than one worker; else the batch over `threads` threads; else the unsplit model.
+struct GradientEngineChoice {
+  model::Device device = model::Device::kCpu;
+  model::DeviceOptions device_options;  // with Device::kCuda
+  EngineConfig engine;
+  int threads = 1;
+};
+struct GradientEngineMade {
+  std::unique_ptr<model::GradientEngine> engine;
+  model::DeviceModel* device = nullptr;  // the GPU model inside `engine`, with Device::kCuda
+};
+GradientEngineMade make_gradient_engine(model::Transformer& model, const GradientEngineChoice& choice);
+
 }  // namespace peertrain::parallel
