@@ -39,6 +39,10 @@ constexpr std::uint32_t kImagesMagic = 2051;  // unsigned bytes, 3 dimensions
 constexpr std::uint32_t kLabelsMagic = 2049;  // unsigned bytes, 1 dimension
 constexpr std::uint32_t kMaxExamples = 1u << 28;
 constexpr std::uint32_t kMaxFeatures = 1u << 24;
+// What an images file may hold in all. A gzip file can claim, and inflate to, far more than
+// it is long (a few MB of zeros become terabytes); past this the file is refused before a
+// byte is inflated. Fashion-MNIST holds 47 MB.
+constexpr std::uint64_t kMaxPixelBytes = std::uint64_t{1} << 32;
 
 class GzReader {
  public:
@@ -177,6 +181,9 @@ IdxBytes read_idx_files(const std::string& images_path, const std::string& label
   if (count > kMaxExamples || dims[1] == 0 || dims[2] == 0 || std::uint64_t{dims[1]} * dims[2] > kMaxFeatures)
     throw Error(ErrorKind::kParse, str(images_path, ": implausible dimensions ", count, " x ", dims[1], " x ", dims[2],
                                        " (at most ", kMaxExamples, " images of ", kMaxFeatures, " pixels)"));
+  if (std::uint64_t{count} * dims[1] * dims[2] > kMaxPixelBytes)
+    throw Error(ErrorKind::kParse, str(images_path, ": claims ", count, " images of ", dims[1], " x ", dims[2],
+                                       " pixels, more than the ", kMaxPixelBytes >> 30, " GiB an IDX file may hold"));
   IdxBytes data;
   data.classes = options.classes;
   data.rows = static_cast<int>(dims[1]);

@@ -129,6 +129,10 @@ TEST_F(IdxFiles, EachBrokenFileIsReportedWithItsName) {
        "flat-images: implausible dimensions 3 x 0 x 2"},
       {"a header claiming 2^28 pixels each", write("huge-images", image_file(2051, 1, 1u << 14, 1u << 14, 4), false),
        labels, "huge-images: implausible dimensions"},
+      // Each dimension plausible, their product 2^40 bytes: refused before anything is
+      // inflated (a gzip bomb's few MB would otherwise become a terabyte).
+      {"a header claiming a terabyte", write("bomb-images.gz", image_file(2051, 1u << 20, 1u << 10, 1u << 10, 4), true),
+       labels, "bomb-images.gz: claims 1048576 images of 1024 x 1024 pixels, more than the 4 GiB"},
       {"missing file", (dir_ / "absent.gz").string(), labels, "absent.gz: cannot open: No such file or directory"},
   };
   for (const Case& c : cases) {
