@@ -4,6 +4,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -97,7 +98,8 @@ std::uint64_t fnv1a(std::string_view text, std::uint64_t h = 1469598103934665603
 // Holds an exclusive lock on a file while it lives.
 class FileLock {
  public:
-  explicit FileLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT, 0644)) {
+  // O_NOFOLLOW: a link planted at the lock's name is refused, not followed.
+  explicit FileLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW, 0600)) {
     if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) throw Error(ErrorKind::kIo, str(path, ": cannot lock"));
   }
   ~FileLock() {
@@ -126,7 +128,17 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteT
 std::string tokenizer_dir(const std::string& out_dir) {
   if (!out_dir.empty()) return out_dir + "/tokenizer";
   const std::string cache = user_cache_dir();
-  return cache.empty() ? "/tmp/.cache/peertrain" : cache;
+  if (!cache.empty()) return cache;
+  // A shared /tmp: a name of this user's own, checked, never one that another user made.
+  const std::string dir = str("/tmp/peertrain-", ::getuid());
+  ::mkdir(dir.c_str(), 0700);
+  struct stat info {};
+  if (::lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid() ||
+      (info.st_mode & 0077) != 0)
+    throw Error(ErrorKind::kIo, str(dir,
+                                    ": not a private directory of this user (a link, another owner, or open to "
+                                    "others); set XDG_CACHE_HOME or give --out"));
+  return dir;
 }
 
 std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& text, int vocab_size,
@@ -152,9 +164,16 @@ std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& text,
   if (!std::filesystem::exists(model)) {
     const std::string input = dir + "/" + name + ".txt", prefix = dir + "/" + name + ".partial";
     {
-      std::ofstream out(input, std::ios::binary);
-      out << text;
-      if (!out) throw Error(ErrorKind::kIo, str(input, ": cannot write the training text"));
+      // Never through a link at that name: it could point anywhere this user may write.
+      const int fd = ::open(input.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+      std::size_t written = 0;
+      while (fd >= 0 && written < text.size()) {
+        const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+        if (n <= 0) break;
+        written += static_cast<std::size_t>(n);
+      }
+      if (fd >= 0) ::close(fd);
+      if (fd < 0 || written != text.size()) throw Error(ErrorKind::kIo, str(input, ": cannot write the training text"));
     }
     log::info("training a sentencepiece BPE vocabulary of ", vocab_size, " pieces on ", text.size(), " bytes into ",
               model);

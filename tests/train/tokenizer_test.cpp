@@ -4,6 +4,8 @@
 #include "peertrain/train/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <numeric>
@@ -102,6 +104,54 @@ TEST(Tokenizer, AVocabularyTheTextCannotFillNamesTheFlag) {
     EXPECT_NE(std::string(e.what()).find("--vocab-size 5000"), std::string::npos) << e.what();
   }
   EXPECT_THROW(make_sentencepiece_tokenizer("text\n", 100, dir.string()), Error);
+  std::filesystem::remove_all(dir);
+}
+
+// Without HOME or XDG_CACHE_HOME the tokenizer lives in /tmp/peertrain-<uid>, mode 0700,
+// never in a fixed shared name another user could have made first.
+TEST(Tokenizer, TheTmpFallbackIsAPrivateDirectoryOfThisUser) {
+  const std::string home = std::getenv("HOME") ? std::getenv("HOME") : "";
+  const std::string xdg = std::getenv("XDG_CACHE_HOME") ? std::getenv("XDG_CACHE_HOME") : "";
+  ::unsetenv("HOME");
+  ::unsetenv("XDG_CACHE_HOME");
+  const std::string dir = tokenizer_dir("");
+  if (!home.empty()) ::setenv("HOME", home.c_str(), 1);
+  if (!xdg.empty()) ::setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+  EXPECT_EQ(dir, "/tmp/peertrain-" + std::to_string(::getuid()));
+  struct stat info {};
+  ASSERT_EQ(::lstat(dir.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISDIR(info.st_mode));
+  EXPECT_EQ(info.st_mode & 0077, 0u) << "the fallback is open to other users";
+  EXPECT_EQ(tokenizer_dir("runs/x"), "runs/x/tokenizer");
+}
+
+// A link planted where the tokenizer writes its training text is refused, not followed.
+TEST(Tokenizer, ALinkAtTheTrainingTextsNameIsNotFollowed) {
+  const auto dir = fresh_dir("peertrain-tokenizer-link");
+  std::filesystem::create_directories(dir);
+  const auto target = dir / "elsewhere.txt";
+  std::ofstream(target) << "untouched";
+  // The training text's name comes from the text and the options: a first call, which
+  // cannot train on so little text, leaves its lock file, and so shows the name.
+  try {
+    make_sentencepiece_tokenizer("tiny\n", 5000, dir.string());  // fails to train, leaves its .lock
+  } catch (const Error&) {
+  }
+  std::string stem;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".lock") stem = entry.path().stem().string();
+  ASSERT_FALSE(stem.empty());
+  std::filesystem::create_symlink(target, dir / (stem + ".txt"));
+  try {
+    make_sentencepiece_tokenizer("tiny\n", 5000, dir.string());
+    ADD_FAILURE() << "trained through a link";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write the training text"), std::string::npos) << e.what();
+  }
+  std::ifstream in(target);
+  std::string content;
+  std::getline(in, content);
+  EXPECT_EQ(content, "untouched");
   std::filesystem::remove_all(dir);
 }
 

@@ -42,7 +42,9 @@ std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& text,
                                                         const std::string& dir);
 
 // The directory a run keeps its tokenizer in: `out_dir`/tokenizer, or, with no out_dir,
-// $XDG_CACHE_HOME/peertrain (~/.cache/peertrain).
+// $XDG_CACHE_HOME/peertrain (~/.cache/peertrain); with neither HOME nor XDG_CACHE_HOME,
+// /tmp/peertrain-<uid>, made mode 0700 and used only while it is a directory this user
+// owns that nobody else can write (not a link another user planted): Error(kIo) otherwise.
 std::string tokenizer_dir(const std::string& out_dir);
 
 }  // namespace peertrain::train
