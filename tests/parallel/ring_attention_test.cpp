@@ -5,6 +5,7 @@
 // contiguous × online softmax or RSA, with batch and heads > 1, and small blocks so that
 // every rank has several query tiles and travelling units (a partial last one included).
 #include "test_support/normalized_error.h"
+#include "test_support/cluster.h"
 #include "peertrain/parallel/ring_attention.h"
 
 #include <gtest/gtest.h>
@@ -31,22 +32,8 @@ namespace {
 
 using model::AttentionShape;
 
-void run_ranks(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  std::exception_ptr first;
-  std::mutex mutex;
-  for (int rank = 0; rank < n; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        std::lock_guard lock(mutex);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
+// Each rank on a thread of its own; the first failure is rethrown (test_support/cluster.h).
+void run_ranks(int n, const std::function<void(int)>& body) { peertrain::testing::run_peers(n, body); }
 
 std::vector<float> random_vector(std::size_t n, Rng& rng) {
   std::vector<float> v(n);
