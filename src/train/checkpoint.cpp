@@ -45,18 +45,6 @@ constexpr std::size_t kVersion1HeaderBytes = 136;
 
 std::string errno_text() { return std::strerror(errno); }
 
-void write_all(int fd, std::span<const std::byte> bytes, const std::string& path) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorKind::kIo, str(path, ": write failed: ", errno_text()));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
 // Reads up to size bytes; fewer only at the end of the file.
 std::size_t read_up_to(int fd, std::byte* out, std::size_t size, const std::string& path) {
   std::size_t done = 0;

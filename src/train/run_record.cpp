@@ -163,9 +163,10 @@ std::vector<MetricsRow> read_metrics(const fs::path& path) {
                   str(path.string(), ":1: no column '", name, "' (is this peertrain's metrics.csv?)"));
     return -1;
   };
+  // The last two columns, the language model's bits per byte, may be missing altogether.
+  constexpr std::size_t kRequiredColumns = std::size(kMetricsColumns) - 2;
   int at[std::size(kMetricsColumns)];
-  for (std::size_t c = 0; c < std::size(kMetricsColumns); ++c)
-    at[c] = column(kMetricsColumns[c], c < 12);  // the bits-per-byte columns came with the language model
+  for (std::size_t c = 0; c < std::size(kMetricsColumns); ++c) at[c] = column(kMetricsColumns[c], c < kRequiredColumns);
   std::vector<MetricsRow> rows;
   for (int number = 2; std::getline(in, line); ++number) {
     if (line.empty()) continue;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fd.h"
 #include "peertrain/core/cache_dir.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
@@ -165,15 +166,10 @@ std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& text,
     const std::string input = dir + "/" + name + ".txt", prefix = dir + "/" + name + ".partial";
     {
       // Never through a link at that name: it could point anywhere this user may write.
-      const int fd = ::open(input.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-      std::size_t written = 0;
-      while (fd >= 0 && written < text.size()) {
-        const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-        if (n <= 0) break;
-        written += static_cast<std::size_t>(n);
-      }
-      if (fd >= 0) ::close(fd);
-      if (fd < 0 || written != text.size()) throw Error(ErrorKind::kIo, str(input, ": cannot write the training text"));
+      Fd fd(::open(input.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+      if (fd.get() < 0)
+        throw Error(ErrorKind::kIo, str(input, ": cannot write the training text: ", std::strerror(errno)));
+      write_all(fd.get(), std::as_bytes(std::span(text)), input);
     }
     log::info("training a sentencepiece BPE vocabulary of ", vocab_size, " pieces on ", text.size(), " bytes into ",
               model);
