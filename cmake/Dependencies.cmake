@@ -8,6 +8,9 @@ find_package(Boost 1.74 REQUIRED)
 find_package(OpenSSL REQUIRED)
 # JSON for the run's files and every --format json: nlohmann-json3-dev (headers only).
 find_package(nlohmann_json 3 REQUIRED)
+# Simulated clusters (launch --simulate): SimGrid's s4u API, libsimgrid-dev.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SIMGRID REQUIRED IMPORTED_TARGET GLOBAL simgrid>=3.32)
 find_path(SPECTRA_INCLUDE_DIR Spectra/SymEigsSolver.h REQUIRED)
 find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)
 # The subword vocabulary (--tokenizer sentencepiece): libsentencepiece-dev.

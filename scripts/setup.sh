@@ -8,6 +8,7 @@ packages=(
   libeigen3-dev libspectra-dev libboost-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libomp-dev libssl-dev
   libsentencepiece-dev
   nlohmann-json3-dev  # the run's files and every --format json
+  libsimgrid-dev  # simulated clusters (launch --simulate): SimGrid 3.32, s4u
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist fortunes
   gnuplot-nox python3 iperf3  # experiment plots and reports, the loopback baseline

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::algo {
@@ -177,18 +178,18 @@ double Gossip::deadline_s() const {
 // live link shows (its heartbeats' period) never counts.
 net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_t part) {
   constexpr double kMinSlice = 0.01;  // s; the silence is read this often at most
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = RunClock::now();
   const double limit = network_.peer_timeout_s();
   const double deadline = deadline_s();
   const double silent_enough = std::max(deadline, network_.live_silence_s());
   double slice = deadline;
   for (int slices = 1;; ++slices) {
-    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double spent = (RunClock::now() - start).count();
     try {
       return network_.receive(peer, net::MessageType::kParameters, step, part_tag(part),
                               std::min(slice, limit - spent));
     } catch (const Error& e) {
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double waited = (RunClock::now() - start).count();
       const double silence = network_.silence_s(peer);
       const bool bound = waited >= limit - 1e-3;
       if (e.kind() != ErrorKind::kTimeout || bound || silence >= silent_enough) {
@@ -280,7 +281,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
   received.reserve(row.peers.size());
   double waited = 0;
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    const auto begin = std::chrono::steady_clock::now();
+    const auto begin = RunClock::now();
     const auto [offset, size] = parts[p];
     const std::size_t bytes = size * sizeof(float);
     weights.clear();
@@ -302,7 +303,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     }
     // This part of x must not change while it is being sent; a send to a peer just lost may fail.
     wait_sends(sends_[p]);
-    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    waited += (RunClock::now() - begin).count();
     inputs.clear();
     for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload.data()));
     mix(x.subspan(offset, size), row.self_weight, weights, inputs,
@@ -327,7 +328,7 @@ void Gossip::start_message(std::uint64_t step, net::Payload message) {
 }
 
 double Gossip::finish_message(const TakeMessage& take) {
-  const auto begin = std::chrono::steady_clock::now();
+  const auto begin = RunClock::now();
   newly_lost_.clear();
   MixingRow row = rows_[step_ % rows_.size()];
   std::vector<char> home(row.peers.size(), 0);
@@ -337,9 +338,9 @@ double Gossip::finish_message(const TakeMessage& take) {
     const int peer = row.peers[j];
     try {
       net::Payload payload = receive_or_give_up(peer, step_, 0);
-      const auto took = std::chrono::steady_clock::now();
+      const auto took = RunClock::now();
       take(peer, row.weights[j], payload);
-      taking += std::chrono::duration<double>(std::chrono::steady_clock::now() - took).count();
+      taking += (RunClock::now() - took).count();
       network_.recycle(std::move(payload));
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout && e.kind() != ErrorKind::kParse) throw;
@@ -348,7 +349,7 @@ double Gossip::finish_message(const TakeMessage& take) {
   }
   if (!sends_.empty()) wait_sends(sends_[0]);
   applied_ = std::move(row);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() - taking;
+  const double waited = (RunClock::now() - begin).count() - taking;
   note_round(waited);
   return waited;
 }

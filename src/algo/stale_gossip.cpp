@@ -35,6 +35,7 @@
 #include <chrono>
 
 #include "peertrain/algo/gossip.h"
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::algo {
@@ -93,7 +94,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
   std::vector<const float*> inputs;
   double waited = 0;
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    const auto begin = std::chrono::steady_clock::now();
+    const auto begin = RunClock::now();
     const auto [offset, size] = parts[p];
     const std::size_t bytes = size * sizeof(float);
     weights.clear();
@@ -129,7 +130,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
       mixed[j] = 1;
       if (held.step < step_) stale[j] = 1;
     }
-    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    waited += (RunClock::now() - begin).count();
     mix(x.subspan(offset, size), row.self_weight, weights, inputs,
         update.empty() ? update : update.subspan(offset, size));
   }

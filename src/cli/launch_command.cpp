@@ -24,6 +24,8 @@
 
 #include "commands.h"
 #include "dashboard_server.h"
+#include "launch_view.h"
+#include "simulate_command.h"
 #include "options.h"
 #include "peertrain/core/error.h"
 #include "peertrain/net/auth.h"
@@ -37,24 +39,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using Json = nlohmann::ordered_json;
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
-
-// The number under `key` in a one-line JSON object (the @progress and @eval lines), or
-// `fallback` when the line has none.
-double field(const Json& line, const char* key, double fallback = NAN) {
-  const auto it = line.find(key);
-  if (it == line.end()) return fallback;
-  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
-  return it->is_number() ? it->get<double>() : fallback;
-}
-
-Json parse_line(const std::string& text) {
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j : Json::object();
-}
 
 struct Child {
   int rank = 0;
@@ -79,113 +66,6 @@ std::string last_error_line(const fs::path& log) {
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return str("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
   return str("exited with code ", WEXITSTATUS(status));
-}
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (bytes >= 1000 && u < 4) {
-    bytes /= 1000;
-    ++u;
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.3g %s", bytes, units[u]);
-  return buffer;
-}
-
-class ProgressLine {
- public:
-  explicit ProgressLine(bool tty) : tty_(tty) {}
-
-  void update(const std::string& line_text) {
-    const Json json = parse_line(line_text);
-    const double step = field(json, "step"), total = field(json, "total_steps"), epoch = field(json, "epoch");
-    const double loss = field(json, "loss"), speed = field(json, "items_per_s");
-    const double acc = field(json, "avg_accuracy"), consensus = field(json, "consensus_distance");
-    // A language model reports validation bits per byte of x̄ where a classifier reports accuracy.
-    const double bpb = field(json, "avg_bits_per_byte");
-    const bool text = json.value("metric", "") == "bits_per_byte";
-    const double shown = text ? bpb : acc;
-    char line[256];
-    std::snprintf(line, sizeof line, "epoch %.2f | step %.0f/%.0f | loss %.4f | %s %s | consensus %s | %.0f %s/s",
-                  epoch, step, total, loss, text ? "bits/byte(x̄)" : "acc(x̄)",
-                  std::isnan(shown) ? "—" : str(shown).substr(0, 6).c_str(),
-                  std::isnan(consensus) ? "—" : [&] {
-                    char b[32];
-                    std::snprintf(b, sizeof b, "%.2e", consensus);
-                    return std::string(b);
-                  }().c_str(),
-                  speed, text ? "seq" : "img");
-    const bool evaluated = field(json, "evaluated", 0) > 0;
-    if (tty_) {
-      std::fprintf(stderr, "\r\033[K%s", line);
-      if (evaluated) std::fprintf(stderr, "\n");
-    } else if (evaluated || Clock::now() - last_ > std::chrono::seconds(10)) {
-      std::fprintf(stderr, "%s\n", line);
-      last_ = Clock::now();
-    }
-    std::fflush(stderr);
-  }
-  void end() {
-    if (tty_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  bool tty_;
-  Clock::time_point last_ = Clock::now();
-};
-
-void print_summary(const fs::path& out) {
-  if (!fs::exists(out / "summary.json")) {
-    std::printf("(the coordinator ran elsewhere: the summary is on its machine)\n");
-    return;
-  }
-  const train::RunSummary s = train::read_summary(out / "summary.json");
-  const bool text = s.model == "gpt";
-  std::printf("\n%s · %s · %s · %d peers · %lld steps · %.2f epochs · %.1f s\n", s.topology.c_str(),
-              s.algorithm.c_str(), s.model.c_str(), s.peers, s.steps, s.epochs, s.wall_s);
-  if (text) {
-    std::printf("  validation bits/byte   %.4f (x̄)\n", s.val_bits_per_byte.value_or(NAN));
-    std::printf("  next-byte accuracy     %.4f (x̄)\n", s.test_accuracy);
-  } else {
-    std::printf("  test accuracy of x̄    %.4f\n", s.test_accuracy);
-  }
-  std::printf("  mean local accuracy    %.4f\n", s.mean_local_accuracy);
-  std::printf("  consensus distance     %.3e\n", s.consensus_distance);
-  std::printf("  spectral gap           %.4g\n", s.spectral_gap);
-  std::printf("  bytes sent per peer    %s\n", human_bytes(s.bytes_sent_per_peer).c_str());
-  std::printf("  throughput             %.0f %s/s\n", s.items_per_s, text ? "sequences" : "images");
-  std::printf("  time per peer          %.1f s compute, %.1f s waiting for peers\n", s.mean_compute_s,
-              s.mean_comm_wait_s);
-  // Who coordinated: peer 0, or the survivors that took over from a lost coordinator.
-  for (const train::TakeoverRecord& t : s.takeovers)
-    std::printf("  coordinator            peer %d took over from peer %d at step %lld\n", t.peer, t.from, t.step);
-  std::map<int, train::MetricsRow> last;  // each peer's last row
-  for (const train::MetricsRow& row : train::read_metrics(out / "metrics.csv")) last[row.peer] = row;
-  long long final_step = 0;
-  for (const auto& [peer, row] : last) final_step = std::max(final_step, row.step);
-  // AD-PSGD's peers end at steps of their own: the lost ones are those the summary names.
-  const bool async = s.algorithm == "adpsgd";
-  const std::set<int> failed(s.failed_peers.begin(), s.failed_peers.end());
-  std::printf("\n  peer  train_loss  test_acc  sent      compute_s  wait_s%s\n", async ? "  steps" : "");
-  for (const auto& [peer, r] : last)
-    if (async ? failed.count(peer) > 0 : r.step < final_step)
-      std::printf("  %4d  lost: its last report was at step %lld\n", peer, r.step);
-    else
-      std::printf("  %4d  %10.9g  %8.4f  %-8s  %9.4f  %6.4f%s\n", peer, r.train_loss, r.test_accuracy,
-                  human_bytes(r.bytes_sent).c_str(), r.compute_s, r.comm_wait_s,
-                  async ? str("  ", r.step).c_str() : "");
-  std::printf("\n  files: %s/metrics.csv, %s/summary.json, %s/peer-*.log\n", out.c_str(), out.c_str(), out.c_str());
-}
-
-std::string read_text(const fs::path& path, const std::string& fallback) {
-  std::ifstream in(path);
-  if (!in) return fallback;
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s.empty() ? fallback : s;
 }
 
 // --dashboard: the server, the page's view of the configuration, and a token when the
@@ -259,6 +139,7 @@ int run_launch(int argc, char** argv) {
       "given; with --secret-file it asks for a token that launch prints)",
       cxxopts::value<std::string>())("h,help", "show this help");
   add_training_options(options);
+  add_simulation_options(options);
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
   if (!args.count("topology")) {
@@ -266,8 +147,10 @@ int run_launch(int argc, char** argv) {
     return 2;
   }
   train::TrainConfig config;
+  bool simulate = false;
   try {
     config = training_config(args);
+    simulate = simulation_requested(args);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -280,6 +163,16 @@ int run_launch(int argc, char** argv) {
   fs::create_directories(out);
   fs::remove(out / "summary.json");
 
+  if (simulate) {
+    std::unique_ptr<DashboardServer> dashboard;
+    if (args.count("dashboard")) dashboard = start_dashboard(args, config, topology, out);
+    try {
+      return run_simulated_launch(args, config, topology, out, dashboard.get());
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "error: %s (see 'peertrain launch --help')\n", e.what());
+      return 2;
+    }
+  }
   std::vector<int> local, remote;
   for (const auto& peer : topology.peers) (net::names_this_machine(peer.host) ? local : remote).push_back(peer.id);
   if (local.empty())

@@ -42,6 +42,12 @@ void Work::wait() {
 void Work::wait(double timeout_s) {
   if (!state_) return;
   State& s = *state_;
+  if (s.drive) {
+    s.drive(timeout_s < 0 ? 0 : timeout_s);
+    if (!done() && (!s.cancel || s.cancel()))
+      s.complete(std::make_exception_ptr(
+          Error(ErrorKind::kTimeout, str(s.what(), " did not finish within ", timeout_s, " s"))));
+  }
   std::unique_lock lock(s.mutex);
   const auto limit = std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s);
   if (!s.cv.wait_for(lock, limit, [&] { return s.done; })) {

@@ -12,7 +12,7 @@ namespace peertrain::net {
 Payload Transport::receive_while_alive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
                                        double cap_s) {
   const double silent_s = peer_timeout_s() / 2;
-  const auto start = SteadyClock::now();
+  const auto start = RunClock::now();
   for (;;) {
     const double waited = seconds_since(start);
     try {

@@ -41,8 +41,13 @@ std::vector<int> links_for(const TrainConfig& config, const topology::Topology& 
 
 }  // namespace
 
-PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config)
-    : t_(t), rank_(rank), n_(t.num_peers()), config_(config), tolerant_(gossips(config.algorithm)) {
+PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport)
+    : t_(t),
+      rank_(rank),
+      n_(t.num_peers()),
+      config_(config),
+      tolerant_(gossips(config.algorithm)),
+      make_transport_(transport) {
   if (rank < 0 || rank >= n_)
     throw Error(ErrorKind::kInvalidArgument,
                 str("rank ", rank, " is not a peer of ", t.path, " (peers 0..", n_ - 1, ")"));
@@ -105,6 +110,14 @@ std::uint64_t PeerRun::find_resume_step() const {
 }
 
 void PeerRun::connect(std::uint64_t resume_step) {
+  if (make_transport_) {
+    check_fault_options(config_, t_, rank_);
+    network_ = make_transport_(rank_, links_for(config_, t_, rank_));
+    network_->connect();
+    log::info("connected; training ", total_steps_, " steps (", steps_per_epoch_, " per epoch), ",
+              to_string(config_.algorithm), ", ", task_->describe(), ", ", size_, " parameters");
+    return;
+  }
   net::TcpOptions options;
   if (!config_.secret_file.empty()) options.secret = net::Secret::load(config_.secret_file);
   options.self = rank_;
@@ -229,7 +242,9 @@ void PeerRun::save(long long done) {
 
 void PeerRun::emulate_straggler(double gradient_s) const {
   const double slowdown = t_.compute_slowdown(rank_);
-  if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * gradient_s));
+  // A simulated cluster gives a straggler a slower host instead (sim/platform.cpp).
+  if (slowdown > 1 && !RunClock::simulated())
+    std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * gradient_s));
 }
 
 void PeerRun::train() {
@@ -256,7 +271,7 @@ Error PeerRun::naming_every_lost_peer(const Error& e) const {
 
 void PeerRun::train_steps() {
   const float base_lr = config_.optimizer == OptimizerKind::kAdam ? config_.adam.lr : config_.sgd.lr;
-  auto last_progress = Clock::now();
+  auto last_progress = SteadyClock::now();  // progress lines: real time, on a simulated cluster too
   for (long long step = first_step_; step < total_steps_; ++step) {
     optimizer_->set_learning_rate(
         scheduled_learning_rate(config_.lr_schedule, base_lr, step, total_steps_, config_.warmup_steps));
@@ -265,6 +280,7 @@ void PeerRun::train_steps() {
     recorder_if_coordinator(step);  // taken over: keep the rows written so far
     const auto gradient_start = Clock::now();
     const float loss = task_->compute_gradient(x_, grads_);
+    count_flops(task_->flops_per_step());
     emulate_straggler(seconds_since(gradient_start));
     const double gradient_s = seconds_since(gradient_start);
     const StepTiming timing = algorithm_->finish(step, x_, grads_, *optimizer_);
@@ -282,7 +298,7 @@ void PeerRun::train_steps() {
     if (membership_->is_coordinator() && recorder_ && seconds_since(last_progress) > 0.5) {
       recorder_->progress(static_cast<double>(done), epoch, loss_sum_ / static_cast<double>(loss_count_), wall_s_,
                           false);
-      last_progress = Clock::now();
+      last_progress = SteadyClock::now();
     }
     if (done % eval_every_ == 0 || done == total_steps_) {
       // With stale gossip, parameters may still be on their way to a neighbour that is about

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <chrono>
+
+#include "peertrain/core/clock.h"
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -26,12 +28,12 @@ namespace peertrain::train {
 
 class PeerRun {
  public:
-  PeerRun(const topology::Topology& t, int rank, const TrainConfig& config);
+  PeerRun(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport = {});
   void train();
   void train_async();  // AD-PSGD: no global step (peer_async.cpp)
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using Clock = RunClock;  // simulated seconds on a simulated cluster
 
   void train_steps();
   // A centralized baseline's error, naming every peer lost by then (Transport::lost_links).
@@ -63,6 +65,7 @@ class PeerRun {
   const int n_;
   const TrainConfig& config_;
   const bool tolerant_;  // D-PSGD goes on without lost peers; the baselines stop
+  const TransportFactory make_transport_;  // empty: TCP
   std::unique_ptr<Task> task_;
   std::size_t size_ = 0;
   std::vector<float> x_, grads_;

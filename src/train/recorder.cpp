@@ -171,7 +171,7 @@ void Recorder::record(const std::vector<Report>& reports, const std::vector<std:
   if (evals_ || config_.progress) {
     const std::string line = eval_json(reports, sent_to, membership);
     if (evals_) evals_ << line << "\n" << std::flush;
-    if (config_.progress) std::printf("@eval %s\n", line.c_str());
+    if (config_.progress) emit_progress("eval", line);
   }
   progress(reports[self_].step, reports[self_].epoch, mean_loss(), reports[self_].wall_s, true);
 }
@@ -191,8 +191,8 @@ void Recorder::progress(double step, double epoch, double loss, double wall_s, b
     o["consensus_distance"] = consensus_;
   }
   if (!last_.empty() && language_model_) o["avg_bits_per_byte"] = avg_bits_per_byte_;
-  std::printf("@progress %s\n", o.dump().c_str());
-  std::fflush(stdout);
+  o["wall_s"] = wall_s;
+  emit_progress("progress", o.dump());
 }
 
 void Recorder::finish(const Membership& membership, int coordinator) {

@@ -318,6 +318,14 @@ std::string summary_text(const RunSummary& s) {
     o["coordinator"] = s.coordinator;
     o["takeovers"] = std::move(takeovers);
   }
+  if (s.simulation) {
+    const SimulationRecord& r = *s.simulation;
+    o["time"] = "simulated";
+    o["simulation"] =
+        Json{{"compute", r.compute},   {"host_speed", r.host_speed},       {"measured_scale", r.measured_scale},
+             {"platform", r.platform}, {"network_model", r.network_model}, {"simulated_s", r.simulated_s},
+             {"real_s", r.real_s}};
+  }
   std::string text = "{\n";
   std::size_t i = 0;
   for (const auto& [key, value] : o.items())
@@ -381,6 +389,17 @@ RunSummary read_summary(const fs::path& path) {
   s.takeovers = list_field<TakeoverRecord>(j, "takeovers", where, [](const Json& t, const std::string& at) {
     return TakeoverRecord{field<int>(t, "peer", at), field<long long>(t, "step", at), field<int>(t, "from", at)};
   });
+  if (j.contains("simulation")) {
+    const Json& r = j["simulation"];
+    const std::string at = where + ": simulation";
+    s.simulation = SimulationRecord{field<std::string>(r, "compute", at),
+                                    field<double>(r, "host_speed", at),
+                                    field<double>(r, "measured_scale", at),
+                                    field<std::string>(r, "platform", at),
+                                    field<std::string>(r, "network_model", at),
+                                    field<double>(r, "simulated_s", at),
+                                    field<double>(r, "real_s", at)};
+  }
   return s;
 }
 

@@ -13,7 +13,7 @@
 namespace peertrain::train {
 namespace {
 
-using Clock = SteadyClock;
+using Clock = RunClock;  // simulated seconds on a simulated cluster
 
 // The centralized update: grads holds the sum over `peers`; x ← optimizer step on the mean.
 // Returns the seconds it took.

@@ -1,5 +1,6 @@
 #include "peertrain/train/trainer.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "peer_run.h"
@@ -88,8 +89,23 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   return h;
 }
 
-void run_peer(const topology::Topology& t, int rank, const TrainConfig& config) {
-  PeerRun run(t, rank, config);  // the task, the links, and a resume or a rejoin
+namespace {
+ProgressSink& progress_sink() {
+  static ProgressSink sink;
+  return sink;
+}
+}  // namespace
+
+void set_progress_sink(ProgressSink sink) { progress_sink() = std::move(sink); }
+
+void emit_progress(std::string_view kind, const std::string& json) {
+  if (progress_sink()) return progress_sink()(kind, json);
+  std::printf("@%.*s %s\n", static_cast<int>(kind.size()), kind.data(), json.c_str());
+  std::fflush(stdout);
+}
+
+void run_peer(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport) {
+  PeerRun run(t, rank, config, transport);  // the task, the links, and a resume or a rejoin
   run.train();
 }
 

@@ -2,6 +2,8 @@
 // when set, the peer that logs it, so the interleaved output of many peers stays readable.
 #pragma once
 
+#include <cstdio>
+
 #include <string>
 
 #include "peertrain/core/error.h"
@@ -14,6 +16,10 @@ void set_level(Level level);
 Level level();
 Level parse_level(const std::string& name);  // throws Error on an unknown name
 void set_prefix(std::string prefix);         // e.g. "peer 3"
+void set_thread_prefix(std::string prefix);
+void set_output(
+    std::FILE*
+        file);  // where lines go (nullptr: stderr); the caller keeps it open  // the calling thread's own, over set_prefix's
 void write(Level level, const std::string& message);
 
 template <typename... Parts>

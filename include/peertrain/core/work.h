@@ -82,6 +82,11 @@ struct Work::State {
   // changed, so waiters may call it unlocked. Without one, a timed-out wait waits on for
   // the backend to end the operation (every backend ends its operations in bounded time).
   std::function<bool()> cancel;
+  // For a backend whose operations move only while their waiter lets them (a simulated
+  // network, sim/cluster.h): wait() calls it instead of sleeping on cv, and it returns once
+  // the operation is complete (it calls complete()) or timeout_s has passed in the
+  // backend's time. Set before the Work is handed out and never changed.
+  std::function<void(double timeout_s)> drive;
 
  private:
   const std::string description_;

@@ -99,6 +99,16 @@ struct LayoutRecord {
   bool operator==(const LayoutRecord&) const = default;
 };
 
+// How a simulated cluster (sim/cluster.h) timed the run: every time in the summary and in
+// metrics.csv is then in simulated seconds.
+struct SimulationRecord {
+  std::string compute;        // "flops" or "measured"
+  double host_speed = 0;      // FLOP/s of a host built from the topology
+  double measured_scale = 0;  // simulated seconds per measured CPU second (measured)
+  std::string platform, network_model;
+  double simulated_s = 0, real_s = 0;  // when the last peer ended; what the simulation took
+  bool operator==(const SimulationRecord&) const = default;
+};
 // summary.json. A run that `launch` stopped writes only topology, algorithm, failed_peers
 // and error.
 struct RunSummary {
@@ -123,6 +133,7 @@ struct RunSummary {
   std::vector<RejoinRecord> rejoined_peers;
   int coordinator = 0;
   std::vector<TakeoverRecord> takeovers;
+  std::optional<SimulationRecord> simulation;  // a simulated cluster's run
   std::optional<std::string> error;  // set only in the summary of a run that failed
 
   bool operator==(const RunSummary&) const = default;

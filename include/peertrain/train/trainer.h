@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "peertrain/algo/compression.h"
 #include "peertrain/model/device_model.h"
 #include "peertrain/model/transformer.h"
+#include "peertrain/net/transport.h"
 #include "peertrain/parallel/pipeline.h"
 #include "peertrain/topology/topology.h"
 #include "peertrain/train/data.h"
@@ -106,7 +109,21 @@ struct TrainConfig {
 // The run id peers exchange in the handshake: a hash of everything that must agree.
 std::uint64_t derive_run_id(const TrainConfig& config, const topology::Topology& topology);
 
-// Trains peer `rank` to the end. Throws Error (naming the peer and step) when it fails.
-void run_peer(const topology::Topology& topology, int rank, const TrainConfig& config);
+// Makes the transport of peer `rank`, linked to `links`, in place of TCP: a simulated
+// cluster (sim/cluster.h) runs every peer in one process over its own network.
+using TransportFactory = std::function<std::unique_ptr<net::Transport>(int rank, const std::vector<int>& links)>;
+
+// Where the coordinator's progress lines go (kind "progress" or "eval", and one JSON
+// object): by default stdout as "@progress {json}" and "@eval {json}", which `launch` reads
+// from each peer process; a simulated cluster, whose peers share one process, renders them
+// itself. Set before any peer starts.
+using ProgressSink = std::function<void(std::string_view kind, const std::string& json)>;
+void set_progress_sink(ProgressSink sink);
+void emit_progress(std::string_view kind, const std::string& json);
+
+// Trains peer `rank` to the end, over TCP, or over `transport`'s links when given. Throws
+// Error (naming the peer and step) when it fails.
+void run_peer(const topology::Topology& topology, int rank, const TrainConfig& config,
+              const TransportFactory& transport = {});
 
 }  // namespace peertrain::train

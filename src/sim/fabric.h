@@ -1,0 +1,56 @@
+// What the peers of one simulated cluster share: their hosts and actors, which hosts have
+// failed, how compute is charged, and the mailbox of each directed link. Private to sim/.
+#pragma once
+
+#include <simgrid/s4u.hpp>
+#include <string>
+#include <vector>
+
+#include "peertrain/sim/cluster.h"
+
+namespace peertrain::sim {
+
+// Thrown inside the peer whose host failed, at its next call into the simulation; no
+// handler of the training code catches it (it is no Error), so the peer unwinds silently,
+// as a machine that lost power.
+struct HostFailed {};
+
+struct Fabric {
+  int peers = 0;
+  std::vector<simgrid::s4u::Host*> hosts;      // peer i's
+  std::vector<simgrid::s4u::ActorPtr> actors;  // peer i's, made before the simulation starts
+  std::vector<double> failed_at;               // < 0: the host is up
+  // Bytes per second that each message between two peers may use at most (the topology's
+  // per-link cap on a platform built as a star; 0 where the platform itself holds the caps).
+  std::vector<double> link_rate;  // [from * peers + to]
+  double peer_timeout_s = 60;
+  ComputeModel compute = ComputeModel::kFlops;
+  double base_speed = 1e10;  // FLOP/s that one measured CPU second stands for (kMeasured)
+  double measured_scale = 1;
+
+  bool failed(int peer) const { return failed_at[static_cast<std::size_t>(peer)] >= 0; }
+  double rate(int from, int to) const {
+    return link_rate.empty() ? 0 : link_rate[static_cast<std::size_t>(from) * peers + static_cast<std::size_t>(to)];
+  }
+  static simgrid::s4u::Mailbox* mailbox(int from, int to);
+};
+
+// Every call of a peer into the simulation opens one: it first charges, as a computation
+// on the peer's host, the compute done since its last call (ComputeModel), and throws
+// HostFailed once the host has failed (unless told not to: a destructor, a send's wait);
+// on leaving it notes where the CPU clock stands.
+class SimCall {
+ public:
+  SimCall(Fabric& fabric, int peer, bool check_failure = true);
+  ~SimCall();
+  SimCall(const SimCall&) = delete;
+  SimCall& operator=(const SimCall&) = delete;
+};
+
+// The peer the calling thread runs (-1: not a peer's thread), set by the cluster for each actor.
+int current_peer();
+void set_current_peer(int peer);
+// Starts the peer's CPU clock: what it computes from now on is charged at its next call.
+void mark_cpu();
+
+}  // namespace peertrain::sim

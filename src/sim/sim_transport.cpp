@@ -1,0 +1,304 @@
+#include "sim_transport.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "peertrain/core/error.h"
+
+namespace peertrain::sim {
+namespace {
+
+namespace s4u = simgrid::s4u;
+using net::MessageType;
+using net::Payload;
+
+struct Message {
+  enum class Kind : std::uint8_t { kData, kGoodbye, kClosed, kDropped };
+  Kind kind = Kind::kData;
+  MessageType type = MessageType::kParameters;
+  std::uint64_t step = 0;
+  std::uint32_t tag = 0;
+  Payload bytes;
+  std::string why;  // kClosed, kDropped
+};
+
+using Key = std::tuple<MessageType, std::uint64_t, std::uint32_t>;
+
+struct Link {
+  int peer = -1;
+  s4u::Mailbox* out = nullptr;
+  s4u::Mailbox* in = nullptr;
+  bool receiver_set = false;
+  s4u::CommPtr last_send;    // the link's newest message: the next one starts after it
+  s4u::CommPtr pending_get;  // at most one posted receive, kept across time-outs
+  Message* incoming = nullptr;
+  std::map<Key, Payload> arrived;
+  bool goodbye = false;  // the peer finished cleanly
+  std::string lost;      // why the link is lost (closed by the peer, dropped); empty: it is not
+  net::LinkCounters counters;
+};
+
+class SimTransport final : public net::Transport {
+ public:
+  SimTransport(Fabric& fabric, int rank, const std::vector<int>& links) : fabric_(fabric), rank_(rank), links_(links) {
+    std::sort(links_.begin(), links_.end());
+    index_.assign(static_cast<std::size_t>(fabric.peers), -1);
+    state_.resize(links_.size());
+    for (std::size_t k = 0; k < links_.size(); ++k) {
+      const int peer = links_[k];
+      index_[static_cast<std::size_t>(peer)] = static_cast<int>(k);
+      state_[k].peer = peer;
+      state_[k].out = Fabric::mailbox(rank, peer);
+      state_[k].in = Fabric::mailbox(peer, rank);
+    }
+  }
+
+  ~SimTransport() override {
+    // A peer that unwinds on an error closes its links as a dying process's sockets close;
+    // one whose host failed says nothing.
+    if (closed_ || fabric_.failed(rank_)) return;
+    try {
+      notify_all(Message::Kind::kClosed, str("peer ", rank_, " stopped on an error"));
+    } catch (...) {
+    }
+  }
+
+  void connect() override { SimCall call(fabric_, rank_); }
+
+  Work send(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, net::SendBuffer payload,
+            bool shaped) override {
+    SimCall call(fabric_, rank_);
+    Link& l = link(peer);
+    if (!l.lost.empty())
+      return Work::completed(std::make_exception_ptr(
+          Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost (", l.lost, "); cannot send ", to_string(type)))));
+    auto* m =
+        new Message{Message::Kind::kData, type, step, tag, Payload(payload.bytes().begin(), payload.bytes().end()), {}};
+    l.counters.bytes_sent += net::kHeaderBytes + m->bytes.size();
+    ++l.counters.messages_sent;
+    // Control traffic (evaluation reports, measurements) is not part of the network's
+    // time in a real run either: it costs only the route's latency here.
+    const std::uint64_t simulated_bytes = shaped ? net::kHeaderBytes + m->bytes.size() : 0;
+    s4u::CommPtr comm = post(l, m, simulated_bytes);
+    auto state = std::make_shared<Work::State>(
+        [=, this] { return str(to_string(type), " for step ", step, " to ", peer_name(peer)); },
+        fabric_.peer_timeout_s);
+    Work::State* s = state.get();
+    Fabric* fabric = &fabric_;
+    const int rank = rank_;
+    state->drive = [comm, s, fabric, rank](double timeout_s) {
+      SimCall call(*fabric, rank, false);
+      try {
+        if (timeout_s <= 0 ? comm->test() : s4u::Comm::wait_any_for({comm}, timeout_s) >= 0) s->complete();
+      } catch (const simgrid::Exception& e) {
+        s->complete(std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(s->what(), " failed: ", e.what()))));
+      }
+    };
+    state->cancel = [comm] {
+      comm->cancel();
+      return true;
+    };
+    return Work(std::move(state));
+  }
+
+  Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double timeout_s) override {
+    SimCall call(fabric_, rank_);
+    Link& l = link(peer);
+    const double limit = std::min(timeout_s, fabric_.peer_timeout_s);
+    const double deadline = s4u::Engine::get_clock() + limit;
+    for (;;) {
+      if (auto payload = take(l, {type, step, tag})) return std::move(*payload);
+      if (!l.lost.empty()) throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost: ", l.lost));
+      if (l.goodbye)
+        throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " finished and closed its link before sending ",
+                                              to_string(type), " for step ", step));
+      const double left = deadline - s4u::Engine::get_clock();
+      if (left <= 0)
+        throw Error(ErrorKind::kTimeout, str("no ", to_string(type), " for step ", step, " from ", peer_name(peer),
+                                             " within ", limit, " s (simulated)"));
+      post_receive(l);
+      // wait_any_for leaves a receive that timed out posted (wait_for would end it), so a
+      // message already on its way is not lost.
+      if (s4u::Comm::wait_any_for({l.pending_get}, left) < 0) continue;
+      absorb(l);
+    }
+  }
+
+  std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) override {
+    SimCall call(fabric_, rank_);
+    Link& l = link(peer);
+    for (;;) {
+      post_receive(l);
+      if (!l.pending_get->test()) break;
+      absorb(l);
+    }
+    if (auto payload = take(l, {type, step, tag})) return payload;
+    if (!l.lost.empty()) throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost: ", l.lost));
+    return std::nullopt;
+  }
+
+  std::optional<Arrival> receive_any(std::span<const Wanted> wanted, double timeout_s) override {
+    SimCall call(fabric_, rank_);
+    const double deadline = s4u::Engine::get_clock() + timeout_s;
+    for (;;) {
+      std::vector<s4u::CommPtr> gets;
+      std::vector<Link*> owners;
+      for (std::size_t i = 0; i < wanted.size(); ++i) {
+        const Wanted& w = wanted[i];
+        Link& l = link(w.peer);
+        if (auto payload = take(l, {w.type, w.step, w.tag})) return Arrival{i, std::move(*payload), false, {}};
+        if (!l.lost.empty() || l.goodbye)
+          return Arrival{i, {}, true, l.lost.empty() ? str(peer_name(w.peer), " finished") : l.lost};
+        if (std::find(owners.begin(), owners.end(), &l) != owners.end()) continue;
+        post_receive(l);
+        gets.push_back(l.pending_get);
+        owners.push_back(&l);
+      }
+      const double left = deadline - s4u::Engine::get_clock();
+      if (left <= 0 || gets.empty()) return std::nullopt;
+      const ssize_t got = s4u::Comm::wait_any_for(gets, left);
+      if (got < 0) continue;
+      absorb(*owners[static_cast<std::size_t>(got)]);
+    }
+  }
+
+  void drop(int peer, const std::string& why) override {
+    Link& l = link(peer);
+    if (!l.lost.empty()) return;
+    l.lost = why;
+    lost_.push_back(str(peer_name(peer), ": ", why));
+    if (fabric_.failed(rank_)) return;
+    SimCall call(fabric_, rank_, false);
+    post(l, new Message{Message::Kind::kDropped, MessageType::kGoodbye, 0, 0, {}, why}, 0);
+  }
+  void readmit(int) override {}
+  int rejoins(int) const override { return 0; }
+  bool alive(int peer) const override {
+    const Link& l = state_[static_cast<std::size_t>(slot(peer))];
+    return l.lost.empty() && !l.goodbye && !fabric_.failed(peer);
+  }
+  double silence_s(int peer) const override {
+    return fabric_.failed(peer) ? s4u::Engine::get_clock() - fabric_.failed_at[static_cast<std::size_t>(peer)] : 0;
+  }
+  std::vector<std::string> lost_links() override { return lost_; }
+
+  void close() override {
+    if (closed_) return;
+    SimCall call(fabric_, rank_, false);
+    notify_all(Message::Kind::kGoodbye, {});
+    // Flushed, as a socket's close flushes what is queued: the last message of each link.
+    for (Link& l : state_)
+      if (l.last_send) try {
+          l.last_send->wait_for(fabric_.peer_timeout_s);
+        } catch (const simgrid::Exception&) {
+        }
+    closed_ = true;
+  }
+  void abort() override {
+    if (closed_) return;
+    SimCall call(fabric_, rank_, false);
+    notify_all(Message::Kind::kClosed, str("peer ", rank_, " stopped"));
+  }
+
+  int self() const override { return rank_; }
+  const std::vector<int>& links() const override { return links_; }
+  net::LinkCounters counters(int peer) const override { return state_[static_cast<std::size_t>(slot(peer))].counters; }
+  net::LinkCounters total_counters() const override {
+    net::LinkCounters total;
+    for (const Link& l : state_) total += l.counters;
+    return total;
+  }
+  std::string peer_name(int peer) const override { return str("peer ", peer, " (simulated host peer-", peer, ")"); }
+  double peer_timeout_s() const override { return fabric_.peer_timeout_s; }
+
+ private:
+  int slot(int peer) const {
+    const int k = peer >= 0 && peer < fabric_.peers ? index_[static_cast<std::size_t>(peer)] : -1;
+    if (k < 0) throw Error(ErrorKind::kInvalidArgument, str("peer ", rank_, " has no link to peer ", peer));
+    return k;
+  }
+  Link& link(int peer) { return state_[static_cast<std::size_t>(slot(peer))]; }
+
+  // Starts a message on its link, after the link's previous one.
+  s4u::CommPtr post(Link& l, Message* m, std::uint64_t simulated_bytes) {
+    if (!l.receiver_set) {
+      // Its receiver takes each message as it arrives, posted or not: the transfer starts
+      // at once, as TCP's does, not when the receiver asks.
+      l.out->set_receiver(fabric_.actors[static_cast<std::size_t>(l.peer)]);
+      l.receiver_set = true;
+    }
+    s4u::CommPtr comm = l.out->put_init(m, simulated_bytes);
+    if (const double rate = fabric_.rate(rank_, l.peer); rate > 0) comm->set_rate(rate);
+    const bool queued = l.last_send && l.last_send->get_state() != s4u::Activity::State::FINISHED &&
+                        l.last_send->get_state() != s4u::Activity::State::FAILED &&
+                        l.last_send->get_state() != s4u::Activity::State::CANCELED;
+    if (queued) {
+      l.last_send->add_successor(comm);
+      comm->vetoable_start();
+    } else {
+      comm->start();
+    }
+    l.last_send = comm;
+    return comm;
+  }
+
+  void post_receive(Link& l) {
+    if (!l.pending_get) l.pending_get = l.in->get_async<Message>(&l.incoming);
+  }
+
+  // Files the message the link's posted receive got.
+  void absorb(Link& l) {
+    l.pending_get = nullptr;
+    std::unique_ptr<Message> m(l.incoming);
+    l.incoming = nullptr;
+    switch (m->kind) {
+      case Message::Kind::kData:
+        l.counters.bytes_received += net::kHeaderBytes + m->bytes.size();
+        ++l.counters.messages_received;
+        l.arrived[{m->type, m->step, m->tag}] = std::move(m->bytes);
+        break;
+      case Message::Kind::kGoodbye:
+        l.goodbye = true;
+        break;
+      case Message::Kind::kClosed:
+      case Message::Kind::kDropped:
+        if (l.lost.empty()) {
+          l.lost = m->why;
+          lost_.push_back(str(peer_name(l.peer), ": ", m->why));
+        }
+        break;
+    }
+  }
+
+  static std::optional<Payload> take(Link& l, const Key& key) {
+    auto it = l.arrived.find(key);
+    if (it == l.arrived.end()) return std::nullopt;
+    Payload payload = std::move(it->second);
+    l.arrived.erase(it);
+    return payload;
+  }
+
+  void notify_all(Message::Kind kind, const std::string& why) {
+    for (Link& l : state_)
+      if (l.lost.empty() && !fabric_.failed(l.peer))
+        post(l, new Message{kind, MessageType::kGoodbye, 0, 0, {}, why}, 0);
+    closed_ = true;
+  }
+
+  Fabric& fabric_;
+  const int rank_;
+  std::vector<int> links_;
+  std::vector<int> index_;
+  std::vector<Link> state_;
+  std::vector<std::string> lost_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<net::Transport> make_sim_transport(Fabric& fabric, int rank, const std::vector<int>& links) {
+  return std::make_unique<SimTransport>(fabric, rank, links);
+}
+
+}  // namespace peertrain::sim
