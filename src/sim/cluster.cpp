@@ -22,7 +22,7 @@ Fabric* g_fabric = nullptr;
 
 // RunClock inside a simulated cluster: a peer's reading first charges its compute.
 double simulated_seconds() {
-  if (const int peer = current_peer(); peer >= 0 && g_fabric) SimCall call(*g_fabric, peer);
+  if (const int peer = running_peer(); peer >= 0 && g_fabric) SimCall call(*g_fabric, peer);
   return s4u::Engine::get_clock();
 }
 
@@ -87,13 +87,12 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
                           const ClusterOptions& options) {
   check_supported(t, config, options);
   const auto real_start = SteadyClock::now();
-  // Each peer on a thread of its own (set before the engine makes its contexts): its
-  // thread-local state (the log's prefix, the FLOPs counted, the CPU clock's mark, the
-  // model's workspaces) stays its own, and a split transformer's workers, which are
-  // threads, wait for it as they do in a real process.
-  std::string program = "peertrain", factory = "--cfg=contexts/factory:thread", quiet = "--log=xbt_cfg.thres:warning";
-  char* argv[] = {program.data(), factory.data(), quiet.data(), nullptr};
-  int argc = 3;
+  // The peers take turns on one thread (SimGrid's raw contexts, the cheapest to switch).
+  // What a peer keeps between its turns lives in the Fabric, not in thread-local storage;
+  // the model's thread-local workspaces are used only within one turn.
+  std::string program = "peertrain", quiet = "--log=xbt_cfg.thres:warning";
+  char* argv[] = {program.data(), quiet.data(), nullptr};
+  int argc = 2;
   s4u::Engine engine(&argc, argv);
   configure(engine, options);
 
@@ -104,6 +103,9 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
   fabric.compute = options.compute;
   fabric.base_speed = options.host_speed;
   fabric.measured_scale = options.measured_scale;
+  fabric.cpu_mark.assign(static_cast<std::size_t>(fabric.peers), 0);
+  fabric.carried_s.assign(static_cast<std::size_t>(fabric.peers), 0);
+  for (int p = 0; p < fabric.peers; ++p) fabric.prefixes.push_back(str("peer ", p));
   ClusterReport report;
   report.platform = make_platform(engine, t, config, options, fabric);
   report.network_model = simgrid::config::get_value<std::string>("network/model");
@@ -118,9 +120,7 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
   for (int rank = 0; rank < fabric.peers; ++rank) {
     fabric.actors.push_back(
         s4u::Actor::create(str("peer-", rank), fabric.hosts[static_cast<std::size_t>(rank)], [&, rank] {
-          set_current_peer(rank);
-          log::set_thread_prefix(str("peer ", rank));
-          mark_cpu();
+          start_peer(fabric, rank);
           try {
             train::run_peer(t, rank, config, transport);
           } catch (const HostFailed&) {
@@ -133,7 +133,7 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
             failures.push_back({rank, e.what(), false});
           }
           last_end = std::max(last_end, s4u::Engine::get_clock());
-          set_current_peer(-1);
+          end_peer();
         }));
   }
   if (!options.failures.empty()) {

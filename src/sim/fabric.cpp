@@ -4,21 +4,19 @@
 
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
+#include "peertrain/core/log.h"
 
 namespace peertrain::sim {
 namespace {
 
 namespace s4u = simgrid::s4u;
 
-// Per peer thread (each actor runs on its own thread: contexts/factory:thread).
-thread_local int t_peer = -1;
-thread_local double t_cpu_mark = 0;
-// Compute under one simulated microsecond waits for the next call: a call per tiny step
-// would cost the simulation more than it is worth.
-thread_local double t_carried_s = 0;
+// The peer whose code runs now. The peers take turns on one thread (SimGrid's contexts):
+// each SimCall sets it again when its peer resumes.
+int g_running = -1;
 
 // The whole process's CPU time: a peer's own worker threads (a split transformer) count,
-// and while one peer runs every other is blocked, so nothing else does.
+// and while one peer runs every other waits for its turn, so nothing else does.
 double process_cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -26,38 +24,46 @@ double process_cpu_s() {
 }
 
 void charge(Fabric& fabric, int peer) {
+  const auto p = static_cast<std::size_t>(peer);
+  const double speed = fabric.hosts[p]->get_speed();
   const double flops = take_counted_flops();
-  const double cpu_now = process_cpu_s();
   double seconds = 0;
   if (fabric.compute == ComputeModel::kFlops) {
-    seconds = flops / fabric.hosts[static_cast<std::size_t>(peer)]->get_speed();
+    seconds = flops / speed;
   } else {
-    seconds = (cpu_now - t_cpu_mark) * fabric.measured_scale * fabric.base_speed /
-              fabric.hosts[static_cast<std::size_t>(peer)]->get_speed();
+    const double cpu_now = process_cpu_s();
+    seconds = (cpu_now - fabric.cpu_mark[p]) * fabric.measured_scale * fabric.base_speed / speed;
+    fabric.cpu_mark[p] = cpu_now;
   }
-  t_cpu_mark = cpu_now;
-  t_carried_s += seconds;
-  if (t_carried_s < 1e-6) return;
-  const double speed = fabric.hosts[static_cast<std::size_t>(peer)]->get_speed();
-  const double charged = t_carried_s;
-  t_carried_s = 0;
+  // Compute under one simulated microsecond waits for the next call: a call per tiny step
+  // would cost the simulation more than it is worth.
+  fabric.carried_s[p] += seconds;
+  if (fabric.carried_s[p] < 1e-6) return;
+  const double charged = fabric.carried_s[p];
+  fabric.carried_s[p] = 0;
   s4u::this_actor::execute(charged * speed);
+}
+
+void resume(Fabric& fabric, int peer) {
+  g_running = peer;
+  log::set_thread_prefix(fabric.prefixes[static_cast<std::size_t>(peer)]);
+  if (fabric.compute == ComputeModel::kMeasured) fabric.cpu_mark[static_cast<std::size_t>(peer)] = process_cpu_s();
 }
 
 }  // namespace
 
 s4u::Mailbox* Fabric::mailbox(int from, int to) { return s4u::Mailbox::by_name(str(from, ">", to)); }
 
-SimCall::SimCall(Fabric& fabric, int peer, bool check_failure) {
+SimCall::SimCall(Fabric& fabric, int peer, bool check_failure) : fabric_(fabric), peer_(peer) {
   if (check_failure && fabric.failed(peer)) throw HostFailed{};
   charge(fabric, peer);
   if (check_failure && fabric.failed(peer)) throw HostFailed{};
 }
 
-SimCall::~SimCall() { mark_cpu(); }
+SimCall::~SimCall() { resume(fabric_, peer_); }
 
-int current_peer() { return t_peer; }
-void set_current_peer(int peer) { t_peer = peer; }
-void mark_cpu() { t_cpu_mark = process_cpu_s(); }
+int running_peer() { return g_running; }
+void start_peer(Fabric& fabric, int peer) { resume(fabric, peer); }
+void end_peer() { g_running = -1; }
 
 }  // namespace peertrain::sim

@@ -27,6 +27,10 @@ struct Fabric {
   ComputeModel compute = ComputeModel::kFlops;
   double base_speed = 1e10;  // FLOP/s that one measured CPU second stands for (kMeasured)
   double measured_scale = 1;
+  // Each peer's compute not yet charged: where its CPU clock stood when it last resumed
+  // (kMeasured), and the seconds carried over to its next call.
+  std::vector<double> cpu_mark, carried_s;
+  std::vector<std::string> prefixes;  // "peer 3": its log lines'
 
   bool failed(int peer) const { return failed_at[static_cast<std::size_t>(peer)] >= 0; }
   double rate(int from, int to) const {
@@ -37,20 +41,25 @@ struct Fabric {
 
 // Every call of a peer into the simulation opens one: it first charges, as a computation
 // on the peer's host, the compute done since its last call (ComputeModel), and throws
-// HostFailed once the host has failed (unless told not to: a destructor, a send's wait);
-// on leaving it notes where the CPU clock stands.
+// HostFailed once the host has failed (unless told not to: a destructor, a send's wait).
+// On leaving, the peer has its turn again: it is the running peer, its log prefix is set,
+// and its CPU clock starts anew.
 class SimCall {
  public:
   SimCall(Fabric& fabric, int peer, bool check_failure = true);
   ~SimCall();
   SimCall(const SimCall&) = delete;
   SimCall& operator=(const SimCall&) = delete;
+
+ private:
+  Fabric& fabric_;
+  const int peer_;
 };
 
-// The peer the calling thread runs (-1: not a peer's thread), set by the cluster for each actor.
-int current_peer();
-void set_current_peer(int peer);
-// Starts the peer's CPU clock: what it computes from now on is charged at its next call.
-void mark_cpu();
+// The peer whose code runs now (-1: none, or SimGrid's own code).
+int running_peer();
+// A peer's actor begins (its turn, as after a SimCall) and ends.
+void start_peer(Fabric& fabric, int peer);
+void end_peer();
 
 }  // namespace peertrain::sim

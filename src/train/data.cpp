@@ -16,6 +16,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <mutex>
+#include <map>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -421,14 +423,32 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path,
   return to_dataset(read_idx(images_path, labels_path, options), options);
 }
 
+// Read (and its checksum verified) once per process and kept: a simulated cluster's
+// hundreds of peers share it, and the pixels are a mapping of the cached file.
 IdxBytes read_fashion_mnist(const std::string& dir, bool train) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, bool>, IdxBytes> read;
+  std::lock_guard lock(mutex);
+  if (auto it = read.find({dir, train}); it != read.end()) return it->second;
   const std::string prefix = dir + (train ? "/train" : "/t10k");
   IdxOptions options;
   options.cache_dir = user_cache_dir();
-  return read_idx(prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz", options);
+  IdxBytes bytes = read_idx(prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz", options);
+  read.emplace(std::pair{dir, train}, bytes);
+  return bytes;
 }
 
 Dataset load_fashion_mnist(const std::string& dir, bool train) { return to_dataset(read_fashion_mnist(dir, train)); }
+
+std::shared_ptr<const Dataset> shared_fashion_mnist_test(const std::string& dir) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<const Dataset>> held;
+  std::lock_guard lock(mutex);
+  if (auto existing = held[dir].lock()) return existing;
+  auto loaded = std::make_shared<const Dataset>(load_fashion_mnist(dir, false));
+  held[dir] = loaded;
+  return loaded;
+}
 
 std::vector<std::vector<int>> partition_iid(int num_examples, int peers, std::uint64_t seed) {
   check_peers(peers, "iid partition");

@@ -23,7 +23,7 @@ class MlpTask final : public Task {
  public:
   MlpTask(const TrainConfig& config, int peers, int rank)
       : shard_(load_shard(config, peers, rank)),
-        test_(load_fashion_mnist(config.data_dir, false)),
+        test_(shared_fashion_mnist_test(config.data_dir)),
         // The sampler shuffles positions in the shard: the same batches as over the full set.
         sampler_(shard_.data, all_positions(shard_.data.size()), config.batch, config.seed + 1000003ULL * rank),
         mlp_({shard_.data.features, config.hidden, shard_.data.classes}),
@@ -49,10 +49,11 @@ class MlpTask final : public Task {
   TaskEvaluation evaluate(std::span<const float> params) override {
     constexpr int kChunk = 1000;
     model::EvalResult total;
-    for (int start = 0; start < test_.size(); start += kChunk) {
-      const int count = std::min(kChunk, test_.size() - start);
-      const auto r = mlp_.evaluate(params, test_.inputs.data() + static_cast<std::size_t>(start) * test_.features,
-                                   test_.labels.data() + start, count);
+    const Dataset& test = *test_;
+    for (int start = 0; start < test.size(); start += kChunk) {
+      const int count = std::min(kChunk, test.size() - start);
+      const auto r = mlp_.evaluate(params, test.inputs.data() + static_cast<std::size_t>(start) * test.features,
+                                   test.labels.data() + start, count);
       total.loss_sum += r.loss_sum;
       total.correct += r.correct;
       total.count += r.count;
@@ -66,7 +67,7 @@ class MlpTask final : public Task {
 
  private:
   Shard shard_;
-  Dataset test_;
+  std::shared_ptr<const Dataset> test_;  // shared by the peers of one process
   BatchSampler sampler_;
   model::Mlp mlp_;
   int batch_;

@@ -64,6 +64,9 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path,
 // launch reads these files: zlib cost each one 0.45 s).
 IdxBytes read_fashion_mnist(const std::string& dir, bool train);
 Dataset load_fashion_mnist(const std::string& dir, bool train);
+// The test set as floats, one copy for every peer of this process that asks while another
+// holds it: a simulated cluster (sim/cluster.h) runs hundreds of peers in one process.
+std::shared_ptr<const Dataset> shared_fashion_mnist_test(const std::string& dir);
 
 // Example indices for each peer (each peer's list sorted). iid: a seeded shuffle cut into
 // equal contiguous shares whose sizes differ by at most one.
