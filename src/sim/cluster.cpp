@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <mutex>
 
 #include <xbt/config.hpp>
 
@@ -55,6 +56,8 @@ void check_supported(const topology::Topology& t, const train::TrainConfig& conf
                   str("--fail ", f.peer, "@", f.at_s, ": ", t.num_peers(), " peers (0..", t.num_peers() - 1, ")"));
   if (options.host_speed <= 0 || !std::isfinite(options.host_speed))
     throw Error(ErrorKind::kInvalidArgument, str("--host-speed ", options.host_speed, ": must be a positive FLOP/s"));
+  if (options.threads < 1)
+    throw Error(ErrorKind::kInvalidArgument, str("--sim-threads ", options.threads, ": must be at least 1"));
   if (options.measured_scale <= 0)
     throw Error(ErrorKind::kInvalidArgument, str("--compute-scale ", options.measured_scale, ": must be positive"));
 }
@@ -87,18 +90,23 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
                           const ClusterOptions& options) {
   check_supported(t, config, options);
   const auto real_start = SteadyClock::now();
-  // The peers take turns on one thread (SimGrid's raw contexts, the cheapest to switch).
-  // What a peer keeps between its turns lives in the Fabric, not in thread-local storage;
-  // the model's thread-local workspaces are used only within one turn.
-  std::string program = "peertrain", quiet = "--log=xbt_cfg.thres:warning";
-  char* argv[] = {program.data(), quiet.data(), nullptr};
-  int argc = 2;
+  // The peers take turns on SimGrid's raw contexts (the cheapest to switch), those that
+  // are ready at one simulated instant on `threads` threads at once; the simulation is the
+  // same for any number. What a peer keeps between its turns lives in the Fabric, not in
+  // thread-local storage; the model's thread-local workspaces are used only within a turn.
+  // Measured compute reads the process's CPU clock, so its peers take turns one at a time.
+  const int threads = options.compute == ComputeModel::kMeasured ? 1 : options.threads;
+  std::string program = "peertrain", quiet = "--log=xbt_cfg.thres:warning",
+              parallel = str("--cfg=contexts/nthreads:", threads);
+  char* argv[] = {program.data(), quiet.data(), parallel.data(), nullptr};
+  int argc = 3;
   s4u::Engine engine(&argc, argv);
   configure(engine, options);
 
   Fabric fabric;
   fabric.peers = t.num_peers();
-  fabric.failed_at.assign(static_cast<std::size_t>(fabric.peers), -1);
+  fabric.failed_at = std::vector<std::atomic<double>>(static_cast<std::size_t>(fabric.peers));
+  for (auto& at : fabric.failed_at) at = -1;
   fabric.peer_timeout_s = config.peer_timeout_s;
   fabric.compute = options.compute;
   fabric.base_speed = options.host_speed;
@@ -115,6 +123,7 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
   const train::TransportFactory transport = [&fabric](int rank, const std::vector<int>& links) {
     return make_sim_transport(fabric, rank, links);
   };
+  std::mutex ended;  // peers end on several threads at once
   std::vector<PeerFailure> failures;
   double last_end = 0;
   for (int rank = 0; rank < fabric.peers; ++rank) {
@@ -124,10 +133,8 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
           try {
             train::run_peer(t, rank, config, transport);
           } catch (const HostFailed&) {
-            failures.push_back({rank,
-                                str("host peer-", rank, " failed at ", fabric.failed_at[static_cast<std::size_t>(rank)],
-                                    " s (simulated)"),
-                                true});
+            failures.push_back(
+                {rank, str("host peer-", rank, " failed at ", fabric.failed_at_s(rank), " s (simulated)"), true});
           } catch (const std::exception& e) {
             log::error(e.what());
             failures.push_back({rank, e.what(), false});
@@ -143,7 +150,7 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
     s4u::Actor::create("failures", fabric.hosts[0], [&fabric, schedule] {
       for (const HostFailureAt& f : schedule) {
         s4u::this_actor::sleep_until(f.at_s);
-        if (!fabric.failed(f.peer)) fabric.failed_at[static_cast<std::size_t>(f.peer)] = f.at_s;
+        if (!fabric.failed(f.peer)) fabric.fail(f.peer, f.at_s);
       }
     })->daemonize();
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <simgrid/s4u.hpp>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,9 @@ struct Fabric {
   int peers = 0;
   std::vector<simgrid::s4u::Host*> hosts;      // peer i's
   std::vector<simgrid::s4u::ActorPtr> actors;  // peer i's, made before the simulation starts
-  std::vector<double> failed_at;               // < 0: the host is up
+  // When each host failed, in simulated seconds; < 0: it is up. Written by the failures'
+  // actor while peers read it, on several threads.
+  std::vector<std::atomic<double>> failed_at;
   // Bytes per second that each message between two peers may use at most (the topology's
   // per-link cap on a platform built as a star; 0 where the platform itself holds the caps).
   std::vector<double> link_rate;  // [from * peers + to]
@@ -32,7 +35,9 @@ struct Fabric {
   std::vector<double> cpu_mark, carried_s;
   std::vector<std::string> prefixes;  // "peer 3": its log lines'
 
-  bool failed(int peer) const { return failed_at[static_cast<std::size_t>(peer)] >= 0; }
+  bool failed(int peer) const { return failed_at_s(peer) >= 0; }
+  double failed_at_s(int peer) const { return failed_at[static_cast<std::size_t>(peer)].load(); }
+  void fail(int peer, double at_s) { failed_at[static_cast<std::size_t>(peer)].store(at_s); }
   double rate(int from, int to) const {
     return link_rate.empty() ? 0 : link_rate[static_cast<std::size_t>(from) * peers + static_cast<std::size_t>(to)];
   }
@@ -56,7 +61,7 @@ class SimCall {
   const int peer_;
 };
 
-// The peer whose code runs now (-1: none, or SimGrid's own code).
+// The peer whose code runs now on the calling thread (-1: none, or SimGrid's own code).
 int running_peer();
 // A peer's actor begins (its turn, as after a SimCall) and ends.
 void start_peer(Fabric& fabric, int peer);

@@ -179,7 +179,7 @@ class SimTransport final : public net::Transport {
     return l.lost.empty() && !l.goodbye && !fabric_.failed(peer);
   }
   double silence_s(int peer) const override {
-    return fabric_.failed(peer) ? s4u::Engine::get_clock() - fabric_.failed_at[static_cast<std::size_t>(peer)] : 0;
+    return fabric_.failed(peer) ? s4u::Engine::get_clock() - fabric_.failed_at_s(peer) : 0;
   }
   std::vector<std::string> lost_links() override { return lost_; }
 
