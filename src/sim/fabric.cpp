@@ -54,6 +54,21 @@ void resume(Fabric& fabric, int peer) {
 
 s4u::Mailbox* Fabric::mailbox(int from, int to) { return s4u::Mailbox::by_name(str(from, ">", to)); }
 
+net::Payload Fabric::take_buffer() {
+  std::lock_guard lock(pool_mutex_);
+  if (pool_.empty()) return {};
+  net::Payload buffer = std::move(pool_.back());
+  pool_.pop_back();
+  return buffer;
+}
+
+void Fabric::give_buffer(net::Payload buffer) {
+  // A few per peer: what one step of a well-connected peer hands back.
+  const std::size_t kept = 4 * static_cast<std::size_t>(peers) + 64;
+  std::lock_guard lock(pool_mutex_);
+  if (pool_.size() < kept && buffer.capacity() > 0) pool_.push_back(std::move(buffer));
+}
+
 SimCall::SimCall(Fabric& fabric, int peer, bool check_failure) : fabric_(fabric), peer_(peer) {
   if (check_failure && fabric.failed(peer)) throw HostFailed{};
   charge(fabric, peer);

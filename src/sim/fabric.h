@@ -4,9 +4,11 @@
 
 #include <simgrid/s4u.hpp>
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "peertrain/net/transport.h"
 #include "peertrain/sim/cluster.h"
 
 namespace peertrain::sim {
@@ -35,6 +37,11 @@ struct Fabric {
   std::vector<double> cpu_mark, carried_s;
   std::vector<std::string> prefixes;  // "peer 3": its log lines'
 
+  // Payload buffers that receivers handed back (Transport::recycle), for the next sends:
+  // memory already mapped, so a message costs a copy and no page faults.
+  net::Payload take_buffer();
+  void give_buffer(net::Payload buffer);
+
   bool failed(int peer) const { return failed_at_s(peer) >= 0; }
   double failed_at_s(int peer) const { return failed_at[static_cast<std::size_t>(peer)].load(); }
   void fail(int peer, double at_s) { failed_at[static_cast<std::size_t>(peer)].store(at_s); }
@@ -42,6 +49,10 @@ struct Fabric {
     return link_rate.empty() ? 0 : link_rate[static_cast<std::size_t>(from) * peers + static_cast<std::size_t>(to)];
   }
   static simgrid::s4u::Mailbox* mailbox(int from, int to);
+
+ private:
+  std::mutex pool_mutex_;  // peers run on several threads
+  std::vector<net::Payload> pool_;
 };
 
 // Every call of a peer into the simulation opens one: it first charges, as a computation
