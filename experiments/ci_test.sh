@@ -146,6 +146,16 @@ check_experiment() {
       grep -qE 'differs from all-reduce.s by at most 0\.(0[0-9]|10) points' "$out/README.md" ||
         fail "$name: atc on the complete graph is not all-reduce: $(grep -m1 'atc on the complete' "$out/README.md")"
       ;;
+    simulate)
+      check_csv "$out/runs.csv" "$runs" label part algorithm peers network kind steps step_s simulated ||
+        fail "$name: runs.csv"
+      # 3 algorithms on the emulated link (and at 10 Mbit/s in namespaces), each real and simulated
+      check_csv "$out/fidelity.csv" $(((runs - 11) / 2)) network algorithm measured_step_s simulated_step_s error ||
+        fail "$name: fidelity.csv"
+      # 2 networks × n = 8, 16 × D-PSGD and the parameter server
+      check_csv "$out/lian2017.csv" 8 network algorithm peers step_s speedup || fail "$name: lian2017.csv"
+      grep -q 'pairs are within 15 %' "$out/README.md" || fail "$name: README.md has no fidelity summary"
+      ;;
     networks)
       check_csv "$out/runs.csv" "$runs" label part algorithm peers step_s test_accuracy || fail "$name: runs.csv"
       check_csv "$out/curves.csv" "$evaluations_accuracy" label step avg_accuracy || fail "$name: curves.csv"
@@ -181,9 +191,14 @@ check_experiment heterogeneity 10 accuracy_vs_alpha.png gap_split.png accuracy.c
 networks_runs=13
 "$here/../scripts/netlab.sh" check > /dev/null 2>&1 && networks_runs=15
 check_experiment networks $networks_runs time_to_target.png predicted_vs_measured.png sweep.csv report.html
+# simulate --tiny: 3 algorithms real and simulated on the emulated link (and in namespaces where
+# labs can be made), and 8 simulations at Lian et al.'s scale
+simulate_runs=17
+"$here/../scripts/netlab.sh" check > /dev/null 2>&1 && simulate_runs=23
+check_experiment simulate $simulate_runs fidelity.png speedup_vs_n.png fidelity.csv lian2017.csv
 
 echo "== command line"
-for name in topologies lian2017 gossip consensus heterogeneity networks; do
+for name in topologies lian2017 gossip consensus heterogeneity networks simulate; do
   "$here/$name/run.sh" --help | grep -q -- '--quick' || fail "$name/run.sh --help does not describe --quick"
   msg=$("$here/$name/run.sh" --no-such-flag 2>&1) && fail "$name/run.sh accepted --no-such-flag"
   [[ $msg == error:* ]] || fail "$name/run.sh --no-such-flag: expected an 'error:' line, got: $msg"

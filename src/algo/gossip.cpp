@@ -176,7 +176,7 @@ double Gossip::deadline_s() const {
 // the whole bound, when the next peer down the chain, waiting on us for the whole bound
 // too, gave up on us as well (seen on a ring of 6 under load). A silence no longer than a
 // live link shows (its heartbeats' period) never counts.
-net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_t part) {
+net::SharedPayload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_t part) {
   constexpr double kMinSlice = 0.01;  // s; the silence is read this often at most
   const auto start = RunClock::now();
   const double limit = network_.peer_timeout_s();
@@ -186,8 +186,8 @@ net::Payload Gossip::receive_or_give_up(int peer, std::uint64_t step, std::size_
   for (int slices = 1;; ++slices) {
     const double spent = (RunClock::now() - start).count();
     try {
-      return network_.receive(peer, net::MessageType::kParameters, step, part_tag(part),
-                              std::min(slice, limit - spent));
+      return network_.receive_shared(peer, net::MessageType::kParameters, step, part_tag(part),
+                                     std::min(slice, limit - spent));
     } catch (const Error& e) {
       const double waited = (RunClock::now() - start).count();
       const double silence = network_.silence_s(peer);
@@ -275,7 +275,7 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
   MixingRow row = rows_[step_ % rows_.size()];
   // home[j]: neighbour j's weight has moved to the diagonal (lost before or during this round).
   std::vector<char> home(row.peers.size(), 0);
-  std::vector<net::Payload> received;
+  std::vector<net::SharedPayload> received;
   std::vector<float> weights;
   std::vector<const float*> inputs;
   received.reserve(row.peers.size());
@@ -289,11 +289,11 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
       if (left_out(row, home, j)) continue;
       const int peer = row.peers[j];
       try {
-        net::Payload payload = receive_or_give_up(peer, step_, p);
-        if (payload.size() != bytes)
-          throw Error(ErrorKind::kPeerLost, str(network_.peer_name(peer), " sent ", payload.size(),
-                                                " bytes of parameters for step ", step_, part_name(p), ", expected ",
-                                                bytes));
+        net::SharedPayload payload = receive_or_give_up(peer, step_, p);
+        if (payload->size() != bytes)
+          throw Error(ErrorKind::kPeerLost,
+                      str(network_.peer_name(peer), " sent ", payload->size(), " bytes of parameters for step ", step_,
+                          part_name(p), ", expected ", bytes));
         received.push_back(std::move(payload));
         weights.push_back(row.weights[j]);
       } catch (const Error& e) {
@@ -305,10 +305,10 @@ double Gossip::finish(std::span<float> x, std::span<const float> update) {
     wait_sends(sends_[p]);
     waited += (RunClock::now() - begin).count();
     inputs.clear();
-    for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload.data()));
+    for (const auto& payload : received) inputs.push_back(reinterpret_cast<const float*>(payload->data()));
     mix(x.subspan(offset, size), row.self_weight, weights, inputs,
         update.empty() ? update : update.subspan(offset, size));
-    for (auto& payload : received) network_.recycle(std::move(payload));
+    for (auto& payload : received) network_.release(std::move(payload));
     received.clear();
   }
   applied_ = std::move(row);
@@ -337,7 +337,7 @@ double Gossip::finish_message(const TakeMessage& take) {
     if (left_out(row, home, j)) continue;
     const int peer = row.peers[j];
     try {
-      net::Payload payload = receive_or_give_up(peer, step_, 0);
+      net::Payload payload = net::unshare(receive_or_give_up(peer, step_, 0));
       const auto took = RunClock::now();
       take(peer, row.weights[j], payload);
       taking += (RunClock::now() - took).count();

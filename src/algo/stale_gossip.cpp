@@ -119,7 +119,7 @@ double Gossip::finish_stale(std::span<float> x, std::span<const float> update) {
           if (!payload) break;
           take(std::move(*payload));
         }
-        while (held.payload.empty() || held.step < oldest) take(receive_or_give_up(peer, held.next, p));
+        while (held.payload.empty() || held.step < oldest) take(net::unshare(receive_or_give_up(peer, held.next, p)));
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout) throw;
         give_up_during_round(row, home, j, e.what());  // forgets what we held of it; no input points there

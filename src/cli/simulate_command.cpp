@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <thread>
 
 #include "launch_view.h"
 #include "options.h"
@@ -64,8 +63,6 @@ sim::ClusterOptions cluster_options(const cxxopts::ParseResult& args, int peers)
   if (args.count("fail"))
     for (const std::string& f : args["fail"].as<std::vector<std::string>>())
       o.failures.push_back(sim::parse_host_failure(f, peers));
-  o.threads = args.count("sim-threads") ? at_least_flag<int>(args, "sim-threads", 1)
-                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (args.count("sim-cfg")) o.simgrid_config = args["sim-cfg"].as<std::vector<std::string>>();
   return o;
 }
@@ -102,18 +99,13 @@ void add_simulation_options(cxxopts::Options& options) {
       "compute-scale", "--sim-compute measured: simulated seconds per measured CPU second (default 1)",
       cxxopts::value<std::string>())("fail", "PEER@SECONDS: that peer's host fails at that simulated time (repeatable)",
                                      cxxopts::value<std::vector<std::string>>())(
-      "sim-threads",
-      "threads that run the peers ready at one simulated instant (default: this machine's cores; "
-      "the results do not depend on it)",
-      cxxopts::value<std::string>())("sim-cfg",
-                                     "KEY:VALUE: a SimGrid setting, as its --cfg (e.g. network/model:CM02; repeatable)",
-                                     cxxopts::value<std::vector<std::string>>());
+      "sim-cfg", "KEY:VALUE: a SimGrid setting, as its --cfg (e.g. network/model:CM02; repeatable)",
+      cxxopts::value<std::vector<std::string>>());
 }
 
 bool simulation_requested(const cxxopts::ParseResult& args) {
   if (args.count("simulate")) return true;
-  refuse_flags(args, {"platform", "host-speed", "sim-compute", "compute-scale", "fail", "sim-threads", "sim-cfg"},
-               "--simulate");
+  refuse_flags(args, {"platform", "host-speed", "sim-compute", "compute-scale", "fail", "sim-cfg"}, "--simulate");
   return false;
 }
 

@@ -9,6 +9,12 @@
 
 namespace peertrain::net {
 
+Payload unshare(SharedPayload shared) {
+  if (!shared) return {};
+  if (shared.use_count() == 1) return std::move(*shared);
+  return *shared;
+}
+
 Payload Transport::receive_while_alive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
                                        double cap_s) {
   const double silent_s = peer_timeout_s() / 2;

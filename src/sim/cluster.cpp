@@ -28,6 +28,10 @@ double simulated_seconds() {
 }
 
 void configure(s4u::Engine& engine, const ClusterOptions& options) {
+  // SimGrid's LV08 multiplies each route's latency by 13.01, its fit of short transfers on
+  // fresh TCP connections; the engine's links are long-lived connections, whose messages
+  // pay the latency once (experiments/simulate measures both). --sim-cfg overrides it.
+  engine.set_config("network/latency-factor:1");
   for (const std::string& setting : options.simgrid_config) {
     if (setting.find(':') == std::string::npos)
       throw Error(ErrorKind::kInvalidArgument, str("--sim-cfg '", setting, "': expected KEY:VALUE (SimGrid's --cfg)"));
@@ -56,8 +60,6 @@ void check_supported(const topology::Topology& t, const train::TrainConfig& conf
                   str("--fail ", f.peer, "@", f.at_s, ": ", t.num_peers(), " peers (0..", t.num_peers() - 1, ")"));
   if (options.host_speed <= 0 || !std::isfinite(options.host_speed))
     throw Error(ErrorKind::kInvalidArgument, str("--host-speed ", options.host_speed, ": must be a positive FLOP/s"));
-  if (options.threads < 1)
-    throw Error(ErrorKind::kInvalidArgument, str("--sim-threads ", options.threads, ": must be at least 1"));
   if (options.measured_scale <= 0)
     throw Error(ErrorKind::kInvalidArgument, str("--compute-scale ", options.measured_scale, ": must be positive"));
 }
@@ -90,16 +92,12 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
                           const ClusterOptions& options) {
   check_supported(t, config, options);
   const auto real_start = SteadyClock::now();
-  // The peers take turns on SimGrid's raw contexts (the cheapest to switch), those that
-  // are ready at one simulated instant on `threads` threads at once; the simulation is the
-  // same for any number. What a peer keeps between its turns lives in the Fabric, not in
-  // thread-local storage; the model's thread-local workspaces are used only within a turn.
-  // Measured compute reads the process's CPU clock, so its peers take turns one at a time.
-  const int threads = options.compute == ComputeModel::kMeasured ? 1 : options.threads;
-  std::string program = "peertrain", quiet = "--log=xbt_cfg.thres:warning",
-              parallel = str("--cfg=contexts/nthreads:", threads);
-  char* argv[] = {program.data(), quiet.data(), parallel.data(), nullptr};
-  int argc = 3;
+  // The peers take turns on one thread, on SimGrid's raw contexts (the cheapest to switch).
+  // What a peer keeps between its turns lives in the Fabric, not in thread-local storage;
+  // the model's thread-local workspaces are used only within a turn.
+  std::string program = "peertrain", quiet = "--log=xbt_cfg.thres:warning";
+  char* argv[] = {program.data(), quiet.data(), nullptr};
+  int argc = 2;
   s4u::Engine engine(&argc, argv);
   configure(engine, options);
 
@@ -123,7 +121,6 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
   const train::TransportFactory transport = [&fabric](int rank, const std::vector<int>& links) {
     return make_sim_transport(fabric, rank, links);
   };
-  std::mutex ended;  // peers end on several threads at once
   std::vector<PeerFailure> failures;
   double last_end = 0;
   for (int rank = 0; rank < fabric.peers; ++rank) {

@@ -11,9 +11,9 @@ namespace {
 
 namespace s4u = simgrid::s4u;
 
-// The peer whose code runs now on this thread. Peers take turns on SimGrid's contexts, a
-// few threads at once: each SimCall sets it again when its peer resumes.
-thread_local int g_running = -1;
+// The peer whose code runs now. Peers take turns on SimGrid's contexts: each SimCall sets
+// it again when its peer resumes.
+int g_running = -1;
 
 // The whole process's CPU time: a peer's own worker threads (a split transformer) count,
 // and while one peer runs every other waits for its turn, so nothing else does.

@@ -22,8 +22,7 @@ struct Fabric {
   int peers = 0;
   std::vector<simgrid::s4u::Host*> hosts;      // peer i's
   std::vector<simgrid::s4u::ActorPtr> actors;  // peer i's, made before the simulation starts
-  // When each host failed, in simulated seconds; < 0: it is up. Written by the failures'
-  // actor while peers read it, on several threads.
+  // When each host failed, in simulated seconds; < 0: it is up.
   std::vector<std::atomic<double>> failed_at;
   // Bytes per second that each message between two peers may use at most (the topology's
   // per-link cap on a platform built as a star; 0 where the platform itself holds the caps).
@@ -51,7 +50,7 @@ struct Fabric {
   static simgrid::s4u::Mailbox* mailbox(int from, int to);
 
  private:
-  std::mutex pool_mutex_;  // peers run on several threads
+  std::mutex pool_mutex_;
   std::vector<net::Payload> pool_;
 };
 
@@ -72,7 +71,7 @@ class SimCall {
   const int peer_;
 };
 
-// The peer whose code runs now on the calling thread (-1: none, or SimGrid's own code).
+// The peer whose code runs now (-1: none, or SimGrid's own code).
 int running_peer();
 // A peer's actor begins (its turn, as after a SimCall) and ends.
 void start_peer(Fabric& fabric, int peer);

@@ -19,7 +19,7 @@ struct Message {
   MessageType type = MessageType::kParameters;
   std::uint64_t step = 0;
   std::uint32_t tag = 0;
-  Payload bytes;
+  net::SharedPayload bytes;  // kData: every neighbour's message of one send may share them
   std::string why;  // kClosed, kDropped
 };
 
@@ -33,7 +33,7 @@ struct Link {
   s4u::CommPtr last_send;    // the link's newest message: the next one starts after it
   s4u::CommPtr pending_get;  // at most one posted receive, kept across time-outs
   Message* incoming = nullptr;
-  std::map<Key, Payload> arrived;
+  std::map<Key, net::SharedPayload> arrived;
   bool goodbye = false;  // the peer finished cleanly
   std::string lost;      // why the link is lost (closed by the peer, dropped); empty: it is not
   net::LinkCounters counters;
@@ -73,14 +73,14 @@ class SimTransport final : public net::Transport {
     if (!l.lost.empty())
       return Work::completed(std::make_exception_ptr(
           Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost (", l.lost, "); cannot send ", to_string(type)))));
-    auto* m = new Message{Message::Kind::kData, type, step, tag, fabric_.take_buffer(), {}};
-    m->bytes.assign(payload.bytes().begin(), payload.bytes().end());
-    l.counters.bytes_sent += net::kHeaderBytes + m->bytes.size();
+    auto* m = new Message{Message::Kind::kData, type, step, tag, snapshot(payload), {}};
+    l.counters.bytes_sent += net::kHeaderBytes + m->bytes->size();
     ++l.counters.messages_sent;
     // Control traffic (evaluation reports, measurements) is not part of the network's
     // time in a real run either: it costs only the route's latency here.
-    const std::uint64_t simulated_bytes = shaped ? net::kHeaderBytes + m->bytes.size() : 0;
+    const std::uint64_t simulated_bytes = shaped ? net::kHeaderBytes + m->bytes->size() : 0;
     s4u::CommPtr comm = post(l, m, simulated_bytes);
+    if (!payload.owner()) snapshot_.last_send = comm;
     auto state = std::make_shared<Work::State>(
         [=, this] { return str(to_string(type), " for step ", step, " to ", peer_name(peer)); },
         fabric_.peer_timeout_s);
@@ -103,12 +103,17 @@ class SimTransport final : public net::Transport {
   }
 
   Payload receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag, double timeout_s) override {
+    return net::unshare(receive_shared(peer, type, step, tag, timeout_s));
+  }
+
+  net::SharedPayload receive_shared(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
+                                    double timeout_s) override {
     SimCall call(fabric_, rank_);
     Link& l = link(peer);
     const double limit = std::min(timeout_s, fabric_.peer_timeout_s);
     const double deadline = s4u::Engine::get_clock() + limit;
     for (;;) {
-      if (auto payload = take(l, {type, step, tag})) return std::move(*payload);
+      if (auto payload = take(l, {type, step, tag})) return payload;
       if (!l.lost.empty()) throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost: ", l.lost));
       if (l.goodbye)
         throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " finished and closed its link before sending ",
@@ -138,7 +143,7 @@ class SimTransport final : public net::Transport {
       if (!l.pending_get->test()) break;
       absorb(l);
     }
-    if (auto payload = take(l, {type, step, tag})) return payload;
+    if (auto payload = take(l, {type, step, tag})) return net::unshare(std::move(payload));
     if (!l.lost.empty()) throw Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost: ", l.lost));
     return std::nullopt;
   }
@@ -152,7 +157,8 @@ class SimTransport final : public net::Transport {
       for (std::size_t i = 0; i < wanted.size(); ++i) {
         const Wanted& w = wanted[i];
         Link& l = link(w.peer);
-        if (auto payload = take(l, {w.type, w.step, w.tag})) return Arrival{i, std::move(*payload), false, {}};
+        if (auto payload = take(l, {w.type, w.step, w.tag}))
+          return Arrival{i, net::unshare(std::move(payload)), false, {}};
         if (!l.lost.empty() || l.goodbye)
           return Arrival{i, {}, true, l.lost.empty() ? str(peer_name(w.peer), " finished") : l.lost};
         if (std::find(owners.begin(), owners.end(), &l) != owners.end()) continue;
@@ -260,7 +266,7 @@ class SimTransport final : public net::Transport {
     l.incoming = nullptr;
     switch (m->kind) {
       case Message::Kind::kData:
-        l.counters.bytes_received += net::kHeaderBytes + m->bytes.size();
+        l.counters.bytes_received += net::kHeaderBytes + m->bytes->size();
         ++l.counters.messages_received;
         l.arrived[{m->type, m->step, m->tag}] = std::move(m->bytes);
         break;
@@ -277,12 +283,32 @@ class SimTransport final : public net::Transport {
     }
   }
 
-  static std::optional<Payload> take(Link& l, const Key& key) {
+  static net::SharedPayload take(Link& l, const Key& key) {
     auto it = l.arrived.find(key);
-    if (it == l.arrived.end()) return std::nullopt;
-    Payload payload = std::move(it->second);
+    if (it == l.arrived.end()) return nullptr;
+    net::SharedPayload payload = std::move(it->second);
     l.arrived.erase(it);
     return payload;
+  }
+
+  // The bytes a send carries. Owned bytes are taken as they are. Borrowed ones are copied
+  // once and the copy shared by the next sends of the same bytes (gossip sends x to every
+  // neighbour) for as long as one of those sends is under way: the caller keeps borrowed
+  // bytes unchanged until each send is done, so while one is not, they are the same.
+  net::SharedPayload snapshot(const net::SendBuffer& payload) {
+    if (payload.owner()) return payload.owner();
+    const auto bytes = payload.bytes();
+    Snapshot& last = snapshot_;
+    const bool same = last.bytes && last.data == bytes.data() && last.size == bytes.size() && last.last_send &&
+                      last.last_send->get_state() != s4u::Activity::State::FINISHED &&
+                      last.last_send->get_state() != s4u::Activity::State::FAILED &&
+                      last.last_send->get_state() != s4u::Activity::State::CANCELED;
+    if (same) return last.bytes;
+    if (last.bytes && last.bytes.use_count() == 1) fabric_.give_buffer(std::move(*last.bytes));
+    Payload copy = fabric_.take_buffer();
+    copy.assign(bytes.begin(), bytes.end());
+    last = Snapshot{std::make_shared<Payload>(std::move(copy)), bytes.data(), bytes.size(), nullptr};
+    return last.bytes;
   }
 
   void notify_all(Message::Kind kind, const std::string& why) {
@@ -299,6 +325,12 @@ class SimTransport final : public net::Transport {
   std::vector<Link> state_;
   std::vector<std::string> lost_;
   bool closed_ = false;
+  struct Snapshot {
+    net::SharedPayload bytes;
+    const std::byte* data = nullptr;  // what was copied
+    std::size_t size = 0;
+    s4u::CommPtr last_send;  // the newest send that carries it
+  } snapshot_;
 };
 
 }  // namespace

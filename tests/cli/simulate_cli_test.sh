@@ -3,7 +3,7 @@
 #  1. a simulated run is the twin of a real one: for D-PSGD, ring all-reduce and the parameter
 #     server with a fixed seed, metrics.csv's losses, accuracies and consensus distances are
 #     equal, bit for bit, to those of the same run as processes over TCP (its bytes sent
-#     within 0.1 %), and to those of the simulation on one thread;
+#     within 0.1 %);
 #  2. its time is SimGrid's: on 10 Mbit/s links with 4 ms of latency under SimGrid's CM02
 #     model, a D-PSGD step of 2.68 MB messages takes what the model says, and summary.json
 #     says the time is simulated;
@@ -37,17 +37,6 @@ for algorithm in dpsgd allreduce ps; do
   fi
   bytes_close "$real" "$simulated" && ok || fail "$algorithm: the simulated run's bytes sent differ by over 0.1 %"
 done
-
-# The peers ready at one instant run on several threads (--sim-threads, by default the
-# machine's cores): the results are those of one thread.
-out="$work/sim-dpsgd-one-thread"
-if timeout 300 "$bin" launch --simulate --sim-threads 1 --topology "$work/ring4.yaml" "${small[@]}" --out "$out" \
-    >"$out.log" 2>&1; then
-  diff <(metrics_core "$work/sim-dpsgd") <(metrics_core "$out") >/dev/null && ok ||
-    fail "--sim-threads 1 gives other metrics than the default"
-else
-  fail "simulated run on one thread"; tail -5 "$out.log"
-fi
 
 # 2. SimGrid's time. Each peer sends its 669,706 parameters (2,678,872 bytes, and a 48-byte
 # header) to its two neighbours on links capped at 10 Mbit/s with 4 ms: CM02 says

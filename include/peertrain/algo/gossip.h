@@ -154,7 +154,7 @@ class Gossip {
   const std::vector<Part>& parts_for(std::size_t n);
   // " (part p of P)" when there are several parts, for messages.
   std::string part_name(std::size_t part) const;
-  net::Payload receive_or_give_up(int peer, std::uint64_t step, std::size_t part);
+  net::SharedPayload receive_or_give_up(int peer, std::uint64_t step, std::size_t part);
   void give_up_on(int peer, const std::string& why);
   void note_round(double waited);
   // The fused pass x ← self·x + Σ_j w_j·in_j − update; shared by both modes.

@@ -24,6 +24,11 @@
 namespace peertrain::net {
 
 using Payload = std::vector<std::byte>;
+// A received payload that a transport may hand to several receivers without copying (a
+// simulated cluster gives every neighbour the same bytes). Its holders only read it.
+using SharedPayload = std::shared_ptr<Payload>;
+// The payload itself: moved out when this is its last holder, copied otherwise.
+Payload unshare(SharedPayload shared);
 
 struct LinkCounters {
   std::uint64_t bytes_sent = 0;
@@ -89,6 +94,12 @@ class Transport {
   // The message if it has arrived, without waiting; throws like receive() if the link is
   // lost. A peer that finished cleanly is not lost: it simply has nothing more to say.
   virtual std::optional<Payload> try_receive(int peer, MessageType type, std::uint64_t step, std::uint32_t tag) = 0;
+  // receive(), as a payload that may be shared with other receivers. The default wraps
+  // receive()'s own, without a copy.
+  virtual SharedPayload receive_shared(int peer, MessageType type, std::uint64_t step, std::uint32_t tag,
+                                       double timeout_s) {
+    return std::make_shared<Payload>(receive(peer, type, step, tag, timeout_s));
+  }
 
   // Whichever of several expected messages comes first: a peer that serves requests from
   // any neighbour at any time (AD-PSGD's pairwise averaging) waits on all of its links at
@@ -145,6 +156,10 @@ class Transport {
 
   // Hands a received payload back so a later message can reuse its memory.
   virtual void recycle(Payload payload) { (void)payload; }
+  // Hands back a shared one: recycled when this was its last holder.
+  void release(SharedPayload shared) {
+    if (shared && shared.use_count() == 1) recycle(std::move(*shared));
+  }
 
   // Says goodbye on every live link, flushes what is queued, and closes. Idempotent.
   virtual void close() = 0;

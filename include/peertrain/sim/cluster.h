@@ -40,9 +40,6 @@ struct ClusterOptions {
   std::string platform_file;                // SimGrid platform (XML); empty: built from the topology
   std::vector<std::string> simgrid_config;  // "key:value" settings for SimGrid, as its --cfg
   std::vector<HostFailureAt> failures;
-  // Threads that run the peers ready at one simulated instant (SimGrid's contexts/nthreads).
-  // The results are the same for any number; kMeasured uses one.
-  int threads = 1;
 };
 
 struct PeerFailure {
