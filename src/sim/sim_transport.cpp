@@ -294,7 +294,7 @@ class SimTransport final : public net::Transport {
   // The bytes a send carries. Owned bytes are taken as they are. Borrowed ones are copied
   // once and the copy shared by the next sends of the same bytes (gossip sends x to every
   // neighbour) for as long as one of those sends is under way: the caller keeps borrowed
-  // bytes unchanged until each send is done, so while one is not, they are the same.
+  // bytes unchanged while each send is under way, so while one is, they are the same.
   net::SharedPayload snapshot(const net::SendBuffer& payload) {
     if (payload.owner()) return payload.owner();
     const auto bytes = payload.bytes();

@@ -3,7 +3,7 @@
 // on the platform's route, and the messages of one link go in order, one after another,
 // as over one TCP connection. A peer that finishes says goodbye on every link; one that
 // fails with an error tells every link at once, as a closed socket would; one whose host
-// failed falls silent, and its neighbours hear nothing until their time-outs.
+// failed falls silent: its neighbours hear nothing more, and their time-outs find it lost.
 #pragma once
 
 #include <memory>
