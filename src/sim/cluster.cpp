@@ -78,9 +78,10 @@ HostFailureAt parse_host_failure(const std::string& text, int peers) {
   const auto at = text.find('@');
   HostFailureAt f;
   const char* end = text.data() + text.size();
+  auto whole = [](std::from_chars_result r, const char* stop) { return r.ec == std::errc() && r.ptr == stop; };
   const bool ok = at != std::string::npos &&
-                  std::from_chars(text.data(), text.data() + at, f.peer).ptr == text.data() + at &&
-                  std::from_chars(text.data() + at + 1, end, f.at_s).ptr == end && f.at_s >= 0;
+                  whole(std::from_chars(text.data(), text.data() + at, f.peer), text.data() + at) &&
+                  whole(std::from_chars(text.data() + at + 1, end, f.at_s), end) && f.at_s >= 0;
   if (!ok) throw Error(ErrorKind::kInvalidArgument, str("--fail '", text, "': expected PEER@SECONDS, e.g. 3@12.5"));
   if (f.peer < 0 || f.peer >= peers)
     throw Error(ErrorKind::kInvalidArgument,

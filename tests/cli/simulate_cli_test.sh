@@ -3,7 +3,7 @@
 #  1. a simulated run is the twin of a real one: for D-PSGD, ring all-reduce and the parameter
 #     server with a fixed seed, metrics.csv's losses, accuracies and consensus distances are
 #     equal, bit for bit, to those of the same run as processes over TCP (its bytes sent
-#     within 0.1 %);
+#     within 0.1 %); and for the GPT split over a pipeline inside each peer;
 #  2. its time is SimGrid's: on 10 Mbit/s links with 4 ms of latency under SimGrid's CM02
 #     model, a D-PSGD step of 2.68 MB messages takes what the model says, and summary.json
 #     says the time is simulated;
@@ -37,6 +37,19 @@ for algorithm in dpsgd allreduce ps; do
   fi
   bytes_close "$real" "$simulated" && ok || fail "$algorithm: the simulated run's bytes sent differ by over 0.1 %"
 done
+
+# The GPT too, its pipeline's workers being threads of the simulated peer.
+real="$work/real-gpt" simulated="$work/sim-gpt"
+gpt=(--model gpt --pp 2 --microbatches 2 --max-steps 3 --eval-every 3 --eval-windows 16 --seed 7)
+if timeout 300 "$bin" launch --topology "$work/ring4.yaml" "${gpt[@]}" --out "$real" >"$real.log" 2>&1 &&
+    timeout 300 "$bin" launch --simulate --topology "$work/ring4.yaml" "${gpt[@]}" --out "$simulated" \
+      >"$simulated.log" 2>&1; then
+  diff <(metrics_core "$real") <(metrics_core "$simulated") >/dev/null &&
+    diff <(cut -d, -f13- "$real/metrics.csv") <(cut -d, -f13- "$simulated/metrics.csv") >/dev/null && ok ||
+    fail "gpt: the simulated run's metrics (bits per byte included) differ from the real run's"
+else
+  fail "gpt runs"; tail -3 "$real.log" "$simulated.log"
+fi
 
 # 2. SimGrid's time. Each peer sends its 669,706 parameters (2,678,872 bytes, and a 48-byte
 # header) to its two neighbours on links capped at 10 Mbit/s with 4 ms: CM02 says

@@ -37,10 +37,12 @@ TEST(ComputeModel, NamesRoundTripAndOthersAreRefused) {
 TEST(SharedPayload, TheLastHolderTakesTheBytesAndOthersCopyThem) {
   auto shared = std::make_shared<net::Payload>(net::Payload{std::byte{1}, std::byte{2}, std::byte{3}});
   const std::byte* data = shared->data();
-  auto second = shared;
-  net::Payload copy = net::unshare(second);  // two holders: a copy
-  EXPECT_EQ(copy, *shared);
-  EXPECT_NE(copy.data(), data);
+  {
+    auto second = shared;
+    net::Payload copy = net::unshare(second);  // two holders: a copy
+    EXPECT_EQ(copy, *shared);
+    EXPECT_NE(copy.data(), data);
+  }
   net::Payload moved = net::unshare(std::move(shared));  // the last holder: the bytes themselves
   EXPECT_EQ(moved.data(), data);
   EXPECT_TRUE(net::unshare(nullptr).empty());
