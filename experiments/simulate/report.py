@@ -118,6 +118,38 @@ def misses(fid):
     return out
 
 
+def observations(fid, lia, sca):
+    """What the numbers say, each computed from the tables."""
+    lines = ["## Observations (computed from fidelity.csv, lian2017.csv and scale.csv)", ""]
+    if fid:
+        within = [t for t in fid if abs(t["error"]) <= TOLERANCE]
+        lines.append(f"- {len(within)} of {len(fid)} simulated steps are within 15 % of the measured ones; by "
+                     "network: " + "; ".join(
+                         f"{net} {sum(abs(t['error']) <= TOLERANCE for t in fid if t['network'] == net)} of "
+                         f"{sum(t['network'] == net for t in fid)}" for net in sorted({t['network'] for t in fid})) + ".")
+        shipped = [t for t in fid if t["shipped_lv08_error"] is not None]
+        if shipped:
+            lines.append(f"- With LV08's latency factor as shipped, the emulated-link steps are "
+                         f"{min(100 * t['shipped_lv08_error'] for t in shipped):+.0f} % to "
+                         f"{max(100 * t['shipped_lv08_error'] for t in shipped):+.0f} % off, against "
+                         f"{min(100 * t['error'] for t in shipped):+.0f} % to {max(100 * t['error'] for t in shipped):+.0f} % "
+                         "with the default's factor of 1.")
+    for network in sorted({t["network"] for t in lia}):
+        for algorithm in ("dpsgd", "ps"):
+            pts = sorted((t["peers"], t["step_s"], t["speedup"]) for t in lia
+                         if t["network"] == network and t["algorithm"] == algorithm)
+            if len(pts) >= 2:
+                lines.append(f"- {NAMES[algorithm]}, {network}: from n = {pts[0][0]} to {pts[-1][0]} the step goes from "
+                             f"{pts[0][1] * 1e3:.3g} to {pts[-1][1] * 1e3:.3g} ms ({pts[-1][1] / pts[0][1]:.2f}×) and the "
+                             f"speed-up from {pts[0][2]:.1f}× to {pts[-1][2]:.1f}×.")
+    for t in sca:
+        if t["kind"] == "simulated":
+            lines.append(f"- {t['peers']} simulated peers × {t['steps']} steps took {ek.clock(t['real_s'])} of real "
+                         f"time ({t['real_ms_per_peer_step']:.2f} ms a peer-step) and {t['memory_per_peer_mb']:.0f} MB "
+                         "a peer.")
+    return lines + [""]
+
+
 def plot_fidelity(out, table):
     dat = os.path.join(out, "fidelity.dat")
     ek.write_dat(dat, ["measured", "simulated"], [(t["measured_step_s"], t["simulated_step_s"]) for t in table])
@@ -231,6 +263,7 @@ def main(out):
                            [[t["label"], t["kind"], t["peers"], t["steps"], ek.clock(t["real_s"]),
                              f"{t['real_ms_per_peer_step']:.2f}", f"{t['memory_per_peer_mb']:.0f} MB",
                              f"{t['test_accuracy']:.4f}"] for t in sca]), ""]
+    md += observations(fid, lia, sca)
     md += ["## Files", "",
            "`manifest.tsv` (every run), `runs/<part>-…/` (each run's folder and command), `runs.csv` (a row per "
            "run), `curves.csv` (every evaluation of every run), `fidelity.csv`, "

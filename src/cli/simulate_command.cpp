@@ -62,7 +62,7 @@ sim::ClusterOptions cluster_options(const cxxopts::ParseResult& args, int peers)
   }
   if (args.count("fail"))
     for (const std::string& f : args["fail"].as<std::vector<std::string>>())
-      o.failures.push_back(sim::parse_host_failure(f, peers));
+      o.failures.push_back(sim::parse_failure(f, peers));
   if (args.count("sim-cfg")) o.simgrid_config = args["sim-cfg"].as<std::vector<std::string>>();
   return o;
 }
@@ -97,8 +97,11 @@ void add_simulation_options(cxxopts::Options& options) {
       "measured (the CPU time measured, times --compute-scale)",
       cxxopts::value<std::string>()->default_value("flops"))(
       "compute-scale", "--sim-compute measured: simulated seconds per measured CPU second (default 1)",
-      cxxopts::value<std::string>())("fail", "PEER@SECONDS: that peer's host fails at that simulated time (repeatable)",
-                                     cxxopts::value<std::vector<std::string>>())(
+      cxxopts::value<std::string>())(
+      "fail",
+      "PEER@SECONDS: that peer's host fails at that simulated time; A-B@SECONDS: the link between "
+      "peers A and B is cut then (repeatable)",
+      cxxopts::value<std::vector<std::string>>())(
       "sim-cfg", "KEY:VALUE: a SimGrid setting, as its --cfg (e.g. network/model:CM02; repeatable)",
       cxxopts::value<std::vector<std::string>>());
 }

@@ -54,10 +54,11 @@ void check_supported(const topology::Topology& t, const train::TrainConfig& conf
     throw Error(ErrorKind::kInvalidArgument,
                 "--simulate: the peers compute on the CPU (a host's speed stands for "
                 "its device: --host-speed)");
-  for (const HostFailureAt& f : options.failures)
-    if (f.peer < 0 || f.peer >= t.num_peers())
-      throw Error(ErrorKind::kInvalidArgument,
-                  str("--fail ", f.peer, "@", f.at_s, ": ", t.num_peers(), " peers (0..", t.num_peers() - 1, ")"));
+  const int n = t.num_peers();
+  for (const FailureAt& f : options.failures)
+    if (f.peer < 0 || f.peer >= n || (f.link() && (f.other >= n || f.other == f.peer)))
+      throw Error(ErrorKind::kInvalidArgument, str("--fail: peer ", f.peer, f.link() ? str(" or ", f.other) : "",
+                                                   " is not one of ", n, " peers (0..", n - 1, ")"));
   if (options.host_speed <= 0 || !std::isfinite(options.host_speed))
     throw Error(ErrorKind::kInvalidArgument, str("--host-speed ", options.host_speed, ": must be a positive FLOP/s"));
   if (options.measured_scale <= 0)
@@ -74,18 +75,29 @@ ComputeModel parse_compute_model(std::string_view name) {
   throw Error(ErrorKind::kInvalidArgument, str("--sim-compute '", name, "' is not one of flops, measured"));
 }
 
-HostFailureAt parse_host_failure(const std::string& text, int peers) {
-  const auto at = text.find('@');
-  HostFailureAt f;
-  const char* end = text.data() + text.size();
+FailureAt parse_failure(const std::string& text, int peers) {
   auto whole = [](std::from_chars_result r, const char* stop) { return r.ec == std::errc() && r.ptr == stop; };
-  const bool ok = at != std::string::npos &&
-                  whole(std::from_chars(text.data(), text.data() + at, f.peer), text.data() + at) &&
-                  whole(std::from_chars(text.data() + at + 1, end, f.at_s), end) && f.at_s >= 0;
-  if (!ok) throw Error(ErrorKind::kInvalidArgument, str("--fail '", text, "': expected PEER@SECONDS, e.g. 3@12.5"));
-  if (f.peer < 0 || f.peer >= peers)
+  const auto at = text.find('@');
+  const auto dash = text.find('-');
+  const bool link = dash != std::string::npos && dash > 0 && dash < at;
+  FailureAt f;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  const char* who_end = begin + (at == std::string::npos ? 0 : at);
+  bool ok = at != std::string::npos && whole(std::from_chars(begin + at + 1, end, f.at_s), end) && f.at_s >= 0;
+  if (ok && link)
+    ok = whole(std::from_chars(begin, begin + dash, f.peer), begin + dash) &&
+         whole(std::from_chars(begin + dash + 1, who_end, f.other), who_end);
+  else if (ok)
+    ok = whole(std::from_chars(begin, who_end, f.peer), who_end);
+  if (!ok)
     throw Error(ErrorKind::kInvalidArgument,
-                str("--fail '", text, "': no peer ", f.peer, " (peers 0..", peers - 1, ")"));
+                str("--fail '", text, "': expected PEER@SECONDS (a host) or A-B@SECONDS (a link), e.g. 3@12.5"));
+  for (const int p : link ? std::vector<int>{f.peer, f.other} : std::vector<int>{f.peer})
+    if (p < 0 || p >= peers)
+      throw Error(ErrorKind::kInvalidArgument, str("--fail '", text, "': no peer ", p, " (peers 0..", peers - 1, ")"));
+  if (link && f.peer == f.other)
+    throw Error(ErrorKind::kInvalidArgument, str("--fail '", text, "': a link joins two different peers"));
   return f;
 }
 
@@ -146,9 +158,12 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
     std::sort(schedule.begin(), schedule.end(), [](const auto& a, const auto& b) { return a.at_s < b.at_s; });
     // A daemon: it does not keep the simulation going once every peer has ended.
     s4u::Actor::create("failures", fabric.hosts[0], [&fabric, schedule] {
-      for (const HostFailureAt& f : schedule) {
+      for (const FailureAt& f : schedule) {
         s4u::this_actor::sleep_until(f.at_s);
-        if (!fabric.failed(f.peer)) fabric.fail(f.peer, f.at_s);
+        if (f.link())
+          fabric.cut(f.peer, f.other, f.at_s);
+        else if (!fabric.failed(f.peer))
+          fabric.fail(f.peer, f.at_s);
       }
     })->daemonize();
   }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <simgrid/s4u.hpp>
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -42,6 +44,14 @@ struct Fabric {
   void give_buffer(net::Payload buffer);
 
   bool failed(int peer) const { return failed_at_s(peer) >= 0; }
+  // When the link between two peers was cut, in simulated seconds; < 0: it is whole.
+  double cut_at_s(int a, int b) const {
+    if (cut_at_.empty()) return -1;
+    const auto it = cut_at_.find(std::minmax(a, b));
+    return it == cut_at_.end() ? -1 : it->second;
+  }
+  bool cut(int a, int b) const { return cut_at_s(a, b) >= 0; }
+  void cut(int a, int b, double at_s) { cut_at_.emplace(std::minmax(a, b), at_s); }
   double failed_at_s(int peer) const { return failed_at[static_cast<std::size_t>(peer)].load(); }
   void fail(int peer, double at_s) { failed_at[static_cast<std::size_t>(peer)].store(at_s); }
   double rate(int from, int to) const {
@@ -50,6 +60,7 @@ struct Fabric {
   static simgrid::s4u::Mailbox* mailbox(int from, int to);
 
  private:
+  std::map<std::pair<int, int>, double> cut_at_;
   std::mutex pool_mutex_;
   std::vector<net::Payload> pool_;
 };

@@ -73,6 +73,12 @@ class SimTransport final : public net::Transport {
     if (!l.lost.empty())
       return Work::completed(std::make_exception_ptr(
           Error(ErrorKind::kPeerLost, str(peer_name(peer), " is lost (", l.lost, "); cannot send ", to_string(type)))));
+    if (fabric_.cut(rank_, peer)) {
+      // A pulled cable: the bytes leave, as into a socket's buffer, and never arrive.
+      l.counters.bytes_sent += net::kHeaderBytes + payload.bytes().size();
+      ++l.counters.messages_sent;
+      return Work::completed();
+    }
     auto* m = new Message{Message::Kind::kData, type, step, tag, snapshot(payload), {}};
     l.counters.bytes_sent += net::kHeaderBytes + m->bytes->size();
     ++l.counters.messages_sent;
@@ -188,10 +194,14 @@ class SimTransport final : public net::Transport {
   int rejoins(int) const override { return 0; }
   bool alive(int peer) const override {
     const Link& l = state_[static_cast<std::size_t>(slot(peer))];
-    return l.lost.empty() && !l.goodbye && !fabric_.failed(peer);
+    return l.lost.empty() && !l.goodbye && !fabric_.failed(peer) && !fabric_.cut(rank_, peer);
   }
   double silence_s(int peer) const override {
-    return fabric_.failed(peer) ? s4u::Engine::get_clock() - fabric_.failed_at_s(peer) : 0;
+    // Silent since its host failed, or since the cable between us was cut.
+    double since = fabric_.failed(peer) ? fabric_.failed_at_s(peer) : -1;
+    if (fabric_.cut(rank_, peer) && (since < 0 || fabric_.cut_at_s(rank_, peer) < since))
+      since = fabric_.cut_at_s(rank_, peer);
+    return since < 0 ? 0 : s4u::Engine::get_clock() - since;
   }
   std::vector<std::string> lost_links() override { return lost_; }
 
@@ -313,7 +323,7 @@ class SimTransport final : public net::Transport {
 
   void notify_all(Message::Kind kind, const std::string& why) {
     for (Link& l : state_)
-      if (l.lost.empty() && !fabric_.failed(l.peer))
+      if (l.lost.empty() && !fabric_.failed(l.peer) && !fabric_.cut(rank_, l.peer))
         post(l, new Message{kind, MessageType::kGoodbye, 0, 0, {}, why}, 0);
     closed_ = true;
   }

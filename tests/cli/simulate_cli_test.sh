@@ -8,7 +8,7 @@
 #     model, a D-PSGD step of 2.68 MB messages takes what the model says, and summary.json
 #     says the time is simulated;
 #  3. a host that fails at a simulated time is lost through the same membership code as a
-#     real lost peer, and the survivors finish;
+#     real lost peer, and the survivors finish; so is one end of a link that is cut;
 #  4. a SimGrid platform file is used as given, and a bad one, a flag of the simulation
 #     without --simulate, or a bad --fail gets one error line naming it.
 # Usage: PEERTRAIN=build/peertrain simulate_cli_test.sh SOURCE_DIR
@@ -86,6 +86,18 @@ else
   fail "simulated run with a failing host"; tail -5 "$out.log"
 fi
 
+# A cable between peers 0 and 1 is cut at 0.1 s: the two fall silent to each other, and the
+# membership counts one of them lost, as in a real partition; the others finish.
+out="$work/sim-cut"
+if timeout 300 "$bin" launch --simulate --topology "$work/ring4.yaml" "${small[@]}" --fail 0-1@0.1 --peer-timeout 2 \
+    --out "$out" >"$out.log" 2>&1; then
+  ok
+  grep -qE '"failures": \[\{"peer":[01],' "$out/summary.json" && ok ||
+    fail "summary.json does not count peer 0 or 1 lost after their link was cut"
+else
+  fail "simulated run with a cut link"; tail -5 "$out.log"
+fi
+
 # 4. Platform files.
 platform() {  # platform FILE HOSTS ROUTES…: a full zone of those hosts, one link per route "a-b"
   local file=$1 hosts=$2; shift 2
@@ -137,7 +149,7 @@ expect_error "--platform without --simulate" "--platform is for --simulate" \
   --platform "$work/lab.xml" --topology "$work/ring4.yaml" --out "$work/e5"
 expect_error "--fail naming no peer" "--fail '9@1': no peer 9" \
   --simulate --fail 9@1 --topology "$work/ring4.yaml" --out "$work/e6"
-expect_error "--fail without a time" "--fail '2': expected PEER@SECONDS" \
+expect_error "--fail without a time" "--fail '2': expected PEER@SECONDS (a host) or A-B@SECONDS (a link)" \
   --simulate --fail 2 --topology "$work/ring4.yaml" --out "$work/e7"
 expect_error "--sim-compute of no model" "--sim-compute 'cycles' is not one of flops, measured" \
   --simulate --sim-compute cycles --topology "$work/ring4.yaml" --out "$work/e8"

@@ -10,16 +10,23 @@
 namespace peertrain {
 namespace {
 
-TEST(HostFailure, ParsesPeerAtSeconds) {
-  const sim::HostFailureAt f = sim::parse_host_failure("3@12.5", 8);
-  EXPECT_EQ(f.peer, 3);
-  EXPECT_DOUBLE_EQ(f.at_s, 12.5);
+TEST(Failure, ParsesAHostAndALink) {
+  const sim::FailureAt host = sim::parse_failure("3@12.5", 8);
+  EXPECT_EQ(host.peer, 3);
+  EXPECT_FALSE(host.link());
+  EXPECT_DOUBLE_EQ(host.at_s, 12.5);
+  const sim::FailureAt link = sim::parse_failure("0-7@2", 8);
+  EXPECT_TRUE(link.link());
+  EXPECT_EQ(link.peer, 0);
+  EXPECT_EQ(link.other, 7);
+  EXPECT_DOUBLE_EQ(link.at_s, 2.0);
 }
 
-TEST(HostFailure, RefusesWhatIsNoPeerOrNoTime) {
-  for (const char* text : {"3", "@1", "x@1", "3@", "3@-1", "3@1s", "8@1", "-1@2"}) {
+TEST(Failure, RefusesWhatIsNoPeerNoLinkOrNoTime) {
+  for (const char* text :
+       {"3", "@1", "x@1", "3@", "3@-1", "3@1s", "8@1", "-1@2", "0-8@1", "2-2@1", "0-@1", "0-1-2@1"}) {
     try {
-      sim::parse_host_failure(text, 8);
+      sim::parse_failure(text, 8);
       ADD_FAILURE() << text << " was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);

@@ -25,13 +25,18 @@ enum class ComputeModel {
 std::string_view to_string(ComputeModel model);
 ComputeModel parse_compute_model(std::string_view name);  // throws Error naming the choices
 
-// A host that fails (stops, silently, as a machine that loses power) at a simulated time.
-struct HostFailureAt {
+// A failure at a simulated time: a host stops, silently, as a machine that loses power
+// (other < 0); or the link between two peers is cut, as a pulled cable: what either sends
+// the other from then on never arrives.
+struct FailureAt {
   int peer = 0;
+  int other = -1;
   double at_s = 0;
+  bool link() const { return other >= 0; }
 };
-// Parses "PEER@SECONDS" (e.g. "3@12.5"); throws Error naming the text.
-HostFailureAt parse_host_failure(const std::string& text, int peers);
+// Parses "PEER@SECONDS" (a host, e.g. "3@12.5") or "A-B@SECONDS" (a link, e.g. "0-1@12.5");
+// throws Error naming the text.
+FailureAt parse_failure(const std::string& text, int peers);
 
 struct ClusterOptions {
   ComputeModel compute = ComputeModel::kFlops;
@@ -39,7 +44,7 @@ struct ClusterOptions {
   double measured_scale = 1;                // kMeasured: simulated seconds per measured CPU second
   std::string platform_file;                // SimGrid platform (XML); empty: built from the topology
   std::vector<std::string> simgrid_config;  // "key:value" settings for SimGrid, as its --cfg
-  std::vector<HostFailureAt> failures;
+  std::vector<FailureAt> failures;
 };
 
 struct PeerFailure {
