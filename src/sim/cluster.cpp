@@ -116,8 +116,7 @@ ClusterReport run_cluster(const topology::Topology& t, const train::TrainConfig&
 
   Fabric fabric;
   fabric.peers = t.num_peers();
-  fabric.failed_at = std::vector<std::atomic<double>>(static_cast<std::size_t>(fabric.peers));
-  for (auto& at : fabric.failed_at) at = -1;
+  fabric.failed_at.assign(static_cast<std::size_t>(fabric.peers), -1);
   fabric.peer_timeout_s = config.peer_timeout_s;
   fabric.compute = options.compute;
   fabric.base_speed = options.host_speed;

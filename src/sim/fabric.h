@@ -4,7 +4,6 @@
 
 #include <simgrid/s4u.hpp>
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,7 +24,7 @@ struct Fabric {
   std::vector<simgrid::s4u::Host*> hosts;      // peer i's
   std::vector<simgrid::s4u::ActorPtr> actors;  // peer i's, made before the simulation starts
   // When each host failed, in simulated seconds; < 0: it is up.
-  std::vector<std::atomic<double>> failed_at;
+  std::vector<double> failed_at;
   // Bytes per second that each message between two peers may use at most (the topology's
   // per-link cap on a platform built as a star; 0 where the platform itself holds the caps).
   std::vector<double> link_rate;  // [from * peers + to]
@@ -52,8 +51,8 @@ struct Fabric {
   }
   bool cut(int a, int b) const { return cut_at_s(a, b) >= 0; }
   void cut(int a, int b, double at_s) { cut_at_.emplace(std::minmax(a, b), at_s); }
-  double failed_at_s(int peer) const { return failed_at[static_cast<std::size_t>(peer)].load(); }
-  void fail(int peer, double at_s) { failed_at[static_cast<std::size_t>(peer)].store(at_s); }
+  double failed_at_s(int peer) const { return failed_at[static_cast<std::size_t>(peer)]; }
+  void fail(int peer, double at_s) { failed_at[static_cast<std::size_t>(peer)] = at_s; }
   double rate(int from, int to) const {
     return link_rate.empty() ? 0 : link_rate[static_cast<std::size_t>(from) * peers + static_cast<std::size_t>(to)];
   }

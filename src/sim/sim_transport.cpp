@@ -242,6 +242,14 @@ class SimTransport final : public net::Transport {
   }
   Link& link(int peer) { return state_[static_cast<std::size_t>(slot(peer))]; }
 
+  // Started (or waiting for the message before it) and not yet ended.
+  static bool under_way(const s4u::CommPtr& comm) {
+    if (!comm) return false;
+    const auto state = comm->get_state();
+    return state != s4u::Activity::State::FINISHED && state != s4u::Activity::State::FAILED &&
+           state != s4u::Activity::State::CANCELED;
+  }
+
   // Starts a message on its link, after the link's previous one.
   s4u::CommPtr post(Link& l, Message* m, std::uint64_t simulated_bytes) {
     if (!l.receiver_set) {
@@ -252,10 +260,7 @@ class SimTransport final : public net::Transport {
     }
     s4u::CommPtr comm = l.out->put_init(m, simulated_bytes);
     if (const double rate = fabric_.rate(rank_, l.peer); rate > 0) comm->set_rate(rate);
-    const bool queued = l.last_send && l.last_send->get_state() != s4u::Activity::State::FINISHED &&
-                        l.last_send->get_state() != s4u::Activity::State::FAILED &&
-                        l.last_send->get_state() != s4u::Activity::State::CANCELED;
-    if (queued) {
+    if (under_way(l.last_send)) {
       l.last_send->add_successor(comm);
       comm->vetoable_start();
     } else {
@@ -309,10 +314,7 @@ class SimTransport final : public net::Transport {
     if (payload.owner()) return payload.owner();
     const auto bytes = payload.bytes();
     Snapshot& last = snapshot_;
-    const bool same = last.bytes && last.data == bytes.data() && last.size == bytes.size() && last.last_send &&
-                      last.last_send->get_state() != s4u::Activity::State::FINISHED &&
-                      last.last_send->get_state() != s4u::Activity::State::FAILED &&
-                      last.last_send->get_state() != s4u::Activity::State::CANCELED;
+    const bool same = last.bytes && last.data == bytes.data() && last.size == bytes.size() && under_way(last.last_send);
     if (same) return last.bytes;
     if (last.bytes && last.bytes.use_count() == 1) fabric_.give_buffer(std::move(*last.bytes));
     Payload copy = fabric_.take_buffer();

@@ -110,14 +110,18 @@ std::uint64_t PeerRun::find_resume_step() const {
 }
 
 void PeerRun::connect(std::uint64_t resume_step) {
+  check_fault_options(config_, t_, rank_);  // --rejoin, --max-staleness: before waiting for anyone
   if (make_transport_) {
-    check_fault_options(config_, t_, rank_);
     network_ = make_transport_(rank_, links_for(config_, t_, rank_));
     network_->connect();
-    log::info("connected; training ", total_steps_, " steps (", steps_per_epoch_, " per epoch), ",
-              to_string(config_.algorithm), ", ", task_->describe(), ", ", size_, " parameters");
-    return;
+  } else {
+    connect_tcp(resume_step);
   }
+  log::info("connected; training ", total_steps_, " steps (", steps_per_epoch_, " per epoch), ",
+            to_string(config_.algorithm), ", ", task_->describe(), ", ", size_, " parameters");
+}
+
+void PeerRun::connect_tcp(std::uint64_t resume_step) {
   net::TcpOptions options;
   if (!config_.secret_file.empty()) options.secret = net::Secret::load(config_.secret_file);
   options.self = rank_;
@@ -125,7 +129,6 @@ void PeerRun::connect(std::uint64_t resume_step) {
   options.links = links_for(config_, t_, rank_);
   options.fingerprint = t_.fingerprint();
   options.run_id = match_.run_id ^ (resume_step * 0x9e3779b97f4a7c15ULL);
-  check_fault_options(config_, t_, rank_);  // --rejoin, --max-staleness: before waiting for anyone
   options.rejoin = config_.rejoin;
   options.every_link_needed = !tolerant_;
   options.connect_timeout_s = config_.connect_timeout_s;
@@ -146,8 +149,6 @@ void PeerRun::connect(std::uint64_t resume_step) {
   network_->connect();
   // AD-PSGD lowers it after starting its protocol thread, which must not inherit it.
   if (config_.algorithm != Algorithm::kAdpsgd) lower_compute_priority();
-  log::info("connected; training ", total_steps_, " steps (", steps_per_epoch_, " per epoch), ",
-            to_string(config_.algorithm), ", ", task_->describe(), ", ", size_, " parameters");
 }
 
 // The I/O thread must never wait behind the gradient for a core, or the exchange stops

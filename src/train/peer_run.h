@@ -41,6 +41,7 @@ class PeerRun {
 
   std::uint64_t find_resume_step() const;
   void connect(std::uint64_t resume_step);
+  void connect_tcp(std::uint64_t resume_step);
   static void lower_compute_priority();
   void open_mixing_trace();
   void trace_row(long long step, const algo::MixingRow& row);
