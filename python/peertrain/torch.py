@@ -12,6 +12,16 @@ backward pass; step() waits for it, writes the mix into the parameter, and lets 
 optimizer step. The same iterates as the explicit loop
     loss.backward(); p.data = neighbor_allreduce(p.data) for each p; optimizer.step().
 algorithm="allreduce": the gradients are averaged over every peer before the step (C-PSGD).
+
+DiLoCo (Douillard et al. 2023) wraps the user's own optimizer as the inner one:
+
+    opt = peertrain.torch.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=1e-3), inner_steps=50)
+    loss.backward(); opt.step()
+
+Every inner_steps steps the pseudo-gradients Δ = θ_outer − θ are averaged (exchange=
+"allreduce" over every peer, or "gossip": one round with the topology's W) and an outer
+torch.optim.SGD (Nesterov, lr 0.7, momentum 0.9 by default) applies the average to θ_outer,
+which every parameter then takes.
 """
 import numpy as _np
 import torch
@@ -19,7 +29,7 @@ import torch
 import peertrain as _pt
 
 __all__ = ["neighbor_allreduce", "neighbor_allreduce_nonblocking", "allreduce", "allreduce_nonblocking", "broadcast",
-           "consensus_distance", "broadcast_parameters", "DistributedOptimizer"]
+           "consensus_distance", "broadcast_parameters", "DistributedOptimizer", "DiLoCo"]
 
 
 def _view(tensor, call):
@@ -132,6 +142,54 @@ class DistributedOptimizer:
                     if p.grad is not None:
                         p.grad.copy_(allreduce(p.grad))
         return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+
+class DiLoCo:
+    """Local steps of `inner_optimizer`, and every `inner_steps` an outer step on the
+    averaged pseudo-gradient (see the module's text). The replicas must start equal
+    (broadcast_parameters). step() returns the inner step's result; everything else is the
+    inner optimizer's."""
+
+    EXCHANGES = ("allreduce", "gossip")
+
+    def __init__(self, model, inner_optimizer, inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                 exchange="allreduce"):
+        if exchange not in self.EXCHANGES:
+            raise ValueError(f"DiLoCo: exchange '{exchange}' is not one of {', '.join(self.EXCHANGES)}")
+        if int(inner_steps) != inner_steps or inner_steps < 1:
+            raise ValueError(f"DiLoCo: inner_steps must be an integer of at least 1, got {inner_steps}")
+        if not _pt.is_initialized():
+            raise RuntimeError("DiLoCo needs peertrain.init() first")
+        self.optimizer, self.inner_steps, self.exchange = inner_optimizer, int(inner_steps), exchange
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        for p in self._params:
+            _view(p, "DiLoCo")  # float32, CPU: refused now rather than at the first outer step
+        self._outer = [p.detach().clone() for p in self._params]
+        nesterov = nesterov and outer_momentum > 0  # torch's Nesterov needs a momentum
+        self.outer_optimizer = torch.optim.SGD(self._outer, lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)
+        self._steps = 0
+
+    def step(self, closure=None):
+        result = self.optimizer.step(closure)
+        self._steps += 1
+        if self._steps % self.inner_steps == 0:
+            self._outer_step()
+        return result
+
+    def _outer_step(self):
+        average = allreduce if self.exchange == "allreduce" else neighbor_allreduce
+        with torch.no_grad():
+            for p, outer in zip(self._params, self._outer):
+                outer.grad = average(outer - p)
+            self.outer_optimizer.step()
+            for p, outer in zip(self._params, self._outer):
+                p.copy_(outer)
 
     def zero_grad(self, set_to_none=False):
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -73,7 +73,16 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "gossip-step",
                                                  "allreduce-algo",
                                                  "time-budget",
-                                                 "momentum-form"};
+                                                 "momentum-form",
+                                                 "inner-steps",
+                                                 "outer-lr",
+                                                 "outer-momentum",
+                                                 "outer-optimizer",
+                                                 "outer-exchange",
+                                                 "fragments",
+                                                 "overlap",
+                                                 "mix-alpha",
+                                                 "outer-compression"};
 
 // Where the gradient is computed. The default is the GPU when this build has CUDA and the
 // run is one the device path runs (gpt; --sp ranks, a GPU for each, or --pp stages with
@@ -202,6 +211,48 @@ void transformer_options(const cxxopts::ParseResult& args, train::TrainConfig& c
   }
 }
 
+// The layers Streaming DiLoCo may group into fragments (Task::layer_ranges()).
+int model_layers(const cxxopts::ParseResult& args, const train::TrainConfig& c) {
+  if (c.model == train::ModelKind::kMlp) return static_cast<int>(c.hidden.size()) + 1;
+  return positive<int>(args, "layers") + 2;  // the embedding, the blocks, the head
+}
+
+// --inner-steps, --outer-*, --fragments, --overlap, --mix-alpha: DiLoCo's.
+void diloco_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
+  train::OuterConfig& o = c.outer;
+  o.inner_steps = positive<int>(args, "inner-steps");
+  o.lr = positive<float>(args, "outer-lr");
+  o.momentum = positive<float>(args, "outer-momentum", true);
+  if (o.momentum >= 1) throw UsageError("--outer-momentum must be below 1");
+  const std::string optimizer = args["outer-optimizer"].as<std::string>();
+  if (optimizer != "nesterov" && optimizer != "sgd")
+    throw UsageError("--outer-optimizer '" + optimizer + "' is not one of nesterov, sgd");
+  o.nesterov = optimizer == "nesterov";
+  o.fragments = positive<int>(args, "fragments");
+  o.overlap = positive<int>(args, "overlap", true);
+  o.mix = positive<float>(args, "mix-alpha", true);
+  if (o.mix >= 1) throw UsageError("--mix-alpha must be below 1 (1 would never take the outer parameters in)");
+  try {
+    o.exchange = train::parse_outer_exchange(args["outer-exchange"].as<std::string>());
+    o.compression = algo::parse_quant_format(args["outer-compression"].as<std::string>());
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  const int layers = model_layers(args, c);
+  if (o.fragments > layers)
+    throw UsageError(str("--fragments ", o.fragments, ": the model has ", layers,
+                         " layers to group into fragments (a fragment is one or more whole layers)"));
+  if (o.inner_steps % o.fragments != 0)
+    throw UsageError(str("--fragments ", o.fragments, " must divide --inner-steps ", o.inner_steps,
+                         " (one fragment is synchronised every H/F steps)"));
+  if (o.overlap * o.fragments >= o.inner_steps)
+    throw UsageError(str("--overlap ", o.overlap,
+                         ": an exchange must land before the next begins, so τ < H/F = ", o.inner_steps / o.fragments));
+  if (args.count("mix-alpha") && o.overlap == 0)
+    throw UsageError(
+        "--mix-alpha applies with --overlap above 0 (without overlap the outer parameters replace the local ones)");
+}
+
 // --update, --compression, --gossip-step, --allreduce-algo: each only with the algorithms
 // it belongs to, so a flag that would be ignored is an error instead.
 void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
@@ -228,7 +279,14 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   }
   only_for("compression", choco, "choco (compressed gossip)");
   only_for("gossip-step", choco, "choco");
-  only_for("allreduce-algo", c.algorithm == train::Algorithm::kAllreduce, "allreduce");
+  only_for("allreduce-algo",
+           c.algorithm == train::Algorithm::kAllreduce ||
+               (c.algorithm == train::Algorithm::kDiloco && args["outer-exchange"].as<std::string>() == "allreduce"),
+           "allreduce, or diloco with --outer-exchange allreduce");
+  for (const char* flag : {"inner-steps", "outer-lr", "outer-momentum", "outer-optimizer", "outer-exchange",
+                           "fragments", "overlap", "mix-alpha", "outer-compression"})
+    only_for(flag, c.algorithm == train::Algorithm::kDiloco, "diloco");
+  if (c.algorithm == train::Algorithm::kDiloco) diloco_options(args, c);
   only_for("time-budget", c.algorithm == train::Algorithm::kAdpsgd, "adpsgd (the others end at a step)");
   if (args.count("time-budget")) c.time_budget_s = positive<double>(args, "time-budget");
   const std::string update = args["update"].as<std::string>();
@@ -251,7 +309,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
                                                 : "--checkpoint-every",
                          ": --algorithm adpsgd has no global step to checkpoint at or rejoin at (it goes on without a "
                          "lost peer); use dpsgd"));
-  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt) &&
+  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt ||
+       c.algorithm == train::Algorithm::kDiloco) &&
       (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
@@ -277,7 +336,8 @@ void add_training_options(cxxopts::Options& options) {
   options.add_options("training")("algorithm",
                                   "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | gt "
                                   "(gradient tracking, for non-iid shards) | adpsgd (asynchronous pairwise gossip, "
-                                  "AD-PSGD) | allreduce | ps | local",
+                                  "AD-PSGD) | diloco (H local steps, then an outer step; DiLoCo) | allreduce | ps | "
+                                  "local",
                                   cxxopts::value<std::string>()->default_value("dpsgd"))(
       "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
       cxxopts::value<std::string>()->default_value("cta"))(
@@ -290,8 +350,27 @@ void add_training_options(cxxopts::Options& options) {
       "gossip-step", "choco: consensus step γ in (0, 1] (default: per compressor, 1 for none, 0.1 for top-k:0.01)",
       cxxopts::value<std::string>())(
       "time-budget", "adpsgd: end the run after this many seconds (default: at --epochs' samples, all peers together)",
-      cxxopts::value<std::string>())("allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
+      cxxopts::value<std::string>())("allreduce-algo",
+                                     "allreduce, diloco's all-reduce: ring | tree (binomial) | rd (recursive doubling)",
                                      cxxopts::value<std::string>()->default_value("ring"))(
+      "inner-steps", "diloco: H, the local steps between outer steps",
+      cxxopts::value<std::string>()->default_value("50"))("outer-lr", "diloco: the outer learning rate",
+                                                          cxxopts::value<std::string>()->default_value("0.7"))(
+      "outer-momentum", "diloco: the outer momentum", cxxopts::value<std::string>()->default_value("0.9"))(
+      "outer-optimizer", "diloco: nesterov | sgd (heavy ball with --outer-momentum; plain SGD at 0)",
+      cxxopts::value<std::string>()->default_value("nesterov"))(
+      "outer-exchange",
+      "diloco: how the pseudo-gradients are averaged: allreduce (every peer) | ps (a server on peer 0) | gossip "
+      "(one round with the topology's W; each peer keeps its own outer state)",
+      cxxopts::value<std::string>()->default_value("allreduce"))(
+      "fragments", "diloco: F, Streaming DiLoCo's fragments of whole layers, one synchronised every H/F steps",
+      cxxopts::value<std::string>()->default_value("1"))(
+      "overlap", "diloco: τ, the inner steps an exchange overlaps before it lands (τ < H/F)",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "mix-alpha", "diloco with --overlap: α, the local share kept when an exchange lands (θ ← αθ + (1 − α)θ_outer)",
+      cxxopts::value<std::string>()->default_value("0.5"))(
+      "outer-compression", "diloco: the pseudo-gradients on the wire: none | int8 | fp8 | int4 (error feedback)",
+      cxxopts::value<std::string>()->default_value("none"))(
       "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
       cxxopts::value<std::string>()->default_value("mlp"))("hidden", "MLP hidden layer widths",
                                                            cxxopts::value<std::string>()->default_value("512,512"))(

@@ -25,12 +25,21 @@ struct Message {
 
 using Key = std::tuple<MessageType, std::uint64_t, std::uint32_t>;
 
+// A message on its link, and the one before it while that is still under way: SimGrid
+// starts a message only once the one before has arrived (add_successor), and a message not
+// yet started cannot be waited on, so a wait goes through the queue from its oldest.
+struct Queued {
+  s4u::CommPtr comm;
+  std::shared_ptr<Queued> before;
+};
+
 struct Link {
   int peer = -1;
   s4u::Mailbox* out = nullptr;
   s4u::Mailbox* in = nullptr;
   bool receiver_set = false;
   s4u::CommPtr last_send;    // the link's newest message: the next one starts after it
+  std::shared_ptr<Queued> newest;  // the same, with the messages it waits behind
   s4u::CommPtr pending_get;  // at most one posted receive, kept across time-outs
   Message* incoming = nullptr;
   std::map<Key, net::SharedPayload> arrived;
@@ -87,16 +96,17 @@ class SimTransport final : public net::Transport {
     const std::uint64_t simulated_bytes = shaped ? net::kHeaderBytes + m->bytes->size() : 0;
     s4u::CommPtr comm = post(l, m, simulated_bytes);
     if (!payload.owner()) snapshot_.last_send = comm;
+    std::shared_ptr<Queued> queued = l.newest;
     auto state = std::make_shared<Work::State>(
         [=, this] { return str(to_string(type), " for step ", step, " to ", peer_name(peer)); },
         fabric_.peer_timeout_s);
     Work::State* s = state.get();
     Fabric* fabric = &fabric_;
     const int rank = rank_;
-    state->drive = [comm, s, fabric, rank](double timeout_s) {
+    state->drive = [queued, s, fabric, rank](double timeout_s) {
       SimCall call(*fabric, rank, false);
       try {
-        if (timeout_s <= 0 ? comm->test() : s4u::Comm::wait_any_for({comm}, timeout_s) >= 0) s->complete();
+        if (arrived(*queued, timeout_s)) s->complete();
       } catch (const simgrid::Exception& e) {
         s->complete(std::make_exception_ptr(Error(ErrorKind::kPeerLost, str(s->what(), " failed: ", e.what()))));
       }
@@ -243,6 +253,23 @@ class SimTransport final : public net::Transport {
   Link& link(int peer) { return state_[static_cast<std::size_t>(slot(peer))]; }
 
   // Started (or waiting for the message before it) and not yet ended.
+  // Whether the message and the ones before it on its link arrived within timeout_s
+  // (simulated; 0: without waiting), taking them oldest first.
+  static bool arrived(const Queued& message, double timeout_s) {
+    std::vector<s4u::CommPtr> queue;
+    for (const Queued* q = &message; q && under_way(q->comm); q = q->before.get()) queue.push_back(q->comm);
+    const double deadline = s4u::Engine::get_clock() + timeout_s;
+    for (auto c = queue.rbegin(); c != queue.rend(); ++c) {
+      if (timeout_s <= 0) {
+        if (!(*c)->test()) return false;
+        continue;
+      }
+      const double left = deadline - s4u::Engine::get_clock();
+      if (left <= 0 || s4u::Comm::wait_any_for({*c}, left) < 0) return false;
+    }
+    return true;
+  }
+
   static bool under_way(const s4u::CommPtr& comm) {
     if (!comm) return false;
     const auto state = comm->get_state();
@@ -260,13 +287,22 @@ class SimTransport final : public net::Transport {
     }
     s4u::CommPtr comm = l.out->put_init(m, simulated_bytes);
     if (const double rate = fabric_.rate(rank_, l.peer); rate > 0) comm->set_rate(rate);
+    auto queued = std::make_shared<Queued>(Queued{comm, nullptr});
     if (under_way(l.last_send)) {
       l.last_send->add_successor(comm);
       comm->vetoable_start();
+      queued->before = l.newest;
+      // The queue keeps only what is under way.
+      for (Queued* q = queued.get(); q->before; q = q->before.get())
+        if (!under_way(q->before->comm)) {
+          q->before.reset();
+          break;
+        }
     } else {
       comm->start();
     }
     l.last_send = comm;
+    l.newest = std::move(queued);
     return comm;
   }
 

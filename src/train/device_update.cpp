@@ -42,6 +42,7 @@ bool optimizer_sees_own_gradient(const TrainConfig& config) {
     case Algorithm::kAllreduce:
     case Algorithm::kPs:
     case Algorithm::kGt:
+    case Algorithm::kDiloco:  // its outer step rewrites x on the host
       return false;
   }
   return false;

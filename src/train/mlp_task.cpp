@@ -37,6 +37,22 @@ class MlpTask final : public Task {
     return text;
   }
   std::size_t num_parameters() const override { return mlp_.num_parameters(); }
+  // Each layer's weight, then its bias (model::Mlp's layout).
+  std::vector<std::pair<std::size_t, std::size_t>> layer_ranges() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    const model::MlpConfig& m = mlp_.config();
+    std::size_t offset = 0;
+    int in = m.inputs;
+    for (std::size_t l = 0; l <= m.hidden.size(); ++l) {
+      const int out = l < m.hidden.size() ? m.hidden[l] : m.classes;
+      const auto size = static_cast<std::size_t>(in) * static_cast<std::size_t>(out) + static_cast<std::size_t>(out);
+      ranges.emplace_back(offset, size);
+      offset += size;
+      in = out;
+    }
+    PEERTRAIN_CHECK(offset == mlp_.num_parameters(), "the layers cover ", offset, " of ", mlp_.num_parameters());
+    return ranges;
+  }
   void initialize(std::span<float> params, std::uint64_t seed) const override { mlp_.initialize(params, seed); }
   long long examples_per_epoch() const override { return shard_.full_size; }
   double flops_per_step() const override { return mlp_.flops_per_step(batch_); }

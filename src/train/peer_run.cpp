@@ -26,13 +26,13 @@ namespace {
 std::vector<int> links_for(const TrainConfig& config, const topology::Topology& t, int rank) {
   const int n = t.num_peers();
   std::vector<int> links;
-  if (rank == 0 || gossips(config.algorithm)) {
+  if (rank == 0 || gossips(config)) {
     for (int p = 0; p < n; ++p)
       if (p != rank) links.push_back(p);
     return links;
   }
   links.push_back(0);
-  if (config.algorithm == Algorithm::kAllreduce)
+  if (all_reduces(config))
     for (int p : algo::allreduce_partners(config.allreduce_algo, n, rank)) links.push_back(p);
   std::sort(links.begin(), links.end());
   links.erase(std::unique(links.begin(), links.end()), links.end());
@@ -42,12 +42,7 @@ std::vector<int> links_for(const TrainConfig& config, const topology::Topology& 
 }  // namespace
 
 PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport)
-    : t_(t),
-      rank_(rank),
-      n_(t.num_peers()),
-      config_(config),
-      tolerant_(gossips(config.algorithm)),
-      make_transport_(transport) {
+    : t_(t), rank_(rank), n_(t.num_peers()), config_(config), tolerant_(gossips(config)), make_transport_(transport) {
   if (rank < 0 || rank >= n_)
     throw Error(ErrorKind::kInvalidArgument,
                 str("rank ", rank, " is not a peer of ", t.path, " (peers 0..", n_ - 1, ")"));
@@ -78,8 +73,9 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   connect(resume_step);
   gossip_ = std::make_unique<algo::Gossip>(*network_, algo::mixing_rows(t, rank), config.max_staleness);
   // The transformer: one message per unit, see gossip_parts(). CHOCO's compressed message is one.
-  // (Gradient tracking sends x and y as one message of 2N.)
-  if (config.algorithm != Algorithm::kChoco && config.algorithm != Algorithm::kGt)
+  // (Gradient tracking sends x and y as one message of 2N; DiLoCo a fragment's pseudo-gradient.)
+  if (config.algorithm != Algorithm::kChoco && config.algorithm != Algorithm::kGt &&
+      config.algorithm != Algorithm::kDiloco)
     gossip_->set_parts(task_->gossip_parts());
   membership_ =
       std::make_unique<Membership>(*network_, t, rank,
@@ -91,7 +87,8 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   if (config.algorithm != Algorithm::kAdpsgd)
     algorithm_ = make_step_algorithm(config,
                                      {*network_, rank, n_, gossip_.get(), membership_.get(),
-                                      [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }, &t},
+                                      [this](long long step, const algo::MixingRow& row) { trace_row(step, row); }, &t,
+                                      total_steps_, task_->layer_ranges()},
                                      size_);
   if (config.resume) resume(resume_step);
   if (config.rejoin) rejoin();
@@ -159,8 +156,7 @@ void PeerRun::connect_tcp(std::uint64_t resume_step) {
 void PeerRun::lower_compute_priority() { setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 5); }
 
 void PeerRun::open_mixing_trace() {
-  if (!config_.mixing_trace || !gossips(config_.algorithm) || config_.algorithm == Algorithm::kAdpsgd ||
-      config_.out_dir.empty())
+  if (!config_.mixing_trace || !gossips(config_) || config_.algorithm == Algorithm::kAdpsgd || config_.out_dir.empty())
     return;
   std::filesystem::create_directories(config_.out_dir);
   const auto path = std::filesystem::path(config_.out_dir) / str("mixing-peer-", rank_, ".csv");
@@ -304,7 +300,7 @@ void PeerRun::train_steps() {
     if (done % eval_every_ == 0 || done == total_steps_) {
       // With stale gossip, parameters may still be on their way to a neighbour that is about
       // to finish; the last round waits for them, so no peer closes under another's sends.
-      if (done == total_steps_ && gossips(config_.algorithm)) gossip_->flush();
+      if (done == total_steps_ && gossips(config_)) gossip_->flush();
       evaluate(step, epoch);
       gossip_->expect_slow_round();
     }

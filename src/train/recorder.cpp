@@ -245,8 +245,19 @@ void Recorder::finish(const Membership& membership, int coordinator) {
     s.compression = config_.compression.describe();
     s.gossip_step = config_.choco_gamma();
   }
-  if (config_.algorithm == Algorithm::kAllreduce)
-    s.allreduce_algo = std::string(algo::to_string(config_.allreduce_algo));
+  if (all_reduces(config_)) s.allreduce_algo = std::string(algo::to_string(config_.allreduce_algo));
+  if (config_.algorithm == Algorithm::kDiloco) {
+    const OuterConfig& o = config_.outer;
+    s.diloco = DilocoRecord{o.inner_steps,
+                            o.lr,
+                            o.momentum,
+                            o.nesterov ? "nesterov" : "sgd",
+                            std::string(to_string(o.exchange)),
+                            std::string(algo::to_string(o.compression)),
+                            o.fragments,
+                            o.overlap,
+                            o.mix};
+  }
   if (config_.model != ModelKind::kMlp)
     s.layout = LayoutRecord{config_.engine.sp,
                             config_.engine.tp,

@@ -318,6 +318,18 @@ std::string summary_text(const RunSummary& s) {
     o["coordinator"] = s.coordinator;
     o["takeovers"] = std::move(takeovers);
   }
+  if (s.diloco) {
+    const DilocoRecord& d = *s.diloco;
+    o["diloco"] = Json{{"inner_steps", d.inner_steps},
+                       {"outer_lr", d.outer_lr},
+                       {"outer_momentum", d.outer_momentum},
+                       {"outer_optimizer", d.outer_optimizer},
+                       {"exchange", d.exchange},
+                       {"compression", d.compression},
+                       {"fragments", d.fragments},
+                       {"overlap", d.overlap},
+                       {"mix_alpha", d.mix_alpha}};
+  }
   if (s.simulation) {
     const SimulationRecord& r = *s.simulation;
     o["time"] = "simulated";
@@ -389,6 +401,15 @@ RunSummary read_summary(const fs::path& path) {
   s.takeovers = list_field<TakeoverRecord>(j, "takeovers", where, [](const Json& t, const std::string& at) {
     return TakeoverRecord{field<int>(t, "peer", at), field<long long>(t, "step", at), field<int>(t, "from", at)};
   });
+  if (j.contains("diloco")) {
+    const Json& d = j["diloco"];
+    const std::string at = where + ": diloco";
+    s.diloco = DilocoRecord{field<int>(d, "inner_steps", at),       field<double>(d, "outer_lr", at),
+                            field<double>(d, "outer_momentum", at), field<std::string>(d, "outer_optimizer", at),
+                            field<std::string>(d, "exchange", at),  field<std::string>(d, "compression", at),
+                            field<int>(d, "fragments", at),         field<int>(d, "overlap", at),
+                            field<double>(d, "mix_alpha", at)};
+  }
   if (j.contains("simulation")) {
     const Json& r = j["simulation"];
     const std::string at = where + ": simulation";

@@ -364,6 +364,8 @@ std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, St
       return std::make_unique<ParameterServer>(std::move(context));
     case Algorithm::kLocal:
       return std::make_unique<Local>();
+    case Algorithm::kDiloco:
+      return make_diloco(config, std::move(context), parameters);
     case Algorithm::kAdpsgd:
       break;  // no global step: PeerRun::train_async (peer_async.cpp) runs it
   }

@@ -53,12 +53,23 @@ struct StepContext {
   Membership* membership = nullptr;
   std::function<void(long long, const algo::MixingRow&)> trace;
   const topology::Topology* topology = nullptr;  // d2: W's smallest eigenvalue; choco: is it time-varying
+  long long total_steps = 0;                     // diloco: the last step finishes the exchanges under way
+  std::vector<std::pair<std::size_t, std::size_t>> layers;  // diloco: Task::layer_ranges(), for --fragments
 };
 
 // The algorithm of config.algorithm with its options (--update, --compression,
 // --gossip-step, --allreduce-algo).
 std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, StepContext context,
                                                    std::size_t parameters);
+
+// DiLoCo and Streaming DiLoCo (train/diloco.cpp; TrainConfig::outer).
+std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContext context, std::size_t parameters);
+
+// Streaming DiLoCo's fragments: the layers grouped, in order, into `fragments` contiguous
+// ranges (offset, size) of about equal size. Throws Error(kInvalidArgument) when there are
+// fewer layers than fragments.
+std::vector<std::pair<std::size_t, std::size_t>> group_fragments(
+    const std::vector<std::pair<std::size_t, std::size_t>>& layers, int fragments);
 
 // D² needs W's eigenvalues above −1/3 (Tang et al. 2018, Assumption 1); for a W whose
 // smallest is not (the ring of even n with Metropolis weights has exactly −1/3), it mixes

@@ -22,21 +22,51 @@ std::string_view to_string(Algorithm algorithm) {
       return "adpsgd";
     case Algorithm::kGt:
       return "gt";
+    case Algorithm::kDiloco:
+      return "diloco";
   }
   return "?";
 }
 
+std::string_view to_string(OuterExchange exchange) {
+  switch (exchange) {
+    case OuterExchange::kAllreduce:
+      return "allreduce";
+    case OuterExchange::kPs:
+      return "ps";
+    case OuterExchange::kGossip:
+      return "gossip";
+  }
+  return "?";
+}
+
+OuterExchange parse_outer_exchange(std::string_view name) {
+  for (auto e : {OuterExchange::kAllreduce, OuterExchange::kPs, OuterExchange::kGossip})
+    if (to_string(e) == name) return e;
+  throw Error(ErrorKind::kInvalidArgument, str("--outer-exchange '", name, "' is not one of allreduce, ps, gossip"));
+}
+
 Algorithm parse_algorithm(std::string_view name) {
   for (auto a : {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal, Algorithm::kChoco,
-                 Algorithm::kD2, Algorithm::kAdpsgd, Algorithm::kGt})
+                 Algorithm::kD2, Algorithm::kAdpsgd, Algorithm::kGt, Algorithm::kDiloco})
     if (to_string(a) == name) return a;
   throw Error(ErrorKind::kInvalidArgument,
-              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, gt, adpsgd, allreduce, ps, local"));
+              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, gt, adpsgd, diloco, allreduce, ps, local"));
 }
 
 bool gossips(Algorithm algorithm) {
   return algorithm == Algorithm::kDpsgd || algorithm == Algorithm::kChoco || algorithm == Algorithm::kD2 ||
          algorithm == Algorithm::kAdpsgd || algorithm == Algorithm::kGt;
+}
+
+bool all_reduces(const TrainConfig& config) {
+  return config.algorithm == Algorithm::kAllreduce ||
+         (config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kAllreduce);
+}
+
+bool gossips(const TrainConfig& config) {
+  return gossips(config.algorithm) ||
+         (config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kGossip);
 }
 
 std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
@@ -82,6 +112,12 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
     mix(c.choco_gamma());
   }
   if (c.allreduce_algo != algo::AllreduceAlgo::kRing) mix(4000.0 + static_cast<double>(c.allreduce_algo));
+  if (c.algorithm == Algorithm::kDiloco) {
+    const OuterConfig& o = c.outer;
+    for (double v : {6000.0 + o.inner_steps, double(o.lr), double(o.momentum), double(o.nesterov), double(o.exchange),
+                     double(o.fragments), double(o.overlap), double(o.mix), double(o.compression)})
+      mix(v);
+  }
   if (c.model == ModelKind::kGpt && c.tokenizer != TokenizerKind::kBytes) {  // left out for bytes, likewise
     mix(double(c.tokenizer) + 40);
     mix(static_cast<double>(c.transformer.vocab));

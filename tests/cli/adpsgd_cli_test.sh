@@ -15,7 +15,6 @@ write_topology "$work/ring4.yaml" ring4 ring 4 "$port"
 write_topology "$work/ring6.yaml" ring6 ring 6 $((port + 10))
 common=(--algorithm adpsgd --connect-timeout 20 --peer-timeout 20)
 
-summary() { grep -o "\"$2\": [0-9.e+-]*" "$1/summary.json" | head -1 | cut -d' ' -f2; }
 column() { awk -F, -v c="$2" -v p="$3" 'NR > 1 && $3 == p { v = $c } END { print v }' "$1/metrics.csv"; }
 
 # 1. With and without the straggler: one epoch of batch 128 on 4 peers.

@@ -10,7 +10,6 @@ write_topology "$work/ring4.yaml" ring4 ring 4 $((21000 + RANDOM % 2000))
 write_topology "$work/ring6.yaml" ring6 ring 6 $((23000 + RANDOM % 2000))
 small=(--batch 16 --connect-timeout 20 --peer-timeout 20 --max-steps 30 --eval-every 15)
 
-summary() { grep -o "\"$2\": [0-9.e+-]*" "$1/summary.json" | head -1 | cut -d' ' -f2; }
 
 # 1. Each trains end to end, and its summary says how it was configured.
 for flags in "dpsgd" "choco --compression top-k:0.01" "choco --compression qsgd:8 --update atc" \
@@ -66,17 +65,7 @@ for flags in "choco --compression qsgd:8" "gt --momentum-form quasi-global"; do
 done
 
 # 4. Bad flags: an error naming the flag, exit 2, nothing started.
-expect_error() {  # expect_error TEXT FLAGS...
-  local text=$1
-  shift
-  if "$bin" launch --topology "$work/ring4.yaml" "$@" >"$work/err.log" 2>&1; then
-    fail "launch $* was accepted"
-  elif grep -q "^error: .*$text" "$work/err.log"; then
-    ok
-  else
-    fail "launch $*: expected '$text'"; cat "$work/err.log"
-  fi
-}
+expect_error() { expect_launch_error "$work/ring4.yaml" "$@"; }
 expect_error "--compression 'top-k:0'.*outside (0, 1\]" --algorithm choco --compression top-k:0
 expect_error "--compression 'random-k:2'.*outside (0, 1\]" --algorithm choco --compression random-k:2
 expect_error "--compression 'qsgd:0': 0 bits" --algorithm choco --compression qsgd:0

@@ -59,6 +59,8 @@ RunSummary random_summary(std::mt19937& rng, bool language_model) {
   if (language_model) {
     s.val_bits_per_byte = u(rng);
     s.layout = LayoutRecord{2, 1, 2, "sp=2,tp=1;sp=2,tp=1", "send-recv", 4};
+    s.algorithm = "diloco";
+    s.diloco = DilocoRecord{id(rng) + 1, u(rng), u(rng), "nesterov", "gossip", "int8", id(rng), id(rng), u(rng)};
   } else {
     s.update = "atc";
     s.momentum_form = "quasi-global";

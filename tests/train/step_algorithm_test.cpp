@@ -7,71 +7,28 @@
 //  - quasi-global momentum is Lin et al.'s recursion, in both update forms;
 //  - gradient tracking is its dense recursion, and x̄ moves by the mean gradient;
 //  - tree and recursive-doubling all-reduce give the ring's iterates.
-#include "../../src/train/step_algorithm.h"
-
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
 #include <map>
-#include <mutex>
 
-#include "../../src/train/membership.h"
-#include "test_support/cluster.h"
-#include "peertrain/core/rng.h"
-#include "peertrain/net/loopback.h"
+#include "step_harness.h"
 
 namespace peertrain::train {
 namespace {
 
 using topology::Topology;
 
-Topology topology_from(const std::string& yaml) { return topology::parse_topology(yaml, "test.yaml", "."); }
+using harness::topology_from;
 
 constexpr int kDim = 257, kSteps = 6;
 
-// Peer i's gradient at step k: fresh normal entries from (i, k).
-std::vector<float> gradient(int rank, int step) {
-  Rng rng(1000 * static_cast<std::uint64_t>(step) + static_cast<std::uint64_t>(rank) + 7);
-  std::vector<float> g(kDim);
-  for (float& v : g) v = static_cast<float>(rng.normal());
-  return g;
-}
-
-// The links the trainer keeps: every peer with every other (any survivor may coordinate).
-net::LoopbackOptions every_peer_linked(int n, double peer_timeout_s) {
-  net::LoopbackOptions options{n, {}, peer_timeout_s};
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> all;
-    for (int j = 0; j < n; ++j)
-      if (j != i) all.push_back(j);
-    options.links.push_back(all);
-  }
-  return options;
-}
+std::vector<float> gradient(int rank, int step) { return harness::gradient(rank, step, kDim); }
+using harness::every_peer_linked;
+using harness::relative;
 
 // Every peer's x after kSteps of `config.algorithm`, all starting from the same x_0.
 Eigen::MatrixXf run_algorithm(const Topology& t, const TrainConfig& config) {
-  const int n = t.num_peers();
-  net::LoopbackFabric fabric(every_peer_linked(n, 10));
-  Eigen::MatrixXf out(n, kDim);
-  testing::run_peers(n, [&](int rank) {
-    auto net = fabric.transport(rank);
-    algo::Gossip gossip(*net, algo::mixing_rows(t, rank));
-    Membership membership(*net, t, rank, {SplitPolicy::kContinue, 0, kSteps, 0});
-    auto algorithm = make_step_algorithm(config, {*net, rank, n, &gossip, &membership, {}, &t}, kDim);
-    auto optimizer = make_optimizer(OptimizerKind::kSgd, kDim, config.sgd, config.adam);
-    Rng init(3);
-    std::vector<float> x(kDim);
-    for (float& v : x) v = static_cast<float>(init.normal());
-    for (int k = 0; k < kSteps; ++k) {
-      algorithm->start(k, x);
-      std::vector<float> g = gradient(rank, k);
-      algorithm->finish(k, x, g, *optimizer);
-    }
-    for (int j = 0; j < kDim; ++j) out(rank, j) = x[static_cast<std::size_t>(j)];
-    net->close();
-  });
-  return out;
+  return harness::run_steps(t, config, {kSteps, kDim, {}}).back();
 }
 
 TrainConfig config_for(Algorithm algorithm, float momentum = 0.9f) {
@@ -80,8 +37,6 @@ TrainConfig config_for(Algorithm algorithm, float momentum = 0.9f) {
   c.sgd = {0.05f, momentum, 1e-4f};
   return c;
 }
-
-double relative(const Eigen::MatrixXf& a, const Eigen::MatrixXf& b) { return (a - b).norm() / b.norm(); }
 
 TEST(UpdateForm, AtcWithEqualWeightsIsTheAllreduceStep) {
   const Topology t = topology_from("graph: {generator: complete, n: 4}");  // Metropolis: every weight 1/4
@@ -250,7 +205,7 @@ TEST(GradientTracking, AfterALostPeerTheSurvivorsTrackTheirMeanGradientAgain) {
     auto net = fabric.transport(rank);
     algo::Gossip gossip(*net, algo::mixing_rows(t, rank));
     Membership membership(*net, t, rank, {SplitPolicy::kContinue, 0, kLong, 0});
-    auto algorithm = make_step_algorithm(gt, {*net, rank, n, &gossip, &membership, {}, &t}, kDim);
+    auto algorithm = make_step_algorithm(gt, {*net, rank, n, &gossip, &membership, {}, &t, kSteps, {}}, kDim);
     auto optimizer = make_optimizer(OptimizerKind::kSgd, kDim, gt.sgd, gt.adam);
     Rng init(3);
     std::vector<float> x(kDim);

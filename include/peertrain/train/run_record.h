@@ -109,6 +109,16 @@ struct SimulationRecord {
   double simulated_s = 0, real_s = 0;  // when the last peer ended; what the simulation took
   bool operator==(const SimulationRecord&) const = default;
 };
+// A DiLoCo run's outer loop (TrainConfig::outer), as summary.json's "diloco" object.
+struct DilocoRecord {
+  int inner_steps = 0;
+  double outer_lr = 0, outer_momentum = 0;
+  std::string outer_optimizer, exchange, compression;
+  int fragments = 1, overlap = 0;
+  double mix_alpha = 0;
+  bool operator==(const DilocoRecord&) const = default;
+};
+
 // summary.json. A run that `launch` stopped writes only topology, algorithm, failed_peers
 // and error.
 struct RunSummary {
@@ -126,7 +136,8 @@ struct RunSummary {
   std::optional<std::string> momentum_form;   // dpsgd, gt
   std::optional<std::string> compression;     // choco
   std::optional<double> gossip_step;          // choco
-  std::optional<std::string> allreduce_algo;  // allreduce
+  std::optional<std::string> allreduce_algo;  // allreduce, diloco over the all-reduce
+  std::optional<DilocoRecord> diloco;         // diloco
   std::optional<LayoutRecord> layout;         // gpt, vit
   std::vector<int> failed_peers;
   std::vector<FailureRecord> failures;

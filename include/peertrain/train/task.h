@@ -52,6 +52,9 @@ class Task {
   // same on every peer of a run, so they may depend only on what the run id fixes (the
   // model), never on a peer's own --sp, --pp or profile. Default: one part, the whole vector.
   virtual std::vector<std::pair<std::size_t, std::size_t>> gossip_parts() const { return {{0, num_parameters()}}; }
+  // The model's layers as contiguous ranges (offset, size), in order, covering the vector:
+  // what Streaming DiLoCo groups into fragments. Default: gossip_parts().
+  virtual std::vector<std::pair<std::size_t, std::size_t>> layer_ranges() const { return gossip_parts(); }
   // The GPU model behind compute_gradient (--device cuda), or null; train::DeviceUpdate
   // moves the optimizer onto it.
   virtual model::DeviceModel* device_model() { return nullptr; }

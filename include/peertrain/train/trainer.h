@@ -20,6 +20,7 @@
 
 #include "peertrain/algo/collectives.h"
 #include "peertrain/algo/compression.h"
+#include "peertrain/algo/quantize.h"
 #include "peertrain/model/device_model.h"
 #include "peertrain/model/transformer.h"
 #include "peertrain/net/transport.h"
@@ -32,7 +33,7 @@
 
 namespace peertrain::train {
 
-enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd, kGt };
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd, kGt, kDiloco };
 std::string_view to_string(Algorithm algorithm);
 Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
 // The algorithms that gossip with neighbours (D-PSGD, CHOCO-SGD, D² through W; AD-PSGD
@@ -50,6 +51,31 @@ enum class UpdateForm { kCta, kAtc };
 // peer's whole move, mix included: m̂ ← βm̂ + (1 − β)(x_k − x_{k+1})/η, so it carries the
 // neighbours' directions too, which is what non-iid shards need.
 enum class MomentumForm { kLocal, kQuasiGlobal };
+
+// How DiLoCo averages its pseudo-gradients: an all-reduce over every peer (the paper's),
+// a server on peer 0, or one gossip round with the topology's W (each peer then keeps its
+// own outer state).
+enum class OuterExchange { kAllreduce, kPs, kGossip };
+std::string_view to_string(OuterExchange exchange);
+OuterExchange parse_outer_exchange(std::string_view name);  // throws Error naming the choices
+
+// DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025): every peer
+// takes H steps of its own optimizer, then the pseudo-gradients Δ = θ_outer − θ_local are
+// averaged and an outer optimizer (Nesterov SGD) applies the average to θ_outer. With F
+// fragments each range of layers is synchronised every H steps, one fragment every H/F
+// steps; an exchange overlaps the next τ inner steps and lands mixed: θ_local ← α·θ_local
+// + (1 − α)·θ_outer (with τ = 0 it replaces θ_local).
+struct OuterConfig {
+  int inner_steps = 50;  // H
+  float lr = 0.7f;
+  float momentum = 0.9f;
+  bool nesterov = true;
+  OuterExchange exchange = OuterExchange::kAllreduce;
+  int fragments = 1;                                         // F
+  int overlap = 0;                                           // τ
+  float mix = 0.5f;                                          // α
+  algo::QuantFormat compression = algo::QuantFormat::kNone;  // the pseudo-gradient on the wire, with error feedback
+};
 
 enum class Partition { kIid, kDirichlet };
 
@@ -103,8 +129,17 @@ struct TrainConfig {
   double gossip_step = 0;                                           // choco: γ; 0: the compressor's default
   algo::AllreduceAlgo allreduce_algo = algo::AllreduceAlgo::kRing;  // allreduce: --allreduce-algo
   double time_budget_s = 0;  // adpsgd: end the run after this long (0: at the sample budget of --epochs)
+  OuterConfig outer;         // diloco
   double choco_gamma() const { return gossip_step > 0 ? gossip_step : compression.default_gossip_step(); }
 };
+
+// Whether this run's peers all-reduce: --algorithm allreduce, or DiLoCo's all-reduce
+// (each peer then links to its --allreduce-algo partners).
+bool all_reduces(const TrainConfig& config);
+
+// Whether this run's peers gossip (gossips(algorithm), or DiLoCo over gossip): such a run
+// survives a lost peer.
+bool gossips(const TrainConfig& config);
 
 // The run id peers exchange in the handshake: a hash of everything that must agree.
 std::uint64_t derive_run_id(const TrainConfig& config, const topology::Topology& topology);

@@ -1,0 +1,333 @@
+// DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025) as a step
+// algorithm: the inner steps are the run's own optimizer with no communication; every H
+// steps a fragment's pseudo-gradient Δ = θ_outer − θ_local is averaged over the peers and
+// the outer optimizer (Nesterov SGD: b ← μb + Δ̄, θ_outer ← θ_outer − η(Δ̄ + μb)) applies
+// it. The average is an all-reduce, a server, or one gossip round with W; the exchange
+// may overlap the τ inner steps that follow (the ring advances between them, gossip and
+// the server's messages travel meanwhile), and may travel quantized with error feedback.
+#include <optional>
+
+#include "peertrain/algo/collectives.h"
+#include "peertrain/algo/quantize.h"
+#include "peertrain/algo/ring_reduction.h"
+#include "peertrain/core/clock.h"
+#include "peertrain/core/error.h"
+#include "membership.h"
+#include "step_algorithm.h"
+
+namespace peertrain::train {
+namespace {
+
+using Clock = RunClock;  // simulated seconds on a simulated cluster
+
+// Averages one fragment's vector over the peers: begun after an inner step, ended after
+// the one τ steps later. `v` is this peer's contribution and, after end(), the average;
+// it must stay valid in between. Each quantization error this peer makes is added to
+// `residual` (v's size, or empty without compression).
+class OuterAverage {
+ public:
+  virtual ~OuterAverage() = default;
+  virtual void begin(long long step, std::span<float> v, std::span<float> residual) = 0;
+  virtual void progress() {}
+  virtual void end() = 0;
+};
+
+// An all-reduce over every peer, then ÷ n: the ring moves between inner steps
+// (algo::RingReduction); tree and recursive doubling run at end().
+class AllreduceAverage final : public OuterAverage {
+ public:
+  AllreduceAverage(net::Transport& network, int peers, algo::AllreduceAlgo algo, algo::QuantFormat format)
+      : network_(network), algo_(algo), format_(format), peers_(static_cast<std::size_t>(peers)) {
+    for (int p = 0; p < peers; ++p) peers_[static_cast<std::size_t>(p)] = p;
+  }
+  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+    key_ = static_cast<std::uint64_t>(step);
+    v_ = v;
+    if (algo_ == algo::AllreduceAlgo::kRing) {
+      ring_.emplace(network_, peers_, key_, v, format_, residual);
+      ring_->progress();
+    }
+  }
+  void progress() override {
+    if (ring_) ring_->progress();
+  }
+  void end() override {
+    if (ring_) {
+      ring_->finish();
+      ring_.reset();
+    } else {
+      algo::allreduce(algo_, network_, peers_, key_, v_);
+    }
+    const float inverse_n = 1.0f / static_cast<float>(peers_.size());
+    for (float& value : v_) value *= inverse_n;
+  }
+
+ private:
+  net::Transport& network_;
+  algo::AllreduceAlgo algo_;
+  algo::QuantFormat format_;
+  std::vector<int> peers_;
+  std::uint64_t key_ = 0;
+  std::span<float> v_;
+  std::optional<algo::RingReduction> ring_;
+};
+
+// A server on peer 0: every other peer sends its vector at begin() and reads the average
+// back at end(); peer 0 adds them in fp32 at its end() and sends the average to all.
+class ServerAverage final : public OuterAverage {
+ public:
+  ServerAverage(net::Transport& network, int rank, int peers, algo::QuantFormat format)
+      : network_(network), rank_(rank), peers_(peers), format_(format) {}
+  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+    key_ = static_cast<std::uint64_t>(step);
+    v_ = v;
+    residual_ = residual;
+    if (rank_ == 0) return;
+    send_ = network_.send(0, net::MessageType::kReduceChunk, key_, kPushTag, encode(v, 1.0f));
+  }
+  void end() override {
+    if (rank_ != 0) {
+      send_.wait();
+      net::Payload in = network_.receive(0, net::MessageType::kReduceChunk, key_, kPullTag);
+      algo::dequantize(format_, in, v_, false, network_.peer_name(0));
+      network_.recycle(std::move(in));
+      return;
+    }
+    for (int p = 1; p < peers_; ++p) {
+      net::Payload in = network_.receive(p, net::MessageType::kReduceChunk, key_, kPushTag);
+      algo::dequantize(format_, in, v_, true, network_.peer_name(p));
+      network_.recycle(std::move(in));
+    }
+    const float inverse_n = 1.0f / static_cast<float>(peers_);
+    for (float& value : v_) value *= inverse_n;
+    // The average's own rounding counts n times in this peer's residual: the next average
+    // divides it by n again.
+    const net::Payload average = encode(v_, static_cast<float>(peers_));
+    std::copy(read_back_.begin(), read_back_.end(), v_.begin());
+    std::vector<Work> sends;
+    for (int p = 1; p < peers_; ++p)
+      sends.push_back(network_.send(p, net::MessageType::kReduceChunk, key_, kPullTag, average));
+    for (Work& w : sends) w.wait();
+  }
+
+ private:
+  static constexpr std::uint32_t kPushTag = 3u << 20, kPullTag = kPushTag + 1;
+
+  // v as the wire carries it; the error, times `weight`, goes to the residual.
+  net::Payload encode(std::span<const float> v, float weight) {
+    net::Payload bytes;
+    read_back_.resize(v.size());
+    algo::quantize(format_, v, bytes, read_back_);
+    if (!residual_.empty())
+      for (std::size_t i = 0; i < v.size(); ++i) residual_[i] += weight * (v[i] - read_back_[i]);
+    return bytes;
+  }
+
+  net::Transport& network_;
+  int rank_, peers_;
+  algo::QuantFormat format_;
+  std::uint64_t key_ = 0;
+  std::span<float> v_, residual_;
+  std::vector<float> read_back_;
+  Work send_;
+};
+
+// One gossip round with this peer's row of W: v ← w_ii·v + Σ_j w_ij·v_j, every term as
+// the wire carries it (the own one too, so that Σ_i of the averages is Σ_i of what was sent).
+class GossipAverage final : public OuterAverage {
+ public:
+  GossipAverage(algo::Gossip& gossip, algo::QuantFormat format) : gossip_(gossip), format_(format) {}
+  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+    v_ = v;
+    own_.resize(v.size());
+    net::Payload bytes;
+    algo::quantize(format_, v, bytes, own_);
+    if (!residual.empty())
+      for (std::size_t i = 0; i < v.size(); ++i) residual[i] += v[i] - own_[i];
+    gossip_.start_message(static_cast<std::uint64_t>(step), std::move(bytes));
+  }
+  void end() override {
+    sum_.assign(v_.size(), 0.0f);
+    term_.resize(v_.size());
+    const net::Transport& network = gossip_.network();
+    gossip_.finish_message([&](int peer, float weight, const net::Payload& payload) {
+      algo::dequantize(format_, payload, term_, false, network.peer_name(peer));
+      for (std::size_t i = 0; i < term_.size(); ++i) sum_[i] += weight * term_[i];
+    });
+    const float self = gossip_.applied_row().self_weight;
+    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = self * own_[i] + sum_[i];
+  }
+
+ private:
+  algo::Gossip& gossip_;
+  algo::QuantFormat format_;
+  std::span<float> v_;
+  std::vector<float> own_, sum_, term_;
+};
+
+class Diloco final : public StepAlgorithm {
+ public:
+  Diloco(StepContext c, const OuterConfig& o, std::size_t parameters, std::unique_ptr<OuterAverage> average)
+      : c_(std::move(c)),
+        o_(o),
+        average_(std::move(average)),
+        fragments_(group_fragments(
+            c_.layers.empty() ? std::vector<std::pair<std::size_t, std::size_t>>{{0, parameters}} : c_.layers,
+            o.fragments)),
+        momentum_(o.momentum > 0 ? parameters : 0, 0.0f),
+        pending_(parameters),
+        residual_(o.compression != algo::QuantFormat::kNone ? parameters : 0, 0.0f) {}
+
+  void start(long long step, std::span<float> x) override {
+    if (outer_.empty()) outer_.assign(x.begin(), x.end());  // θ_0, which every peer shares
+    if (gossips()) {
+      if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x)) c_.gossip->set_rows(std::move(*rows));
+    }
+    if (in_flight_) average_->progress();
+  }
+
+  StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
+    StepTiming t;
+    const auto begin = Clock::now();
+    optimizer.step(x, grads);
+    t.compute_s = seconds_since(begin);
+    const long long done = step + 1;
+    if (in_flight_) {
+      average_->progress();
+      if (done >= lands_at_ || done == c_.total_steps) land(step, x, t);
+    }
+    const int fragment = fragment_due(done);
+    if (fragment >= 0) {
+      send(step, fragment, x, t);
+      if (o_.overlap == 0 || done == c_.total_steps) land(step, x, t);
+    }
+    return t;
+  }
+
+ private:
+  bool gossips() const { return o_.exchange == OuterExchange::kGossip; }
+
+  // The fragment whose exchange begins after `done` inner steps: fragment f at done ≡
+  // (f + 1)·H/F (mod H), so each is synchronised every H steps and one goes every H/F.
+  int fragment_due(long long done) const {
+    const long long h = o_.inner_steps, every = h / static_cast<long long>(fragments_.size());
+    const long long phase = done % h == 0 ? h : done % h;
+    if (phase % every != 0) return -1;
+    return static_cast<int>(phase / every) - 1;
+  }
+
+  void send(long long step, int fragment, std::span<const float> x, StepTiming& t) {
+    const auto begin = Clock::now();
+    const auto [offset, size] = fragments_[static_cast<std::size_t>(fragment)];
+    const std::span<float> v = std::span<float>(pending_).subspan(offset, size);
+    std::span<float> residual;
+    for (std::size_t i = offset; i < offset + size; ++i) pending_[i] = outer_[i] - x[i];
+    if (!residual_.empty()) {
+      residual = std::span<float>(residual_).subspan(offset, size);
+      for (std::size_t i = 0; i < size; ++i) {
+        v[i] += residual[i];  // error feedback: what earlier rounds did not deliver
+        residual[i] = 0;
+      }
+    }
+    average_->begin(step, v, residual);
+    in_flight_ = true;
+    fragment_ = fragment;
+    sent_at_ = step + 1;
+    lands_at_ = sent_at_ + o_.overlap;
+    t.compute_s += seconds_since(begin);
+  }
+
+  // The average is in: the outer step on the fragment, then θ_local takes it in.
+  void land(long long step, std::span<float> x, StepTiming& t) {
+    auto begin = Clock::now();
+    average_->end();
+    t.wait_s += seconds_since(begin);
+    begin = Clock::now();
+    const auto [offset, size] = fragments_[static_cast<std::size_t>(fragment_)];
+    const float lr = o_.lr, mu = o_.momentum;
+    const bool replace = step + 1 == sent_at_;  // nothing moved since: no local share to keep
+    const float keep = replace ? 0.0f : o_.mix;
+    for (std::size_t i = offset; i < offset + size; ++i) {
+      const float g = pending_[i];
+      float u = g;
+      if (mu > 0) {
+        momentum_[i] = mu * momentum_[i] + g;
+        u = o_.nesterov ? g + mu * momentum_[i] : momentum_[i];
+      }
+      outer_[i] -= lr * u;
+      x[i] = replace ? outer_[i] : keep * x[i] + (1 - keep) * outer_[i];
+    }
+    in_flight_ = false;
+    t.compute_s += seconds_since(begin);
+    if (!gossips()) return;
+    if (c_.trace) c_.trace(step, c_.gossip->applied_row());
+    if (!c_.gossip->newly_lost().empty())
+      c_.membership->report_lost(static_cast<std::uint64_t>(step), c_.gossip->newly_lost());
+  }
+
+  StepContext c_;
+  OuterConfig o_;
+  std::unique_ptr<OuterAverage> average_;
+  std::vector<std::pair<std::size_t, std::size_t>> fragments_;
+  std::vector<float> outer_, momentum_, pending_, residual_;  // θ_outer, b, Δ (then Δ̄), error feedback
+  bool in_flight_ = false;
+  int fragment_ = 0;
+  long long sent_at_ = 0, lands_at_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::pair<std::size_t, std::size_t>> group_fragments(
+    const std::vector<std::pair<std::size_t, std::size_t>>& layers, int fragments) {
+  const auto count = static_cast<std::size_t>(fragments);
+  if (fragments < 1 || count > layers.size())
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--fragments ", fragments, ": the model has ", layers.size(), " layers to group into fragments"));
+  std::size_t total = 0;
+  for (const auto& layer : layers) total += layer.second;
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t next = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t first = next, target = total * (k + 1) / count;
+    // At least one layer each, and enough left for the fragments after this one.
+    const std::size_t last_allowed = layers.size() - (count - k);
+    std::size_t end_layer = first;
+    while (end_layer < last_allowed && layers[end_layer].first + layers[end_layer].second < target) ++end_layer;
+    if (k + 1 == count) end_layer = layers.size() - 1;
+    const std::size_t offset = layers[first].first;
+    out.emplace_back(offset, layers[end_layer].first + layers[end_layer].second - offset);
+    next = end_layer + 1;
+  }
+  return out;
+}
+
+std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContext context, std::size_t parameters) {
+  const OuterConfig& o = config.outer;
+  if (o.inner_steps < 1) throw Error(ErrorKind::kInvalidArgument, str("--inner-steps ", o.inner_steps, " is below 1"));
+  if (o.inner_steps % o.fragments != 0 || o.overlap * o.fragments >= o.inner_steps)
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--fragments ", o.fragments, " --overlap ", o.overlap, ": F must divide --inner-steps ",
+                    o.inner_steps, " and each exchange must land before the next begins (τ < H/F)"));
+  if (o.exchange == OuterExchange::kAllreduce && config.allreduce_algo != algo::AllreduceAlgo::kRing &&
+      (o.overlap > 0 || o.compression != algo::QuantFormat::kNone))
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--allreduce-algo ", algo::to_string(config.allreduce_algo),
+                    ": --overlap and --outer-compression run over the ring (--allreduce-algo ring)"));
+  std::unique_ptr<OuterAverage> average;
+  switch (o.exchange) {
+    case OuterExchange::kAllreduce:
+      average =
+          std::make_unique<AllreduceAverage>(context.network, context.peers, config.allreduce_algo, o.compression);
+      break;
+    case OuterExchange::kPs:
+      average = std::make_unique<ServerAverage>(context.network, context.rank, context.peers, o.compression);
+      break;
+    case OuterExchange::kGossip:
+      PEERTRAIN_CHECK(context.gossip && context.membership, "gossip DiLoCo needs the gossip and the membership");
+      average = std::make_unique<GossipAverage>(*context.gossip, o.compression);
+      break;
+  }
+  return std::make_unique<Diloco>(std::move(context), o, parameters, std::move(average));
+}
+
+}  // namespace peertrain::train
