@@ -242,12 +242,12 @@ void diloco_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   if (o.fragments > layers)
     throw UsageError(str("--fragments ", o.fragments, ": the model has ", layers,
                          " layers to group into fragments (a fragment is one or more whole layers)"));
-  if (o.inner_steps % o.fragments != 0)
-    throw UsageError(str("--fragments ", o.fragments, " must divide --inner-steps ", o.inner_steps,
-                         " (one fragment is synchronised every H/F steps)"));
-  if (o.overlap * o.fragments >= o.inner_steps)
-    throw UsageError(str("--overlap ", o.overlap,
-                         ": an exchange must land before the next begins, so τ < H/F = ", o.inner_steps / o.fragments));
+  if (o.fragments > o.inner_steps)
+    throw UsageError(str("--fragments ", o.fragments, " exceeds --inner-steps ", o.inner_steps,
+                         " (one fragment is synchronised about every H/F steps)"));
+  if (o.overlap >= o.inner_steps / o.fragments)
+    throw UsageError(str("--overlap ", o.overlap, ": an exchange must land before the next begins, so τ < ⌊H/F⌋ = ",
+                         o.inner_steps / o.fragments));
   if (args.count("mix-alpha") && o.overlap == 0)
     throw UsageError(
         "--mix-alpha applies with --overlap above 0 (without overlap the outer parameters replace the local ones)");
@@ -363,9 +363,9 @@ void add_training_options(cxxopts::Options& options) {
       "diloco: how the pseudo-gradients are averaged: allreduce (every peer) | ps (a server on peer 0) | gossip "
       "(one round with the topology's W; each peer keeps its own outer state)",
       cxxopts::value<std::string>()->default_value("allreduce"))(
-      "fragments", "diloco: F, Streaming DiLoCo's fragments of whole layers, one synchronised every H/F steps",
+      "fragments", "diloco: F, Streaming DiLoCo's fragments of whole layers, one synchronised about every H/F steps",
       cxxopts::value<std::string>()->default_value("1"))(
-      "overlap", "diloco: τ, the inner steps an exchange overlaps before it lands (τ < H/F)",
+      "overlap", "diloco: τ, the inner steps an exchange overlaps before it lands (τ < ⌊H/F⌋)",
       cxxopts::value<std::string>()->default_value("0"))(
       "mix-alpha", "diloco with --overlap: α, the local share kept when an exchange lands (θ ← αθ + (1 − α)θ_outer)",
       cxxopts::value<std::string>()->default_value("0.5"))(

@@ -208,12 +208,13 @@ class Diloco final : public StepAlgorithm {
   bool gossips() const { return o_.exchange == OuterExchange::kGossip; }
 
   // The fragment whose exchange begins after `done` inner steps: fragment f at done ≡
-  // (f + 1)·H/F (mod H), so each is synchronised every H steps and one goes every H/F.
+  // ⌊(f + 1)·H/F⌋ (mod H), so each is synchronised every H steps and one about every H/F.
   int fragment_due(long long done) const {
-    const long long h = o_.inner_steps, every = h / static_cast<long long>(fragments_.size());
+    const long long h = o_.inner_steps, f = static_cast<long long>(fragments_.size());
     const long long phase = done % h == 0 ? h : done % h;
-    if (phase % every != 0) return -1;
-    return static_cast<int>(phase / every) - 1;
+    for (long long k = 0; k < f; ++k)
+      if (phase == (k + 1) * h / f) return static_cast<int>(k);
+    return -1;
   }
 
   void send(long long step, int fragment, std::span<const float> x, StepTiming& t) {
@@ -304,10 +305,10 @@ std::vector<std::pair<std::size_t, std::size_t>> group_fragments(
 std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContext context, std::size_t parameters) {
   const OuterConfig& o = config.outer;
   if (o.inner_steps < 1) throw Error(ErrorKind::kInvalidArgument, str("--inner-steps ", o.inner_steps, " is below 1"));
-  if (o.inner_steps % o.fragments != 0 || o.overlap * o.fragments >= o.inner_steps)
+  if (o.fragments > o.inner_steps || o.overlap >= o.inner_steps / o.fragments)
     throw Error(ErrorKind::kInvalidArgument,
-                str("--fragments ", o.fragments, " --overlap ", o.overlap, ": F must divide --inner-steps ",
-                    o.inner_steps, " and each exchange must land before the next begins (τ < H/F)"));
+                str("--fragments ", o.fragments, " --overlap ", o.overlap, ": F may not exceed --inner-steps ",
+                    o.inner_steps, " and each exchange must land before the next begins (τ < ⌊H/F⌋)"));
   if (o.exchange == OuterExchange::kAllreduce && config.allreduce_algo != algo::AllreduceAlgo::kRing &&
       (o.overlap > 0 || o.compression != algo::QuantFormat::kNone))
     throw Error(ErrorKind::kInvalidArgument,

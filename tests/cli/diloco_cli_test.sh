@@ -72,9 +72,9 @@ grep -q '"failed_peers": \[4\]' "$out/summary.json" 2>/dev/null && ok || fail "g
 expect_error() { expect_launch_error "$work/ring4.yaml" "$@"; }
 expect_error "--inner-steps must be" --algorithm diloco --inner-steps 0
 expect_error "--fragments 4: the model has 3 layers" --algorithm diloco --fragments 4 --inner-steps 8
-expect_error "--fragments 3 must divide --inner-steps 10" --algorithm diloco --fragments 3 --inner-steps 10
-expect_error "--overlap 5: an exchange must land before the next begins, so τ < H/F = 5" --algorithm diloco \
-  --inner-steps 10 --fragments 2 --overlap 5
+expect_error "--fragments 3 exceeds --inner-steps 2" --algorithm diloco --fragments 3 --inner-steps 2
+expect_error "--overlap 3: an exchange must land before the next begins, so τ < ⌊H/F⌋ = 3" --algorithm diloco \
+  --inner-steps 10 --fragments 3 --overlap 3
 expect_error "--outer-compression 'int2' is not one of none, int8, fp8, int4" --algorithm diloco --outer-compression int2
 expect_error "--outer-exchange 'ring' is not one of allreduce, ps, gossip" --algorithm diloco --outer-exchange ring
 expect_error "--outer-lr applies to --algorithm diloco" --algorithm dpsgd --outer-lr 0.5

@@ -30,7 +30,7 @@ TrainConfig diloco(OuterExchange exchange, int inner_steps) {
 }
 
 // The dense recursion: rows are peers. X takes torch's SGD step (v ← m·v + g + wd·x,
-// x ← x − lr·v); after `done` steps fragment f begins when done ≡ (f + 1)·H/F (mod H):
+// x ← x − lr·v); after `done` steps fragment f begins when done ≡ ⌊(f + 1)·H/F⌋ (mod H):
 // P = Θ − X + E (E the error-feedback residual, then the quantization error), and lands
 // τ steps later (or at the last step): Δ̄ = W·P, B ← μB + Δ̄, Θ ← Θ − η(Δ̄ + μB), and X
 // takes Θ in (replaced when nothing moved since, else αX + (1 − α)Θ).
@@ -41,7 +41,7 @@ std::vector<Eigen::MatrixXf> dense_twin(const Eigen::MatrixXf& w, const TrainCon
   Eigen::MatrixXf x = harness::initial_x(d).replicate(n, 1), velocity = Eigen::MatrixXf::Zero(n, d);
   Eigen::MatrixXf outer = x, momentum = Eigen::MatrixXf::Zero(n, d), pending = Eigen::MatrixXf::Zero(n, d);
   Eigen::MatrixXf residual = Eigen::MatrixXf::Zero(n, d);
-  const int every = o.inner_steps / static_cast<int>(fragments.size());
+  const int count = static_cast<int>(fragments.size());
   int in_flight = -1;
   long long sent_at = 0;
   std::vector<Eigen::MatrixXf> out;
@@ -67,8 +67,9 @@ std::vector<Eigen::MatrixXf> dense_twin(const Eigen::MatrixXf& w, const TrainCon
     const int done = k + 1;
     if (in_flight >= 0 && (done >= sent_at + o.overlap || done == shape.steps)) land(k);
     const int phase = done % o.inner_steps == 0 ? o.inner_steps : done % o.inner_steps;
-    if (phase % every == 0) {
-      in_flight = phase / every - 1;
+    for (int f = 0; f < count && in_flight < 0; ++f) {
+      if (phase != (f + 1) * o.inner_steps / count) continue;
+      in_flight = f;
       sent_at = done;
       const auto [offset, size] = fragments[static_cast<std::size_t>(in_flight)];
       const auto cols = Eigen::seqN(static_cast<Eigen::Index>(offset), static_cast<Eigen::Index>(size));
@@ -141,10 +142,10 @@ TEST(Diloco, GossipIsNotTheAllreduce) {
 
 TEST(StreamingDiloco, FragmentsOverlapAndMixingAreTheirRecursion) {
   const Topology t = topology_from("graph: {generator: ring, n: 5}");
-  const std::vector<std::pair<std::size_t, std::size_t>> layers = {{0, 60}, {60, 70}, {130, 50}, {180, 77}};
+  const std::vector<std::pair<std::size_t, std::size_t>> layers = {{0, 60}, {60, 70}, {130, 50}, {180, 40}, {220, 37}};
   const harness::Shape shape{30, 257, layers};  // the last exchange lands early, at the last step
   for (OuterExchange exchange : {OuterExchange::kAllreduce, OuterExchange::kGossip}) {
-    for (const auto& [fragments, overlap] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{3, 2}}) {
+    for (const auto& [fragments, overlap] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{3, 2}, std::pair{5, 1}}) {
       SCOPED_TRACE(str(to_string(exchange), " F ", fragments, " tau ", overlap));
       TrainConfig c = diloco(exchange, 12);
       c.outer.fragments = fragments;

@@ -62,7 +62,7 @@ OuterExchange parse_outer_exchange(std::string_view name);  // throws Error nami
 // DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025): every peer
 // takes H steps of its own optimizer, then the pseudo-gradients Δ = θ_outer − θ_local are
 // averaged and an outer optimizer (Nesterov SGD) applies the average to θ_outer. With F
-// fragments each range of layers is synchronised every H steps, one fragment every H/F
+// fragments each range of layers is synchronised every H steps, one fragment about every H/F
 // steps; an exchange overlaps the next τ inner steps and lands mixed: θ_local ← α·θ_local
 // + (1 − α)·θ_outer (with τ = 0 it replaces θ_local).
 struct OuterConfig {
