@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,8 @@
 #include "peertrain/core/rng.h"
 #include "peertrain/parallel/partitioner.h"
 #include "peertrain/model/mlp.h"
+#include "peertrain/algo/quantize.h"
+#include "peertrain/plan/low_communication.h"
 #include "peertrain/plan/network.h"
 #include "peertrain/plan/profile.h"
 #include "peertrain/plan/search.h"
@@ -146,6 +149,58 @@ PeerCompute peer_compute(const std::string& model_name, const std::vector<int>& 
   return {plan::median(times), 4 * floats, test_s};
 }
 
+// The low-communication methods of plan --compare: data-parallel, DiLoCo and Streaming
+// DiLoCo (fp32 and int8) over the ring all-reduce, in the compute-utilisation model of
+// plan/low_communication.h.
+constexpr std::array<double, 3> kUtilisationTargets = {0.5, 0.9, 0.99};
+struct LowCommunicationRow {
+  plan::LowCommunication method;
+  double utilisation = 0;
+  std::array<std::optional<double>, 3> bandwidth_mbps;  // for each of kUtilisationTargets
+};
+
+std::vector<LowCommunicationRow> low_communication_rows(const cxxopts::ParseResult& args,
+                                                        const topology::Topology& topo, double bytes, double compute_s,
+                                                        double exchange_s) {
+  const int h = at_least_flag(args, "inner-steps", 1), f = at_least_flag(args, "fragments", 1);
+  const int tau = number_flag<int>(args, "overlap");
+  if (tau < 0 || tau >= h / f)
+    throw UsageError(
+        str("--overlap ", tau, ": an exchange must land before the next begins, so 0 ≤ τ < ⌊H/F⌋ = ", h / f));
+  const double int8 = 1 + 4.0 / algo::kQuantBlock;
+  const std::vector<plan::LowCommunication> methods = {
+      {"data-parallel (all-reduce)", 1, 1, 0, 4},
+      {str("DiLoCo H=", h), h, 1, 0, 4},
+      {str("Streaming DiLoCo H=", h, " F=", f, " tau=", tau), h, f, tau, 4},
+      {str("Streaming DiLoCo int8 H=", h, " F=", f, " tau=", tau), h, f, tau, int8}};
+  std::vector<LowCommunicationRow> out;
+  for (const auto& m : methods) {
+    LowCommunicationRow r{m, plan::compute_utilisation(m, compute_s, std::max(0.0, exchange_s)), {}};
+    for (std::size_t k = 0; k < kUtilisationTargets.size(); ++k)
+      if (auto b = plan::bandwidth_for_utilisation(m, kUtilisationTargets[k], compute_s, bytes, topo.num_peers(),
+                                                   topo.default_link.latency_ms / 1e3))
+        r.bandwidth_mbps[k] = *b * 8 / 1e6;
+    out.push_back(r);
+  }
+  return out;
+}
+
+void print_low_communication(const std::vector<LowCommunicationRow>& rows, const topology::Topology& topo) {
+  std::printf(
+      "\nlow communication over the ring all-reduce (Charles et al. 2025's utilisation model; latency %g ms):\n",
+      topo.default_link.latency_ms);
+  std::printf("%-44s %12s  %s\n", "method", "utilisation", "Mbit/s for 50 % / 90 % / 99 %");
+  for (const auto& r : rows) {
+    std::string need;
+    for (const auto& b : r.bandwidth_mbps) {
+      char mbps[32];
+      std::snprintf(mbps, sizeof mbps, "%.3g", b.value_or(0));
+      need += str(need.empty() ? "" : " / ", b ? mbps : "unreachable");
+    }
+    std::printf("%-44s %11.1f%%  %s\n", r.method.name.c_str(), 100 * r.utilisation, need.c_str());
+  }
+}
+
 // Across peers: each algorithm's time per step on the topology's links (and, with
 // --compare, D-PSGD on other graphs of as many peers with the same links).
 int plan_network(const cxxopts::ParseResult& args, const std::string& model_name,
@@ -214,6 +269,12 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
           {str("dpsgd on ", g == "exponential" ? "an " : "a ", g, " graph"),
            plan::predict_network(other, plan::PeerAlgorithm::kDpsgd, bytes, compute_s, probe, shared, evaluation)});
     }
+  std::vector<LowCommunicationRow> low;
+  if (args.count("compare")) {
+    const plan::NetworkPrediction ring =
+        plan::predict_network(topo, plan::PeerAlgorithm::kAllReduce, bytes, compute_s, probe, shared, evaluation);
+    low = low_communication_rows(args, topo, bytes, compute_s, ring.step_s - compute_s);
+  }
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.p.step_s < b.p.step_s; });
   if (format == "json") {
@@ -229,6 +290,15 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
       o["eval_every"] = static_cast<double>(evaluation.every);
       o["parameter_bytes"] = bytes;
       out += (i ? ", " : "") + o.dump();
+    }
+    for (const LowCommunicationRow& r : low) {
+      Json o;
+      o["plan"] = r.method.name;
+      o["compute_utilisation"] = r.utilisation;
+      for (std::size_t k = 0; k < kUtilisationTargets.size(); ++k)
+        o[str("bandwidth_mbps_for_", std::lround(100 * kUtilisationTargets[k]))] =
+            r.bandwidth_mbps[k] ? Json(*r.bandwidth_mbps[k]) : Json(nullptr);
+      out += ", " + o.dump();
     }
     std::printf("%s]\n", out.c_str());
     return 0;
@@ -252,6 +322,7 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
           : "; no wake-up across busy cores measured");
   std::printf("%-36s %12s  %s\n", "plan", "ms / step", "what holds it back");
   for (const auto& r : rows) std::printf("%-36s %12.3f  %s\n", r.name.c_str(), r.p.step_s * 1e3, r.p.where.c_str());
+  if (!low.empty()) print_low_communication(low, topo);
   std::printf("\npredicted in %.3f s\n", plan_s);
   return 0;
 }
@@ -310,7 +381,11 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("ring"))(
       "compare",
       "rank the algorithms (the three all-reduces among them), and D-PSGD on other graphs, for the "
-      "topology's network")("hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
+      "topology's network; then DiLoCo's and Streaming DiLoCo's compute utilisation and the bandwidth each needs")(
+      "inner-steps", "--compare: DiLoCo's H", cxxopts::value<std::string>()->default_value("50"))(
+      "fragments", "--compare: Streaming DiLoCo's F", cxxopts::value<std::string>()->default_value("4"))(
+      "overlap", "--compare: Streaming DiLoCo's τ", cxxopts::value<std::string>()->default_value("1"))(
+      "hidden", "mlp: hidden widths", cxxopts::value<std::string>()->default_value("512,512"))(
       "eval-every",
       str("mlp: steps between evaluation rounds, as launch takes it (0: once per epoch); on shared --cores ",
           std::lround(100 * plan::kTestsLanding), " % of the other peers' test passes land in the step time"),
@@ -345,8 +420,10 @@ int run_plan(int argc, char** argv) {
     if (args.count("contention") && args.count("no-contention"))
       throw UsageError("--contention and --no-contention: choose one");
     if (!across)
-      refuse_flags(args, {"eval-every", "algorithm", "allreduce-algo", "compare", "hidden"},
-                   "plan --topology FILE without --run (across peers)");
+      refuse_flags(
+          args,
+          {"eval-every", "algorithm", "allreduce-algo", "compare", "hidden", "inner-steps", "fragments", "overlap"},
+          "plan --topology FILE without --run (across peers)");
     if (!args.count("strategy"))
       for (const char* flag : {"sp", "tp", "pp", "microbatches", "schedule", "chunks", "stages", "vocab-parallel",
                                "stage-mesh", "reshard", "link-between-gbps", "link-within-gbps", "link-latency-us"})

@@ -48,6 +48,13 @@ out=$("$bin" plan --topology "$work/pair.yaml" --compare --model mlp --hidden 32
 [[ $? -eq 0 && $(grep -c "^dpsgd\|^allreduce\|^ps" <<<"$out") -ge 5 ]] && grep -q "link 0-1 (10 ms" <<<"$out" &&
   grep -q "^allreduce-tree" <<<"$out" && grep -q "^allreduce-rd" <<<"$out" && ok ||
   fail "plan --topology --compare (dpsgd, the ring, tree and rd all-reduces, ps): $out"
+# ... then DiLoCo's and Streaming DiLoCo's utilisation and the bandwidth each needs.
+grep -q "^DiLoCo H=50 .*%" <<<"$out" && grep -q "^Streaming DiLoCo int8 H=50 F=4 tau=1 .*%" <<<"$out" && ok ||
+  fail "plan --compare lacks the low-communication methods: $out"
+out=$("$bin" plan --topology "$work/pair.yaml" --compare --model mlp --hidden 32 --inner-steps 8 --fragments 4 \
+  --overlap 2 2>&1)
+[[ $? -eq 2 ]] && grep -q "error: --overlap 2: an exchange must land before the next begins" <<<"$out" && ok ||
+  fail "plan --overlap 2 with H 8, F 4: $out"
 out=$("$bin" plan --topology "$work/pair.yaml" --algorithm allreduce --allreduce-algo star --model mlp 2>&1)
 [[ $? -ne 0 ]] && grep -q "error: --allreduce-algo 'star'" <<<"$out" && ok || fail "plan --allreduce-algo star: $out"
 out=$("$bin" plan --topology "$work/pair.yaml" --algorithm gossip --model mlp 2>&1)

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "peertrain/core/error.h"
+#include "peertrain/plan/low_communication.h"
 #include "peertrain/parallel/ring_attention.h"
 #include "peertrain/parallel/schedule.h"
 #include "peertrain/plan/network.h"
@@ -814,3 +815,38 @@ TEST(Network, OtherPeersTestPassesLandInTheStepOnSharedCores) {
 }
 
 }  // namespace
+
+namespace peertrain::plan {
+namespace {
+
+// The utilisation model by hand: C = 0.1 s, T = 0.5 s. Data-parallel 0.1/0.6; DiLoCo H = 50
+// 5/5.5; Streaming F = 4, τ = 1: each fragment 0.125 s, 0.1 of it hidden, 4 · 0.025 blocked;
+// int8 (b = 1): fragments of 0.03125 s, all hidden.
+TEST(LowCommunication, UtilisationIsTheModelsFormula) {
+  EXPECT_NEAR(compute_utilisation({"dp", 1, 1, 0, 4}, 0.1, 0.5), 0.1 / 0.6, 1e-12);
+  EXPECT_NEAR(compute_utilisation({"diloco", 50, 1, 0, 4}, 0.1, 0.5), 5.0 / 5.5, 1e-12);
+  EXPECT_NEAR(compute_utilisation({"streaming", 50, 4, 1, 4}, 0.1, 0.5), 5.0 / 5.1, 1e-12);
+  EXPECT_DOUBLE_EQ(compute_utilisation({"int8", 50, 4, 1, 1}, 0.1, 0.5), 1.0);
+}
+
+// And back: at the bandwidth found for u, the exchange's time (bytes over it plus the ring's
+// latency) gives u again; below the latency no bandwidth does.
+TEST(LowCommunication, TheBandwidthForAUtilisationGivesItBack) {
+  const double c = 0.05, model = 4e8, latency = 1e-5;
+  const int n = 8;
+  for (const LowCommunication m : {LowCommunication{"dp", 1, 1, 0, 4}, LowCommunication{"diloco", 50, 1, 0, 4},
+                                   LowCommunication{"streaming", 48, 4, 2, 1.0078125}})
+    for (double u : {0.5, 0.9, 0.99}) {
+      SCOPED_TRACE(m.name + " " + std::to_string(u));
+      const auto b = bandwidth_for_utilisation(m, u, c, model, n, latency);
+      ASSERT_TRUE(b.has_value());
+      const double hops = 2.0 * (n - 1);
+      const double fragment_s = m.bytes_per_value / 4 * hops / n * model / m.fragments / *b + hops * latency;
+      const double blocked = m.fragments * std::max(0.0, fragment_s - m.overlap * c);
+      EXPECT_NEAR(m.inner_steps * c / (m.inner_steps * c + blocked), u, 1e-9);
+    }
+  EXPECT_FALSE(bandwidth_for_utilisation({"dp", 1, 1, 0, 4}, 0.99, 0.05, model, n, 0.01).has_value());
+}
+
+}  // namespace
+}  // namespace peertrain::plan
