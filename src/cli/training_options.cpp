@@ -234,10 +234,24 @@ void diloco_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
   if (o.mix >= 1) throw UsageError("--mix-alpha must be below 1 (1 would never take the outer parameters in)");
   try {
     o.exchange = train::parse_outer_exchange(args["outer-exchange"].as<std::string>());
-    o.compression = algo::parse_quant_format(args["outer-compression"].as<std::string>());
+    const std::string compression = args["outer-compression"].as<std::string>();
+    if (compression.starts_with("sparse:")) {
+      const std::string fraction = compression.substr(7);
+      char* end = nullptr;
+      o.sparse = std::strtod(fraction.c_str(), &end);
+      if (fraction.empty() || *end != '\0' || !(o.sparse > 0 && o.sparse <= 1))
+        throw UsageError("--outer-compression '" + compression +
+                         "': sparse:F keeps the fraction F of each chunk, F in (0, 1] (e.g. sparse:0.0156)");
+    } else {
+      o.compression = algo::parse_quant_format(compression, "--outer-compression");
+    }
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  if (o.sparse > 0 && o.exchange == train::OuterExchange::kPs)
+    throw UsageError("--outer-compression sparse runs over --outer-exchange allreduce (an all-gather) or gossip");
+  if (o.sparse > 0 && args.count("allreduce-algo"))
+    throw UsageError("--allreduce-algo: --outer-compression sparse averages by an all-gather, not an all-reduce");
   const int layers = model_layers(args, c);
   if (o.fragments > layers)
     throw UsageError(str("--fragments ", o.fragments, ": the model has ", layers,
@@ -369,7 +383,9 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>()->default_value("0"))(
       "mix-alpha", "diloco with --overlap: α, the local share kept when an exchange lands (θ ← αθ + (1 − α)θ_outer)",
       cxxopts::value<std::string>()->default_value("0.5"))(
-      "outer-compression", "diloco: the pseudo-gradients on the wire: none | int8 | fp8 | int4 (error feedback)",
+      "outer-compression",
+      "diloco: the pseudo-gradients on the wire, with error feedback: none | int8 | fp8 | int4 | sparse:F (SparseLoCo: "
+      "the top F of each chunk of 4096 at 2 bits, by an all-gather or gossip)",
       cxxopts::value<std::string>()->default_value("none"))(
       "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
       cxxopts::value<std::string>()->default_value("mlp"))("hidden", "MLP hidden layer widths",

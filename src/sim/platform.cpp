@@ -25,6 +25,9 @@ std::vector<std::pair<int, int>> talking_pairs(const topology::Topology& t, cons
   std::vector<std::pair<int, int>> pairs;
   for (const auto& [a, b] : t.graph.edges()) pairs.emplace_back(a, b);
   for (int p = 1; p < t.num_peers(); ++p) pairs.emplace_back(0, p);
+  if (train::outer_all_gather(config))
+    for (int p = 0; p < t.num_peers(); ++p)
+      for (int q = p + 1; q < t.num_peers(); ++q) pairs.emplace_back(p, q);
   if (train::all_reduces(config))
     for (int p = 0; p < t.num_peers(); ++p)
       for (int q : algo::allreduce_partners(config.allreduce_algo, t.num_peers(), p)) pairs.emplace_back(p, q);

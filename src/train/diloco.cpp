@@ -10,6 +10,7 @@
 #include "peertrain/algo/collectives.h"
 #include "peertrain/algo/quantize.h"
 #include "peertrain/algo/ring_reduction.h"
+#include "peertrain/algo/sparse_code.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 #include "membership.h"
@@ -19,6 +20,28 @@ namespace peertrain::train {
 namespace {
 
 using Clock = RunClock;  // simulated seconds on a simulated cluster
+
+// How a pseudo-gradient travels: dense in a QuantFormat, or as SparseLoCo's top-k (sparse > 0).
+struct OuterCodec {
+  algo::QuantFormat format = algo::QuantFormat::kNone;
+  double sparse = 0;
+
+  // v's message; read_back (v's size) gets what its receivers decode.
+  net::Payload encode(std::span<const float> v, std::span<float> read_back) const {
+    if (sparse > 0) return algo::sparse_encode(sparse, v, read_back);
+    net::Payload bytes;
+    algo::quantize(format, v, bytes, read_back);
+    return bytes;
+  }
+  // out += weight · the decoded message (scratch: out's size).
+  void add(std::span<const std::byte> bytes, float weight, std::span<float> out, std::vector<float>& scratch,
+           const std::string& from) const {
+    if (sparse > 0) return algo::sparse_decode_add(sparse, bytes, weight, out, from);
+    scratch.resize(out.size());
+    algo::dequantize(format, bytes, scratch, false, from);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] += weight * scratch[i];
+  }
+};
 
 // Averages one fragment's vector over the peers: begun after an inner step, ended after
 // the one τ steps later. `v` is this peer's contribution and, after end(), the average;
@@ -132,27 +155,70 @@ class ServerAverage final : public OuterAverage {
   Work send_;
 };
 
+// SparseLoCo's all-gather: every peer sends its sparse message to every other and adds
+// all n decoded vectors in fp32, in rank order (its own decoded from its own message), so
+// that every peer ends with bitwise the same average.
+class AllGatherAverage final : public OuterAverage {
+ public:
+  AllGatherAverage(net::Transport& network, int rank, int peers, OuterCodec codec)
+      : network_(network), rank_(rank), peers_(peers), codec_(codec) {}
+  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+    key_ = static_cast<std::uint64_t>(step);
+    v_ = v;
+    read_back_.resize(v.size());
+    message_ = codec_.encode(v, read_back_);
+    if (!residual.empty())
+      for (std::size_t i = 0; i < v.size(); ++i) residual[i] += v[i] - read_back_[i];
+    for (int p = 0; p < peers_; ++p)
+      if (p != rank_) sends_.push_back(network_.send(p, net::MessageType::kReduceChunk, key_, kTag, message_));
+  }
+  void end() override {
+    std::fill(v_.begin(), v_.end(), 0.0f);
+    for (int p = 0; p < peers_; ++p) {
+      if (p == rank_) {
+        codec_.add(message_, 1.0f, v_, scratch_, "this peer");
+        continue;
+      }
+      net::Payload in = network_.receive(p, net::MessageType::kReduceChunk, key_, kTag);
+      codec_.add(in, 1.0f, v_, scratch_, network_.peer_name(p));
+      network_.recycle(std::move(in));
+    }
+    for (Work& w : sends_) w.wait();
+    sends_.clear();
+    const float inverse_n = 1.0f / static_cast<float>(peers_);
+    for (float& value : v_) value *= inverse_n;
+  }
+
+ private:
+  static constexpr std::uint32_t kTag = 4u << 20;
+  net::Transport& network_;
+  int rank_, peers_;
+  OuterCodec codec_;
+  std::uint64_t key_ = 0;
+  std::span<float> v_;
+  net::Payload message_;
+  std::vector<float> read_back_, scratch_;
+  std::vector<Work> sends_;
+};
+
 // One gossip round with this peer's row of W: v ← w_ii·v + Σ_j w_ij·v_j, every term as
 // the wire carries it (the own one too, so that Σ_i of the averages is Σ_i of what was sent).
 class GossipAverage final : public OuterAverage {
  public:
-  GossipAverage(algo::Gossip& gossip, algo::QuantFormat format) : gossip_(gossip), format_(format) {}
+  GossipAverage(algo::Gossip& gossip, OuterCodec codec) : gossip_(gossip), codec_(codec) {}
   void begin(long long step, std::span<float> v, std::span<float> residual) override {
     v_ = v;
     own_.resize(v.size());
-    net::Payload bytes;
-    algo::quantize(format_, v, bytes, own_);
+    net::Payload bytes = codec_.encode(v, own_);
     if (!residual.empty())
       for (std::size_t i = 0; i < v.size(); ++i) residual[i] += v[i] - own_[i];
     gossip_.start_message(static_cast<std::uint64_t>(step), std::move(bytes));
   }
   void end() override {
     sum_.assign(v_.size(), 0.0f);
-    term_.resize(v_.size());
     const net::Transport& network = gossip_.network();
     gossip_.finish_message([&](int peer, float weight, const net::Payload& payload) {
-      algo::dequantize(format_, payload, term_, false, network.peer_name(peer));
-      for (std::size_t i = 0; i < term_.size(); ++i) sum_[i] += weight * term_[i];
+      codec_.add(payload, weight, sum_, scratch_, network.peer_name(peer));
     });
     const float self = gossip_.applied_row().self_weight;
     for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = self * own_[i] + sum_[i];
@@ -160,9 +226,9 @@ class GossipAverage final : public OuterAverage {
 
  private:
   algo::Gossip& gossip_;
-  algo::QuantFormat format_;
+  OuterCodec codec_;
   std::span<float> v_;
-  std::vector<float> own_, sum_, term_;
+  std::vector<float> own_, sum_, scratch_;
 };
 
 class Diloco final : public StepAlgorithm {
@@ -176,7 +242,7 @@ class Diloco final : public StepAlgorithm {
             o.fragments)),
         momentum_(o.momentum > 0 ? parameters : 0, 0.0f),
         pending_(parameters),
-        residual_(o.compression != algo::QuantFormat::kNone ? parameters : 0, 0.0f) {}
+        residual_(o.compression != algo::QuantFormat::kNone || o.sparse > 0 ? parameters : 0, 0.0f) {}
 
   void start(long long step, std::span<float> x) override {
     if (outer_.empty()) outer_.assign(x.begin(), x.end());  // θ_0, which every peer shares
@@ -314,18 +380,25 @@ std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContex
     throw Error(ErrorKind::kInvalidArgument,
                 str("--allreduce-algo ", algo::to_string(config.allreduce_algo),
                     ": --overlap and --outer-compression run over the ring (--allreduce-algo ring)"));
+  if (o.sparse > 0 && o.exchange == OuterExchange::kPs)
+    throw Error(ErrorKind::kInvalidArgument,
+                "--outer-compression sparse runs over --outer-exchange allreduce (an all-gather) or gossip");
+  const OuterCodec codec{o.compression, o.sparse};
   std::unique_ptr<OuterAverage> average;
   switch (o.exchange) {
     case OuterExchange::kAllreduce:
-      average =
-          std::make_unique<AllreduceAverage>(context.network, context.peers, config.allreduce_algo, o.compression);
+      if (o.sparse > 0)
+        average = std::make_unique<AllGatherAverage>(context.network, context.rank, context.peers, codec);
+      else
+        average =
+            std::make_unique<AllreduceAverage>(context.network, context.peers, config.allreduce_algo, o.compression);
       break;
     case OuterExchange::kPs:
       average = std::make_unique<ServerAverage>(context.network, context.rank, context.peers, o.compression);
       break;
     case OuterExchange::kGossip:
       PEERTRAIN_CHECK(context.gossip && context.membership, "gossip DiLoCo needs the gossip and the membership");
-      average = std::make_unique<GossipAverage>(*context.gossip, o.compression);
+      average = std::make_unique<GossipAverage>(*context.gossip, codec);
       break;
   }
   return std::make_unique<Diloco>(std::move(context), o, parameters, std::move(average));

@@ -26,7 +26,7 @@ namespace {
 std::vector<int> links_for(const TrainConfig& config, const topology::Topology& t, int rank) {
   const int n = t.num_peers();
   std::vector<int> links;
-  if (rank == 0 || gossips(config)) {
+  if (rank == 0 || gossips(config) || outer_all_gather(config)) {
     for (int p = 0; p < n; ++p)
       if (p != rank) links.push_back(p);
     return links;

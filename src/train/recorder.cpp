@@ -253,7 +253,7 @@ void Recorder::finish(const Membership& membership, int coordinator) {
                             o.momentum,
                             o.nesterov ? "nesterov" : "sgd",
                             std::string(to_string(o.exchange)),
-                            std::string(algo::to_string(o.compression)),
+                            o.sparse > 0 ? str("sparse:", o.sparse) : std::string(algo::to_string(o.compression)),
                             o.fragments,
                             o.overlap,
                             o.mix};

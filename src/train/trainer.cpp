@@ -64,6 +64,11 @@ bool all_reduces(const TrainConfig& config) {
          (config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kAllreduce);
 }
 
+bool outer_all_gather(const TrainConfig& config) {
+  return config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kAllreduce &&
+         config.outer.sparse > 0;
+}
+
 bool gossips(const TrainConfig& config) {
   return gossips(config.algorithm) ||
          (config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kGossip);
@@ -115,7 +120,7 @@ std::uint64_t derive_run_id(const TrainConfig& c, const topology::Topology& t) {
   if (c.algorithm == Algorithm::kDiloco) {
     const OuterConfig& o = c.outer;
     for (double v : {6000.0 + o.inner_steps, double(o.lr), double(o.momentum), double(o.nesterov), double(o.exchange),
-                     double(o.fragments), double(o.overlap), double(o.mix), double(o.compression)})
+                     double(o.fragments), double(o.overlap), double(o.mix), double(o.compression), o.sparse})
       mix(v);
   }
   if (c.model == ModelKind::kGpt && c.tokenizer != TokenizerKind::kBytes) {  // left out for bytes, likewise

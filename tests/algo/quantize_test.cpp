@@ -12,6 +12,7 @@
 
 #include "peertrain/algo/collectives.h"
 #include "peertrain/algo/ring_reduction.h"
+#include "peertrain/algo/sparse_code.h"
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/net/loopback.h"
@@ -86,6 +87,46 @@ TEST(Quantize, AMessageOfAnotherSizeIsAnErrorNamingTheSender) {
     EXPECT_NE(std::string(e.what()).find("peer 3 (10.0.0.3:29503) sent"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_quant_format("int2"), Error);
+}
+
+// SparseLoCo's code against its dense twin: per chunk exactly the ⌈F·size⌉ largest
+// magnitudes survive, each at the nearest of −m, −m/3, m/3, m (m the largest kept); the
+// reported values are the decoded ones; the size is the one promised; a bad index is named.
+TEST(SparseCode, KeepsTheLargestOfEachChunkAtTwoBits) {
+  for (std::size_t n : {1u, 4096u, 9000u}) {
+    SCOPED_TRACE(n);
+    const double fraction = 0.01;
+    const std::vector<float> v = normal_vector(n, 70 + n);
+    std::vector<float> reported(n), decoded(n, 0.0f);
+    const auto bytes = sparse_encode(fraction, v, reported);
+    EXPECT_EQ(bytes.size(), sparse_bytes(fraction, n));
+    sparse_decode_add(fraction, bytes, 1.0f, decoded, "peer 2");
+    EXPECT_EQ(decoded, reported);
+    for (std::size_t begin = 0; begin < n; begin += kSparseChunk) {
+      const std::size_t end = std::min(n, begin + kSparseChunk), k = sparse_kept(fraction, end - begin);
+      std::vector<float> magnitudes;
+      for (std::size_t i = begin; i < end; ++i) magnitudes.push_back(std::abs(v[i]));
+      std::sort(magnitudes.rbegin(), magnitudes.rend());
+      const float m = magnitudes[0], threshold = magnitudes[k - 1];
+      std::size_t kept = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        if (decoded[i] == 0) continue;
+        ++kept;
+        EXPECT_GE(std::abs(v[i]), threshold) << i;
+        float nearest = 0, best = 1e30f;
+        for (float level : {-m, -m / 3, m / 3, m})
+          if (std::abs(v[i] - level) < best) best = std::abs(v[i] - level), nearest = level;
+        EXPECT_NEAR(decoded[i], nearest, 1e-6f * m) << i;
+      }
+      EXPECT_EQ(kept, k);
+    }
+  }
+  std::vector<float> v = normal_vector(100, 5), reported(100), out(100);
+  auto bytes = sparse_encode(0.1, v, reported);
+  bytes[4] = std::byte{200};  // the first index past the chunk of 100
+  EXPECT_THROW(sparse_decode_add(0.1, bytes, 1.0f, out, "peer 2"), Error);
+  bytes.pop_back();
+  EXPECT_THROW(sparse_decode_add(0.1, bytes, 1.0f, out, "peer 2"), Error);
 }
 
 // n peers in threads on loopback links; each runs `body(rank, network)`.

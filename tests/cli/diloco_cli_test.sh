@@ -15,7 +15,8 @@ small=(--batch 16 --connect-timeout 20 --peer-timeout 20 --max-steps 40 --eval-e
 # 1. Each exchange trains end to end; the summary records the outer loop.
 for flags in "allreduce" "diloco --inner-steps 10" "diloco --inner-steps 10 --outer-exchange ps" \
              "diloco --inner-steps 10 --outer-exchange gossip --outer-compression int8" \
-             "diloco --inner-steps 10 --fragments 2 --overlap 2 --outer-compression fp8"; do
+             "diloco --inner-steps 10 --fragments 2 --overlap 2 --outer-compression fp8" \
+             "diloco --inner-steps 10 --outer-compression sparse:0.02"; do
   out="$work/run-${flags//[ :.]/_}"
   # shellcheck disable=SC2086
   if timeout 300 "$bin" launch --topology "$work/ring4.yaml" --algorithm $flags "${small[@]}" --out "$out" \
@@ -81,6 +82,10 @@ expect_error "--outer-lr applies to --algorithm diloco" --algorithm dpsgd --oute
 expect_error "--mix-alpha applies with --overlap above 0" --algorithm diloco --mix-alpha 0.3
 expect_error "--outer-momentum must be below 1" --algorithm diloco --outer-momentum 1
 expect_error "--resume: --algorithm diloco" --algorithm diloco --resume
+expect_error "--outer-compression sparse runs over --outer-exchange allreduce (an all-gather) or gossip" \
+  --algorithm diloco --outer-exchange ps --outer-compression sparse:0.1
+expect_error "--outer-compression 'sparse:2': sparse:F keeps the fraction F of each chunk" --algorithm diloco \
+  --outer-compression sparse:2
 expect_error "--allreduce-algo applies to --algorithm allreduce, or diloco" --algorithm diloco --outer-exchange gossip \
   --allreduce-algo tree
 expect_error "--allreduce-algo tree: --overlap and --outer-compression run over the ring" --algorithm diloco \

@@ -75,6 +75,7 @@ struct OuterConfig {
   int overlap = 0;                                           // τ
   float mix = 0.5f;                                          // α
   algo::QuantFormat compression = algo::QuantFormat::kNone;  // the pseudo-gradient on the wire, with error feedback
+  double sparse = 0;  // SparseLoCo: the fraction of each chunk kept (0: dense), with error feedback
 };
 
 enum class Partition { kIid, kDirichlet };
@@ -136,6 +137,9 @@ struct TrainConfig {
 // Whether this run's peers all-reduce: --algorithm allreduce, or DiLoCo's all-reduce
 // (each peer then links to its --allreduce-algo partners).
 bool all_reduces(const TrainConfig& config);
+
+// Whether DiLoCo's outer average is SparseLoCo's all-gather: every peer then sends to every other.
+bool outer_all_gather(const TrainConfig& config);
 
 // Whether this run's peers gossip (gossips(algorithm), or DiLoCo over gossip): such a run
 // survives a lost peer.
