@@ -197,6 +197,9 @@ simulate_runs=12
 "$here/../scripts/netlab.sh" check > /dev/null 2>&1 && simulate_runs=16
 check_experiment simulate $simulate_runs fidelity.png speedup_vs_n.png fidelity.csv lian2017.csv
 
+# diloco --tiny: the all-reduce, DiLoCo and int8 Streaming DiLoCo, and D-PSGD, on a simulated 1 Gbit/s cluster
+check_experiment diloco 4 loss_vs_step.png time_to_target.png loss_vs_time.png loss.csv time.csv report.html
+
 echo "== command line"
 for name in topologies lian2017 gossip consensus heterogeneity networks simulate; do
   "$here/$name/run.sh" --help | grep -q -- '--quick' || fail "$name/run.sh --help does not describe --quick"

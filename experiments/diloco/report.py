@@ -68,7 +68,7 @@ def paired(a, b):
 
 # 2. Time to the target: the highest final bits per byte among the time methods, which each reaches.
 time_runs = [r for r in runs if r["seed"] == "1" and r["method"] in time_methods and
-             (r["part"] == "time" or r["rate_mbps"] == loss_rate)]
+             (r["part"] == "time" or (r["part"] == "loss" and r["rate_mbps"] == loss_rate))]
 target = max(r["curve"][-1]["bpb"] for r in time_runs)
 time_rows = []
 for r in time_runs:
@@ -79,6 +79,12 @@ for r in time_runs:
 time_rows.sort(key=lambda x: (-x["rate_mbps"], x["time_to_target_s"]))
 ek.write_csv(os.path.join(out, "time.csv"), ["method", "rate_mbps", "target_bits_per_byte", "time_to_target_s",
                                              "final_bits_per_byte", "run_s", "bytes_per_peer"], time_rows)
+ek.write_csv(os.path.join(out, "runs.csv"),
+             ["label", "part", "method", "seed", "rate_mbps", "steps", "val_bits_per_byte", "bytes_per_peer", "wall_s"],
+             [{"label": r["label"], "part": r["part"], "method": r["method"], "seed": r["seed"],
+               "rate_mbps": r["rate_mbps"], "steps": r["summary"]["steps"],
+               "val_bits_per_byte": r["summary"]["val_bits_per_byte"],
+               "bytes_per_peer": r["summary"]["bytes_sent_per_peer"], "wall_s": r["summary"]["wall_s"]} for r in runs])
 curves = [{"label": r["label"], **p} for r in runs for p in r["curve"]]
 ek.write_csv(os.path.join(out, "curves.csv"), ["label", "step", "time_s", "bpb"], curves)
 
@@ -184,6 +190,29 @@ lines += ["## 2. Time to a target loss", "",
           "", "![time to the target against bandwidth](time_to_target.png)", "",
           f"![validation bits per byte against simulated time at {slowest} Mbit/s](loss_vs_time.png)", ""]
 
+budget = {r["method"]: r for r in runs if r["part"] == "budget"}
+if "allreduce" in budget and "diloco-small" in budget:
+    b_steps = budget["allreduce"]["summary"]["steps"]
+    b_ar = budget["allreduce"]["summary"]["val_bits_per_byte"]
+    b_dl = budget["diloco-small"]["summary"]["val_bits_per_byte"]
+    lines += ["## 3. A longer budget", "",
+              f"The all-reduce and DiLoCo H = {small} over {b_steps} steps ({b_steps // small} outer steps), seed 1:", "",
+              ek.md_table(["method", "validation bits per byte", "against all-reduce", "bytes per peer"],
+                          [[NAMES[m], f"{budget[m]['summary']['val_bits_per_byte']:.4f}",
+                            pct(budget[m]["summary"]["val_bits_per_byte"] / b_ar - 1),
+                            ek.human_bytes(budget[m]["summary"]["bytes_sent_per_peer"])]
+                           for m in ("allreduce", "diloco-small")]), ""]
+    curves_b = []
+    for m in ("allreduce", "diloco-small"):
+        dat = os.path.join(out, f"budget-{m}.dat")
+        ek.write_dat(dat, ["step", "bpb"], [(p["step"], p["bpb"]) for p in budget[m]["curve"]])
+        curves_b.append(f"'{dat}' using 1:2 with linespoints title {ek.gp_quote(NAMES[m])}")
+    ek.render(os.path.join(out, "budget.gp"),
+              [f"set terminal {terminal} size 820,480", f"set output '{out}/budget.png'", "set grid",
+               "set xlabel 'step'", "set ylabel 'validation bits per byte of x̄'", "set key top right",
+               "plot " + ", ".join(curves_b)], os.path.join(out, "budget.png"))
+    lines += ["![the longer budget](budget.png)", ""]
+
 obs = []
 fastest = max(int(r["rate_mbps"]) for r in time_runs)
 for rate in sorted({int(r["rate_mbps"]) for r in time_runs}, reverse=True):
@@ -202,6 +231,11 @@ if "diloco-small" in loss:
                + (f" and {pct(paired('diloco-large', 'allreduce')[0])} at H = {large}" if "diloco-large" in loss else "")
                + f"; at {fastest} Mbit/s, where communication is cheap, that gap costs time rather than saving it. "
                "The shards here are iid; on non-iid shards the local steps drift further apart (not measured here).")
+if "allreduce" in budget and "diloco-small" in budget:
+    obs.append(f"With {b_steps // small} outer steps instead of {steps // small} the gap of DiLoCo H = {small} to the "
+               f"all-reduce is {pct(b_dl / b_ar - 1)} (seed 1), against {pct(paired('diloco-small', 'allreduce')[0])} "
+               f"at {steps} steps: the DiLoCo paper's runs take hundreds of outer steps, which this machine cannot "
+               "afford at equal tokens for every method and seed.")
 lines += ["## Observations", ""] + [f"- {o}" for o in obs] + [""]
 lines += ["## Reproduce", "", f"`{meta.get('command', 'experiments/diloco/run.sh')}`; every run's command is in its "
           "`command.txt`.", ""]
