@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
 namespace peertrain::algo {
@@ -82,7 +83,7 @@ bool RingReduction::advance(bool wait) {
   const auto tag = static_cast<std::uint32_t>(gather ? n_ + stage_ - (n_ - 1) : stage_);
   std::optional<net::Payload> in;
   if (wait)
-    in = network_.receive(previous_, net::MessageType::kReduceChunk, key_, tag);
+    in = receive_unless_broken(tag);
   else
     in = network_.try_receive(previous_, net::MessageType::kReduceChunk, key_, tag);
   if (!in) return false;
@@ -92,6 +93,25 @@ bool RingReduction::advance(bool wait) {
   sent_ = false;
   ++stage_;
   return true;
+}
+
+// Waits in slices: a ring with a lost peer cannot complete, so a peer waiting on a live
+// neighbour (which gave up itself) stops as soon as its transport counts any peer of the
+// ring lost, rather than after the whole peer timeout.
+net::Payload RingReduction::receive_unless_broken(std::uint32_t tag) {
+  const auto start = RunClock::now();
+  for (;;) {
+    const double left = network_.peer_timeout_s() - seconds_since(start);
+    try {
+      return network_.receive(previous_, net::MessageType::kReduceChunk, key_, tag, std::clamp(left, 0.001, 0.25));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kTimeout || left <= 0.25) throw;
+      for (int p : ring_)
+        if (p != network_.self() && !network_.alive(p))
+          throw Error(ErrorKind::kPeerLost, str(network_.peer_name(p), " is lost, so the ring all-reduce for step ",
+                                                key_, " cannot complete"));
+    }
+  }
 }
 
 bool RingReduction::progress() {

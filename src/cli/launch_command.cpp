@@ -244,7 +244,7 @@ int run_launch(int argc, char** argv) {
   }
 
   ProgressLine progress(isatty(STDERR_FILENO));
-  const bool survivable = train::gossips(config);
+  const bool survivable = train::survives_lost_peers(config);
   std::vector<int> lost;
   std::optional<Clock::time_point> coordinator_done;
   long long last_eval_step = 0;

@@ -13,6 +13,7 @@
 #include "peertrain/algo/sparse_code.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
+#include "peertrain/core/log.h"
 #include "membership.h"
 #include "step_algorithm.h"
 
@@ -53,6 +54,11 @@ class OuterAverage {
   virtual void begin(long long step, std::span<float> v, std::span<float> residual) = 0;
   virtual void progress() {}
   virtual void end() = 0;
+  // A round a lost peer broke: drop what is under way (its sends end with their links).
+  virtual void abandon() {}
+  // The peers of the next rounds (the survivors, after a loss); the all-reduce's and the
+  // all-gather's, every peer's own list in the same order.
+  virtual void set_peers(std::vector<int> peers) { (void)peers; }
 };
 
 // An all-reduce over every peer, then ÷ n: the ring moves between inner steps
@@ -74,6 +80,8 @@ class AllreduceAverage final : public OuterAverage {
   void progress() override {
     if (ring_) ring_->progress();
   }
+  void abandon() override { ring_.reset(); }
+  void set_peers(std::vector<int> peers) override { peers_ = std::move(peers); }
   void end() override {
     if (ring_) {
       ring_->finish();
@@ -161,7 +169,11 @@ class ServerAverage final : public OuterAverage {
 class AllGatherAverage final : public OuterAverage {
  public:
   AllGatherAverage(net::Transport& network, int rank, int peers, OuterCodec codec)
-      : network_(network), rank_(rank), peers_(peers), codec_(codec) {}
+      : network_(network), rank_(rank), codec_(codec) {
+    for (int p = 0; p < peers; ++p) peers_.push_back(p);
+  }
+  void abandon() override { sends_.clear(); }
+  void set_peers(std::vector<int> peers) override { peers_ = std::move(peers); }
   void begin(long long step, std::span<float> v, std::span<float> residual) override {
     key_ = static_cast<std::uint64_t>(step);
     v_ = v;
@@ -169,12 +181,12 @@ class AllGatherAverage final : public OuterAverage {
     message_ = codec_.encode(v, read_back_);
     if (!residual.empty())
       for (std::size_t i = 0; i < v.size(); ++i) residual[i] += v[i] - read_back_[i];
-    for (int p = 0; p < peers_; ++p)
+    for (int p : peers_)
       if (p != rank_) sends_.push_back(network_.send(p, net::MessageType::kReduceChunk, key_, kTag, message_));
   }
   void end() override {
     std::fill(v_.begin(), v_.end(), 0.0f);
-    for (int p = 0; p < peers_; ++p) {
+    for (int p : peers_) {
       if (p == rank_) {
         codec_.add(message_, 1.0f, v_, scratch_, "this peer");
         continue;
@@ -185,14 +197,15 @@ class AllGatherAverage final : public OuterAverage {
     }
     for (Work& w : sends_) w.wait();
     sends_.clear();
-    const float inverse_n = 1.0f / static_cast<float>(peers_);
+    const float inverse_n = 1.0f / static_cast<float>(peers_.size());
     for (float& value : v_) value *= inverse_n;
   }
 
  private:
   static constexpr std::uint32_t kTag = 4u << 20;
   net::Transport& network_;
-  int rank_, peers_;
+  int rank_;
+  std::vector<int> peers_;
   OuterCodec codec_;
   std::uint64_t key_ = 0;
   std::span<float> v_;
@@ -242,14 +255,21 @@ class Diloco final : public StepAlgorithm {
             o.fragments)),
         momentum_(o.momentum > 0 ? parameters : 0, 0.0f),
         pending_(parameters),
-        residual_(o.compression != algo::QuantFormat::kNone || o.sparse > 0 ? parameters : 0, 0.0f) {}
+        residual_(o.compression != algo::QuantFormat::kNone || o.sparse > 0 ? parameters : 0, 0.0f) {
+    for (int p = 0; p < c_.peers; ++p) peers_.push_back(p);
+  }
 
   void start(long long step, std::span<float> x) override {
     if (outer_.empty()) outer_.assign(x.begin(), x.end());  // θ_0, which every peer shares
-    if (gossips()) {
-      if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x)) c_.gossip->set_rows(std::move(*rows));
+    if (survives()) {
+      if (auto rows = c_.membership->poll(static_cast<std::uint64_t>(step), x)) {
+        if (gossips())
+          c_.gossip->set_rows(std::move(*rows));
+        else
+          regroup(step, x);
+      }
     }
-    if (in_flight_) average_->progress();
+    progress(step);
   }
 
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
@@ -258,20 +278,94 @@ class Diloco final : public StepAlgorithm {
     optimizer.step(x, grads);
     t.compute_s = seconds_since(begin);
     const long long done = step + 1;
-    if (in_flight_) {
-      average_->progress();
-      if (done >= lands_at_ || done == c_.total_steps) land(step, x, t);
-    }
+    progress(step);
+    if (in_flight_ && (done >= lands_at_ || done == c_.total_steps)) land(step, x, t);
     const int fragment = fragment_due(done);
-    if (fragment >= 0) {
+    if (fragment >= 0 && broken_) {
+      await_regroup(step + 1, x);  // (the regroup's x is the next step's)
+    } else if (fragment >= 0) {
       send(step, fragment, x, t);
-      if (o_.overlap == 0 || done == c_.total_steps) land(step, x, t);
+      if (in_flight_ && (o_.overlap == 0 || done == c_.total_steps)) land(step, x, t);
     }
     return t;
   }
 
  private:
   bool gossips() const { return o_.exchange == OuterExchange::kGossip; }
+  // Over gossip the rounds leave a lost neighbour out (algo::Gossip); over the all-reduce
+  // and the all-gather a round a loss breaks is abandoned, and the survivors regroup.
+  bool survives() const { return o_.exchange != OuterExchange::kPs && c_.membership; }
+
+  void progress(long long step) {
+    if (!in_flight_) return;
+    try {
+      average_->progress();
+    } catch (const Error& e) {
+      abandon(step, e);
+    }
+  }
+
+  // A loss broke the round under way: the outer step of its fragment is skipped (the next
+  // round's Δ = θ_outer − θ_local still holds this round's progress), and the peers whose
+  // links are down are reported, so that the membership agrees on them.
+  void abandon(long long step, const Error& e) {
+    if (!survives() || gossips() ||
+        (e.kind() != ErrorKind::kPeerLost && e.kind() != ErrorKind::kTimeout && e.kind() != ErrorKind::kParse))
+      throw e;
+    average_->abandon();
+    in_flight_ = false;
+    std::vector<std::pair<int, std::string>> lost;
+    for (int p : peers_)
+      if (p != c_.rank && !c_.network.alive(p)) lost.emplace_back(p, e.what());
+    log::warn("diloco: the outer average of fragment ", fragment_, " begun after step ", sent_at_,
+              " is abandoned: ", e.what());
+    if (!lost.empty()) c_.membership->report_lost(static_cast<std::uint64_t>(step), lost);
+    broken_ = true;
+  }
+
+  // A fragment is due while the group is broken: no round until the membership's switch.
+  // Waiting here for its announcement keeps this peer, whose rounds would fail at once,
+  // from running ahead past the agreed step; a switch already due is made now.
+  void await_regroup(long long step, std::span<float> x) {
+    if (!c_.membership->await_switch(static_cast<std::uint64_t>(step), 4 * c_.network.peer_timeout_s())) return;
+    if (c_.membership->poll(static_cast<std::uint64_t>(step), x)) regroup(step, x);
+  }
+
+  // At a step the membership agreed on after a loss: the next rounds go over the survivors,
+  // and every survivor takes the lowest one's outer state, so that they agree again on
+  // θ_outer and its momentum whatever rounds the loss broke for some of them only.
+  void regroup(long long step, std::span<float> x) {
+    if (in_flight_) {
+      StepTiming ignored;
+      land(step - 1, x, ignored);
+    }
+    broken_ = false;
+    peers_.clear();
+    for (int p = 0; p < c_.peers; ++p)
+      if (!c_.membership->is_lost(p)) peers_.push_back(p);
+    average_->set_peers(peers_);
+    const std::uint64_t key = c_.membership->last_switch_step();  // the agreed step: a late peer's too
+    constexpr std::uint32_t kRegroupTag = 5u << 20;
+    // θ_outer, then the momentum (when there is one): a message each.
+    const std::vector<std::span<float>> state = {outer_, momentum_};
+    const std::uint32_t parts = momentum_.empty() ? 1 : 2;
+    if (c_.rank == peers_.front()) {
+      std::vector<Work> sends;
+      for (std::size_t i = 1; i < peers_.size(); ++i)
+        for (std::uint32_t k = 0; k < parts; ++k)
+          sends.push_back(c_.network.send(peers_[i], net::MessageType::kReduceChunk, key, kRegroupTag + k,
+                                          net::as_bytes(std::span<const float>(state[k]))));
+      for (Work& w : sends) w.wait();
+      return;
+    }
+    for (std::uint32_t k = 0; k < parts; ++k) {
+      net::Payload in = c_.network.receive_while_alive(peers_.front(), net::MessageType::kReduceChunk, key,
+                                                       kRegroupTag + k, 4 * c_.network.peer_timeout_s());
+      algo::dequantize(algo::QuantFormat::kNone, in, state[k], false, c_.network.peer_name(peers_.front()));
+    }
+    log::info("diloco: regrouped at step ", step, " over ", peers_.size(), " peers, with peer ", peers_.front(),
+              "'s outer state");
+  }
 
   // The fragment whose exchange begins after `done` inner steps: fragment f at done ≡
   // ⌊(f + 1)·H/F⌋ (mod H), so each is synchronised every H steps and one about every H/F.
@@ -296,18 +390,27 @@ class Diloco final : public StepAlgorithm {
         residual[i] = 0;
       }
     }
-    average_->begin(step, v, residual);
     in_flight_ = true;
     fragment_ = fragment;
     sent_at_ = step + 1;
     lands_at_ = sent_at_ + o_.overlap;
+    try {
+      average_->begin(step, v, residual);
+    } catch (const Error& e) {
+      abandon(step, e);
+    }
     t.compute_s += seconds_since(begin);
   }
 
   // The average is in: the outer step on the fragment, then θ_local takes it in.
   void land(long long step, std::span<float> x, StepTiming& t) {
     auto begin = Clock::now();
-    average_->end();
+    try {
+      average_->end();
+    } catch (const Error& e) {
+      t.wait_s += seconds_since(begin);
+      return abandon(step, e);
+    }
     t.wait_s += seconds_since(begin);
     begin = Clock::now();
     const auto [offset, size] = fragments_[static_cast<std::size_t>(fragment_)];
@@ -337,6 +440,8 @@ class Diloco final : public StepAlgorithm {
   std::unique_ptr<OuterAverage> average_;
   std::vector<std::pair<std::size_t, std::size_t>> fragments_;
   std::vector<float> outer_, momentum_, pending_, residual_;  // θ_outer, b, Δ (then Δ̄), error feedback
+  std::vector<int> peers_;                                    // of the all-reduce and the all-gather
+  bool broken_ = false;                                       // a loss broke a round: none until the survivors regroup
   bool in_flight_ = false;
   int fragment_ = 0;
   long long sent_at_ = 0, lands_at_ = 0;

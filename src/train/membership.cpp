@@ -1,4 +1,8 @@
 #include "membership.h"
+#include "peertrain/core/clock.h"
+
+#include <chrono>
+#include <thread>
 
 #include <algorithm>
 #include <cstring>
@@ -414,6 +418,35 @@ void Membership::announce(std::uint64_t step, const std::vector<Rejoin>& joins) 
   add_pending({a.switch_step, std::move(a.lost), joins});
 }
 
+bool Membership::await_switch(std::uint64_t step, double timeout_s) {
+  const auto start = RunClock::now();
+  for (;;) {
+    read_announcements();
+    read_reports(step);
+    stop_if_cut_off(step);
+    if (is_coordinator() && changed_) announce(step);
+    if (!pending_.empty()) return true;
+    const double left = timeout_s - seconds_since(start);
+    if (left <= 0) return false;
+    // The coordinator announces what it counts (above); one that counts nothing new has
+    // nothing to wait for here (the others' reports come with its next polls).
+    if (is_coordinator() || is_lost(coordinator_)) return false;
+    auto& next = announcements_read_[static_cast<std::size_t>(coordinator_)];
+    try {
+      net::Payload message =
+          network_.receive(coordinator_, net::MessageType::kMembership, next, kAnnounceTag, std::min(left, 0.25));
+      ++next;
+      Announcement a = decode_announcement(message, n_, name(coordinator_));
+      if (a.epoch >= epoch_) adopt(coordinator_, std::move(a));
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kPeerLost)
+        report_lost(step, coordinator_, e.what());
+      else if (e.kind() != ErrorKind::kTimeout)
+        throw;
+    }
+  }
+}
+
 RejoinTicket Membership::rejoin() {
   // The peers we could not reach while connecting are gone; anyone else may answer.
   for (int p = 0; p < n_; ++p)
@@ -498,6 +531,7 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
       log::info("peer ", join.peer, " is back from step ", step);
     }
     switch_to = std::move(next.lost);
+    last_switch_ = next.switch_step;
     pending_.erase(pending_.begin());
   }
   if (switch_to) return algo::mixing_rows_without(topology_, rank_, *switch_to);

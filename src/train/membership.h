@@ -113,6 +113,17 @@ class Membership {
   // Waits for the donor's parameters of the ticket's step (at most --peer-timeout).
   void take_parameters(const RejoinTicket& ticket, std::span<float> x);
 
+  // After this peer lost a peer in a collective (DiLoCo's all-reduce): waits, at most
+  // timeout_s, until the coordinator has announced the switch that leaves it out (the
+  // coordinator, having counted the loss itself, announces it here). True when a switch is
+  // pending; poll() makes it at its step. Keeps a peer whose rounds fail at once from
+  // running ahead of that step before it hears of it.
+  bool await_switch(std::uint64_t step, double timeout_s);
+
+  // The agreed step of the last switch poll() made (a peer that learnt of it late switched
+  // at a later step): a key every survivor shares for what it exchanges there.
+  std::uint64_t last_switch_step() const { return last_switch_; }
+
   bool is_lost(int peer) const;
   const std::vector<int>& lost() const { return lost_; }  // as this peer counts them now
   // The run's record: the coordinator's own, or as its last announcement told it.
@@ -121,6 +132,7 @@ class Membership {
   const std::vector<Takeover>& takeovers() const { return takeovers_; }
 
  private:
+  std::uint64_t last_switch_ = 0;
   struct Pending {
     std::uint64_t switch_step = 0;
     std::vector<int> lost;

@@ -26,7 +26,7 @@ namespace {
 std::vector<int> links_for(const TrainConfig& config, const topology::Topology& t, int rank) {
   const int n = t.num_peers();
   std::vector<int> links;
-  if (rank == 0 || gossips(config) || outer_all_gather(config)) {
+  if (rank == 0 || survives_lost_peers(config)) {
     for (int p = 0; p < n; ++p)
       if (p != rank) links.push_back(p);
     return links;
@@ -42,7 +42,12 @@ std::vector<int> links_for(const TrainConfig& config, const topology::Topology& 
 }  // namespace
 
 PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport)
-    : t_(t), rank_(rank), n_(t.num_peers()), config_(config), tolerant_(gossips(config)), make_transport_(transport) {
+    : t_(t),
+      rank_(rank),
+      n_(t.num_peers()),
+      config_(config),
+      tolerant_(survives_lost_peers(config)),
+      make_transport_(transport) {
   if (rank < 0 || rank >= n_)
     throw Error(ErrorKind::kInvalidArgument,
                 str("rank ", rank, " is not a peer of ", t.path, " (peers 0..", n_ - 1, ")"));

@@ -64,6 +64,10 @@ bool all_reduces(const TrainConfig& config) {
          (config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kAllreduce);
 }
 
+bool survives_lost_peers(const TrainConfig& config) {
+  return gossips(config) || (config.algorithm == Algorithm::kDiloco && config.outer.exchange != OuterExchange::kPs);
+}
+
 bool outer_all_gather(const TrainConfig& config) {
   return config.algorithm == Algorithm::kDiloco && config.outer.exchange == OuterExchange::kAllreduce &&
          config.outer.sparse > 0;

@@ -1,7 +1,7 @@
 # What the CLI test scripts share; source it after `set -u` with PEERTRAIN set:
 #   bin, work (a temporary folder, removed with its processes on exit), ok, fail and their
-#   counts pass and failures; write_topology FILE NAME GENERATOR N BASE_PORT; summary and
-#   expect_launch_error (below); and
+#   counts pass and failures; write_topology FILE NAME GENERATOR N BASE_PORT; summary,
+#   expect_launch_error and launch_and_kill (below); and
 #   compare_losses A B, "N WORST": the (step, peer) train losses of two metrics.csv files
 #   matched up and their largest relative difference.
 bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
@@ -36,6 +36,23 @@ expect_launch_error() {
   else
     fail "launch $*: expected one error line with '$text'"; cat "$work/err.log"
   fi
+}
+
+# launch_and_kill OUT TOPOLOGY N VICTIM FLAGS...: launches FLAGS on TOPOLOGY's N peers
+# into OUT, kills peer VICTIM a second after every peer trains (each peer's log says so;
+# the launcher's own log has no per-step line to wait for), and returns launch's exit code.
+launch_and_kill() {
+  local out=$1 topology=$2 n=$3 victim=$4
+  shift 4
+  "$bin" launch --topology "$topology" "$@" --out "$out" >"$out.log" 2>&1 &
+  local launcher=$!
+  for _ in $(seq 300); do
+    [[ $(grep -l "connected; training" "$out"/peer-*.log 2>/dev/null | wc -l) -eq $n ]] && break
+    sleep 0.1
+  done
+  sleep 1
+  pkill -9 -f -- "peer --rank $victim --topology $topology"
+  wait $launcher
 }
 
 compare_losses() {

@@ -47,18 +47,8 @@ for flags in "choco --compression qsgd:8" "gt --momentum-form quasi-global"; do
   name=${flags%% *}
   out="$work/$name-kill"
   # shellcheck disable=SC2086
-  "$bin" launch --topology "$work/ring6.yaml" --algorithm $flags --batch 16 --max-steps 600 \
-    --eval-every 300 --peer-timeout 10 --connect-timeout 20 --out "$out" >"$out.log" 2>&1 &
-  launcher=$!
-  # Once every peer trains (its log says so), a second later: well before the 600 steps end
-  # (~20 s). The launcher's own log has no per-step line to wait for.
-  for _ in $(seq 300); do
-    [[ $(grep -l "connected; training" "$out"/peer-*.log 2>/dev/null | wc -l) -eq 6 ]] && break
-    sleep 0.1
-  done
-  sleep 1
-  pkill -9 -f -- "peer --rank 4 --topology $work/ring6.yaml"
-  wait $launcher
+  launch_and_kill "$out" "$work/ring6.yaml" 6 4 --algorithm $flags --batch 16 --max-steps 600 --eval-every 300 \
+    --peer-timeout 10 --connect-timeout 20
   code=$?
   [[ $code -eq 0 ]] && ok || { fail "$name: launch exited $code after losing peer 4"; tail -5 "$out.log"; }
   grep -q '"failed_peers": \[4\]' "$out/summary.json" 2>/dev/null && ok || fail "$name: peer 4 not in failed_peers"

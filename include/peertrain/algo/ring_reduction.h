@@ -46,6 +46,7 @@ class RingReduction {
   // One stage: sends (once) and, when its message is there or `wait` is set, takes it in.
   bool advance(bool wait);
   void send_stage();
+  net::Payload receive_unless_broken(std::uint32_t tag);
   void take(const net::Payload& in);
   std::span<float> chunk(int c) const;
   // Quantizes values into out_, adding the error to the residual at `offset`.

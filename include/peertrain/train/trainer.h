@@ -138,6 +138,10 @@ struct TrainConfig {
 // (each peer then links to its --allreduce-algo partners).
 bool all_reduces(const TrainConfig& config);
 
+// Whether the run goes on without a lost peer: the gossiping algorithms, and DiLoCo over
+// gossip, the all-reduce or the all-gather (its survivors regroup); the others stop.
+bool survives_lost_peers(const TrainConfig& config);
+
 // Whether DiLoCo's outer average is SparseLoCo's all-gather: every peer then sends to every other.
 bool outer_all_gather(const TrainConfig& config);
 
