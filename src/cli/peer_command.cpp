@@ -67,8 +67,8 @@ int run_peer(int argc, char** argv) {
   if (config.rejoin) {
     std::string conflict;
     if (config.resume) conflict = "--rejoin and --resume exclude each other";
-    else if (config.algorithm != train::Algorithm::kDpsgd)
-      conflict = "--rejoin needs --algorithm dpsgd (the centralized baselines stop when a peer is lost)";
+    else if (config.algorithm != train::Algorithm::kDpsgd && config.algorithm != train::Algorithm::kDiloco)
+      conflict = "--rejoin needs --algorithm dpsgd or diloco (the centralized baselines stop when a peer is lost)";
     if (!conflict.empty()) {
       std::fprintf(stderr, "error: --rejoin: %s\n", conflict.c_str());
       return 2;

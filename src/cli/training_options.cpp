@@ -249,7 +249,11 @@ void diloco_options(const cxxopts::ParseResult& args, train::TrainConfig& c) {
     throw UsageError(e.what());
   }
   if (o.sparse > 0 && o.exchange == train::OuterExchange::kPs)
-    throw UsageError("--outer-compression sparse runs over --outer-exchange allreduce (an all-gather) or gossip");
+    throw UsageError("--outer-compression sparse runs over --outer-exchange allreduce (an all-gather)");
+  if ((o.sparse > 0 || o.compression != algo::QuantFormat::kNone) && o.exchange == train::OuterExchange::kGossip)
+    throw UsageError(
+        "--outer-compression: --outer-exchange gossip mixes the local models in fp32; compress over "
+        "allreduce or ps");
   if (o.sparse > 0 && args.count("allreduce-algo"))
     throw UsageError("--allreduce-algo: --outer-compression sparse averages by an all-gather, not an all-reduce");
   const int layers = model_layers(args, c);
@@ -333,11 +337,18 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
                                                 : "--checkpoint-every",
                          ": --algorithm adpsgd has no global step to checkpoint at or rejoin at (it goes on without a "
                          "lost peer); use dpsgd"));
-  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt ||
-       c.algorithm == train::Algorithm::kDiloco) &&
+  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt) &&
       (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
+  // DiLoCo's outer state is not in the checkpoints; a rejoining peer takes it from the
+  // survivors (the all-reduce's regroup) or starts it from its donor's parameters (gossip).
+  if (c.algorithm == train::Algorithm::kDiloco && c.resume)
+    throw UsageError(
+        "--resume: --algorithm diloco keeps an outer state (θ_outer, its momentum) that checkpoints do "
+        "not carry; use dpsgd");
+  if (c.algorithm == train::Algorithm::kDiloco && args.count("rejoin") && c.outer.exchange == train::OuterExchange::kPs)
+    throw UsageError("--rejoin: diloco over --outer-exchange ps stops when a peer is lost; use allreduce or gossip");
 }
 
 }  // namespace
@@ -395,7 +406,7 @@ void add_training_options(cxxopts::Options& options) {
       cxxopts::value<std::string>()->default_value("0.5"))(
       "outer-compression",
       "diloco: the pseudo-gradients on the wire, with error feedback: none | int8 | fp8 | int4 | sparse:F (SparseLoCo: "
-      "the top F of each chunk of 4096 at 2 bits, by an all-gather or gossip)",
+      "the top F of each chunk of 4096 at 2 bits, by an all-gather); not with --outer-exchange gossip",
       cxxopts::value<std::string>()->default_value("none"))(
       "model", "mlp (Fashion-MNIST) | vit (Fashion-MNIST patches) | gpt (bytes of the fortunes text)",
       cxxopts::value<std::string>()->default_value("mlp"))("hidden", "MLP hidden layer widths",

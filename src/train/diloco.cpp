@@ -51,7 +51,8 @@ struct OuterCodec {
 class OuterAverage {
  public:
   virtual ~OuterAverage() = default;
-  virtual void begin(long long step, std::span<float> v, std::span<float> residual) = 0;
+  // outer: the fragment's θ_outer (v = θ_outer − θ_local + the residual).
+  virtual void begin(long long step, std::span<float> v, std::span<float> residual, std::span<const float> outer) = 0;
   virtual void progress() {}
   virtual void end() = 0;
   // A round a lost peer broke: drop what is under way (its sends end with their links).
@@ -69,7 +70,7 @@ class AllreduceAverage final : public OuterAverage {
       : network_(network), algo_(algo), format_(format), peers_(static_cast<std::size_t>(peers)) {
     for (int p = 0; p < peers; ++p) peers_[static_cast<std::size_t>(p)] = p;
   }
-  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+  void begin(long long step, std::span<float> v, std::span<float> residual, std::span<const float>) override {
     key_ = static_cast<std::uint64_t>(step);
     v_ = v;
     if (algo_ == algo::AllreduceAlgo::kRing) {
@@ -109,7 +110,7 @@ class ServerAverage final : public OuterAverage {
  public:
   ServerAverage(net::Transport& network, int rank, int peers, algo::QuantFormat format)
       : network_(network), rank_(rank), peers_(peers), format_(format) {}
-  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+  void begin(long long step, std::span<float> v, std::span<float> residual, std::span<const float>) override {
     key_ = static_cast<std::uint64_t>(step);
     v_ = v;
     residual_ = residual;
@@ -174,7 +175,7 @@ class AllGatherAverage final : public OuterAverage {
   }
   void abandon() override { sends_.clear(); }
   void set_peers(std::vector<int> peers) override { peers_ = std::move(peers); }
-  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+  void begin(long long step, std::span<float> v, std::span<float> residual, std::span<const float>) override {
     key_ = static_cast<std::uint64_t>(step);
     v_ = v;
     read_back_.resize(v.size());
@@ -214,34 +215,33 @@ class AllGatherAverage final : public OuterAverage {
   std::vector<Work> sends_;
 };
 
-// One gossip round with this peer's row of W: v ← w_ii·v + Σ_j w_ij·v_j, every term as
-// the wire carries it (the own one too, so that Σ_i of the averages is Σ_i of what was sent).
+// One gossip round with this peer's row of W over the local models: each peer sends its
+// θ_local = θ_outer − Δ and takes Δ̄_i = θ_outer,i − Σ_j W_ij θ_local,j. The outer
+// parameters are then mixed too (Δ̄_i = Σ_j W_ij Δ_j + θ_outer,i − Σ_j W_ij θ_outer,j), so
+// the peers' θ_outer contract towards each other as D-PSGD's x do; averaging the Δ alone
+// would leave their differences to drift. With W = J and equal θ_outer it is the
+// all-reduce's average. fp32 only (--outer-compression is for the all-reduce).
 class GossipAverage final : public OuterAverage {
  public:
-  GossipAverage(algo::Gossip& gossip, OuterCodec codec) : gossip_(gossip), codec_(codec) {}
-  void begin(long long step, std::span<float> v, std::span<float> residual) override {
+  explicit GossipAverage(algo::Gossip& gossip) : gossip_(gossip) {}
+  void begin(long long step, std::span<float> v, std::span<float>, std::span<const float> outer) override {
     v_ = v;
-    own_.resize(v.size());
-    net::Payload bytes = codec_.encode(v, own_);
-    if (!residual.empty())
-      for (std::size_t i = 0; i < v.size(); ++i) residual[i] += v[i] - own_[i];
-    gossip_.start_message(static_cast<std::uint64_t>(step), std::move(bytes));
+    outer_ = outer;
+    model_.resize(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) model_[i] = outer[i] - v[i];
+    gossip_.start(static_cast<std::uint64_t>(step), model_);
   }
   void end() override {
-    sum_.assign(v_.size(), 0.0f);
-    const net::Transport& network = gossip_.network();
-    gossip_.finish_message([&](int peer, float weight, const net::Payload& payload) {
-      codec_.add(payload, weight, sum_, scratch_, network.peer_name(peer));
-    });
-    const float self = gossip_.applied_row().self_weight;
-    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = self * own_[i] + sum_[i];
+    mixed_ = model_;
+    gossip_.finish(mixed_);
+    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = outer_[i] - mixed_[i];
   }
 
  private:
   algo::Gossip& gossip_;
-  OuterCodec codec_;
   std::span<float> v_;
-  std::vector<float> own_, sum_, scratch_;
+  std::span<const float> outer_;
+  std::vector<float> model_, mixed_;
 };
 
 class Diloco final : public StepAlgorithm {
@@ -395,7 +395,7 @@ class Diloco final : public StepAlgorithm {
     sent_at_ = step + 1;
     lands_at_ = sent_at_ + o_.overlap;
     try {
-      average_->begin(step, v, residual);
+      average_->begin(step, v, residual, std::span<const float>(outer_).subspan(offset, size));
     } catch (const Error& e) {
       abandon(step, e);
     }
@@ -485,9 +485,11 @@ std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContex
     throw Error(ErrorKind::kInvalidArgument,
                 str("--allreduce-algo ", algo::to_string(config.allreduce_algo),
                     ": --overlap and --outer-compression run over the ring (--allreduce-algo ring)"));
-  if (o.sparse > 0 && o.exchange == OuterExchange::kPs)
+  if ((o.sparse > 0 && o.exchange == OuterExchange::kPs) ||
+      (o.exchange == OuterExchange::kGossip && (o.sparse > 0 || o.compression != algo::QuantFormat::kNone)))
     throw Error(ErrorKind::kInvalidArgument,
-                "--outer-compression sparse runs over --outer-exchange allreduce (an all-gather) or gossip");
+                "--outer-compression: sparse runs over --outer-exchange allreduce (an all-gather), int8, fp8 and int4 "
+                "over allreduce or ps; gossip mixes the models in fp32");
   const OuterCodec codec{o.compression, o.sparse};
   std::unique_ptr<OuterAverage> average;
   switch (o.exchange) {
@@ -503,7 +505,7 @@ std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContex
       break;
     case OuterExchange::kGossip:
       PEERTRAIN_CHECK(context.gossip && context.membership, "gossip DiLoCo needs the gossip and the membership");
-      average = std::make_unique<GossipAverage>(*context.gossip, codec);
+      average = std::make_unique<GossipAverage>(*context.gossip);
       break;
   }
   return std::make_unique<Diloco>(std::move(context), o, parameters, std::move(average));

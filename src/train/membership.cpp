@@ -39,9 +39,10 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                     "); resume works with dpsgd and the centralized algorithms"));
   if (!config.rejoin) return;
   if (config.resume) throw Error(ErrorKind::kInvalidArgument, "--rejoin and --resume exclude each other");
+  if (config.algorithm == Algorithm::kDiloco && config.outer.exchange != OuterExchange::kPs) return;
   if (config.algorithm != Algorithm::kDpsgd)
     throw Error(ErrorKind::kInvalidArgument,
-                str("--rejoin needs --algorithm dpsgd; ", to_string(config.algorithm),
+                str("--rejoin needs --algorithm dpsgd or diloco; ", to_string(config.algorithm),
                     keeps_more ? " goes on without a lost peer but cannot take it back (its state is not shared)"
                                : " stops the whole run when a peer is lost"));
 }

@@ -39,6 +39,14 @@ std::vector<int> links_for(const TrainConfig& config, const topology::Topology& 
   return links;
 }
 
+// How far a peer may run ahead of a neighbour: the gossip's staleness, or under DiLoCo the
+// inner steps (and overlap) between the rounds that couple the peers. The membership puts
+// its switches further ahead than that, so no peer has passed one when it hears of it.
+int run_ahead_steps(const TrainConfig& config) {
+  if (config.algorithm == Algorithm::kDiloco) return config.outer.inner_steps + config.outer.overlap;
+  return config.max_staleness;
+}
+
 }  // namespace
 
 PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& config, const TransportFactory& transport)
@@ -85,7 +93,7 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   membership_ =
       std::make_unique<Membership>(*network_, t, rank,
                                    MembershipOptions{config.stop_on_split ? SplitPolicy::kStop : SplitPolicy::kContinue,
-                                                     config.max_staleness, total_steps_, eval_every_});
+                                                     run_ahead_steps(config), total_steps_, eval_every_});
   // (A restarted peer 0 coming back with --rejoin is not the coordinator: it must not touch the files.)
   if (rank == 0 && !config.rejoin) recorder_if_coordinator(static_cast<long long>(resume_step));
   open_mixing_trace();

@@ -7,8 +7,11 @@
 # and the consensus distance stays as small as before the failure.
 # With VICTIM 0 the coordinator itself is killed: peer 1 takes over, and peer 0 comes back
 # as a peer like any other.
-# Usage: rejoin_test.sh SOURCE_DIR [K] [VICTIM]   (PEERTRAIN: the binary; K: --max-staleness,
-# default 0; VICTIM: the peer killed, default 3). About 20 s on 2 cores.
+# With ALGORITHM diloco the run is DiLoCo over the all-reduce (H = 10): the restarted peer
+# takes the survivors' outer state when they regroup with it.
+# Usage: rejoin_test.sh SOURCE_DIR [K] [VICTIM] [ALGORITHM]   (PEERTRAIN: the binary; K:
+# --max-staleness, default 0; VICTIM: the peer killed, default 3; ALGORITHM: dpsgd or
+# diloco, default dpsgd). About 20 s on 2 cores.
 set -u
 staleness=${2:-0}
 bin=${PEERTRAIN:?set PEERTRAIN to the peertrain binary}
@@ -34,6 +37,8 @@ steps=16000
 flags=(--topology "$work/ring8.yaml" --hidden 32 --batch 16 --epochs 40 --max-steps $steps --eval-every 1000
        --connect-timeout 30 --peer-timeout 20 --max-staleness "$staleness" --out "$work/out")
 victim=${3:-3}
+algorithm=${4:-dpsgd}
+[[ $algorithm == dpsgd ]] || flags+=(--algorithm diloco --inner-steps 10)
 
 for r in 0 1 2 3 4 5 6 7; do
   "$bin" peer --rank $r "${flags[@]}" >/dev/null 2>"$work/peer-$r.log" &
@@ -102,9 +107,9 @@ check_error() {  # WANT_EXIT PATTERN -- command...
   local out; out=$(timeout 60 "$@" 2>&1); local code=$?
   [[ $code -eq $want ]] && grep -qE -- "$pattern" <<<"$out" && ok || fail "'$*' → exit $code: $(head -2 <<<"$out")"
 }
-if [[ $staleness -eq 0 && $victim != 0 ]]; then
+if [[ $staleness -eq 0 && $victim != 0 && $algorithm == dpsgd ]]; then
   check_error 2 "^error: --rejoin: --rejoin and --resume" -- "$bin" peer --rank 2 --rejoin --resume --checkpoint-dir "$work/ck" "${flags[@]}"
-  check_error 2 "^error: --rejoin: --rejoin needs --algorithm dpsgd" -- "$bin" peer --rank 2 --rejoin --algorithm allreduce "${flags[@]}"
+  check_error 2 "^error: --rejoin: --rejoin needs --algorithm dpsgd or diloco" -- "$bin" peer --rank 2 --rejoin --algorithm allreduce "${flags[@]}"
   check_error 2 "^error: --max-staleness must be 0 or more" -- "$bin" peer --rank 2 "${flags[@]}" --max-staleness -1
   check_error 2 "^error: --max-staleness 'soon' is not an integer" -- "$bin" peer --rank 2 "${flags[@]}" --max-staleness soon
   check_error 2 "^error: --max-staleness applies to --algorithm dpsgd" -- "$bin" peer --rank 2 "${flags[@]}" --max-staleness 2 --algorithm ps
@@ -113,5 +118,5 @@ if [[ $staleness -eq 0 && $victim != 0 ]]; then
     "$bin" peer --rank 1 --topology "$work/onepeer8.yaml" --max-staleness 2 --hidden 32
 fi
 
-echo "rejoin cli (--max-staleness $staleness, peer $victim): $pass passed, $failures failed"
+echo "rejoin cli ($algorithm, --max-staleness $staleness, peer $victim): $pass passed, $failures failed"
 [[ $failures -eq 0 ]]
