@@ -13,6 +13,8 @@ time_methods = sys.argv[6].split(",")
 NAMES = {"allreduce": "all-reduce (data-parallel)", "dpsgd": "D-PSGD (exponential)",
          "choco": "CHOCO qsgd:8 (exponential)", "diloco-small": f"DiLoCo H = {small}",
          "diloco-large": f"DiLoCo H = {large}", "diloco-gossip": f"gossip DiLoCo H = {small} (exponential)",
+         "diloco-fedavg": f"DiLoCo H = {small}, outer step a plain average (lr 1, no momentum)",
+         "diloco-h10": "DiLoCo H = 10 (outer Nesterov 0.7, 0.9)",
          "streaming-int8": f"Streaming DiLoCo int8, F = 4, τ = 1, H = {small}"}
 
 
@@ -138,7 +140,9 @@ def pct(x, half=None):
 
 lines = ["# DiLoCo and its descendants", "",
          f"The byte-level GPT (d 128, 4 layers, sequences of 64 bytes, 4 a step per peer), 8 peers on a simulated "
-         f"cluster (`launch --simulate`, hosts of 10 GFLOP/s, 1 ms links), {steps} steps for every method: equal "
+         f"cluster (`launch --simulate`, hosts of 10 GFLOP/s; each link between two peers capped at the network's rate "
+         f"with 1 ms latency, the hosts' cards unlimited, so a peer's links run side by side), {steps} steps for every "
+         "method: equal "
          f"tokens. Inner optimizer: AdamW at 1e-3 with the GPT's cosine schedule; outer: Nesterov, 0.7, 0.9. "
          f"Loss runs at {loss_rate} Mbit/s over {len(seeds)} seed(s); a run's numbers do not depend on the "
          f"network, only its times do.", "", "## Machine", "", ek.machine_section(meta), "",
@@ -160,26 +164,27 @@ if "diloco-small" in loss:
                     "met" if abs(ratio - 1) <= 0.02 else "**missed**"])
     g, h = paired("diloco-small", "allreduce")
     targets.append([f"DiLoCo H = {small} against the all-reduce", "within 2 %", pct(g, h),
-                    "met" if abs(g) <= 0.02 else "**missed**"])
+                    "met" if g <= 0.02 else "**missed**"])
 if "diloco-large" in loss:
     g, h = paired("diloco-large", "allreduce")
     targets.append([f"DiLoCo H = {large} against the all-reduce", "within 5 %", pct(g, h),
-                    "met" if abs(g) <= 0.05 else "**missed**"])
+                    "met" if g <= 0.05 else "**missed**"])
 if "diloco-gossip" in loss:
     g, h = paired("diloco-gossip", "diloco-small")
     targets.append(["gossip DiLoCo (exponential) against all-reduce DiLoCo", "within 1 %", pct(g, h),
-                    "met" if abs(g) <= 0.01 else "**missed**"])
+                    "met" if g <= 0.01 else "**missed**"])
 if "streaming-int8" in loss:
     g, h = paired("streaming-int8", "diloco-small")
     peak = loss["streaming-int8"]["bytes_per_exchange"] / loss["diloco-small"]["bytes_per_exchange"]
     total = loss["streaming-int8"]["bytes_per_peer"] / loss["diloco-small"]["bytes_per_peer"]
     targets.append(["int8 Streaming DiLoCo, F = 4, against DiLoCo", "within 1 %", pct(g, h),
-                    "met" if abs(g) <= 0.01 else "**missed**"])
+                    "met" if g <= 0.01 else "**missed**"])
     targets.append(["its mean bytes of an exchange against DiLoCo's", "≤ 1/16: F = 4, × int8's 1/4 (+ 5 %)",
                     f"{peak:.4f}", "met" if peak <= 0.0625 * 1.05 else "**missed**"])
     targets.append(["its bytes per value (all bytes over DiLoCo's)", "≤ 1/4 (+ 5 %: scales, headers)",
                     f"{total:.4f}", "met" if total <= 0.25 * 1.05 else "**missed**"])
-lines += ["## Targets", "", ek.md_table(["target", "limit", "measured", "status"], targets), ""]
+lines += ["## Targets", "", ek.md_table(["target", "limit", "measured", "status"], targets), "",
+          "A loss within x % of its reference means at most x % above it: below it meets the target too.", ""]
 lines += ["## 2. Time to a target loss", "",
           f"Target: {target:.4f} bits per byte, the highest final value among these methods, so that each reaches "
           "it (seed 1; simulated seconds, interpolated between evaluations).", "",
@@ -213,6 +218,17 @@ if "allreduce" in budget and "diloco-small" in budget:
                "plot " + ", ".join(curves_b)], os.path.join(out, "budget.png"))
     lines += ["![the longer budget](budget.png)", ""]
 
+outer = {r["method"]: r for r in runs if r["part"] == "outer"}
+if outer and ("diloco-small", seeds[0]) in by_seed:
+    rows = [by_seed[("allreduce", seeds[0])], by_seed[("diloco-small", seeds[0])]] + list(outer.values())
+    lines += ["## 4. The outer optimizer", "",
+              f"Seed {seeds[0]}, {steps} steps, against the paper's outer step (Nesterov, 0.7, 0.9) at H = {small}:", "",
+              ek.md_table(["method", "validation bits per byte", "against all-reduce"],
+                          [[NAMES[r["method"]], f"{r['summary']['val_bits_per_byte']:.4f}",
+                            pct(r["summary"]["val_bits_per_byte"] /
+                                by_seed[("allreduce", seeds[0])]["summary"]["val_bits_per_byte"] - 1)] for r in rows]),
+              ""]
+
 obs = []
 fastest = max(int(r["rate_mbps"]) for r in time_runs)
 for rate in sorted({int(r["rate_mbps"]) for r in time_runs}, reverse=True):
@@ -232,10 +248,20 @@ if "diloco-small" in loss:
                + f"; at {fastest} Mbit/s, where communication is cheap, that gap costs time rather than saving it. "
                "The shards here are iid; on non-iid shards the local steps drift further apart (not measured here).")
 if "allreduce" in budget and "diloco-small" in budget:
+    short = paired("diloco-small", "allreduce")[0]
+    trend = ("grows" if b_dl / b_ar - 1 > short else "shrinks")
     obs.append(f"With {b_steps // small} outer steps instead of {steps // small} the gap of DiLoCo H = {small} to the "
-               f"all-reduce is {pct(b_dl / b_ar - 1)} (seed 1), against {pct(paired('diloco-small', 'allreduce')[0])} "
-               f"at {steps} steps: the DiLoCo paper's runs take hundreds of outer steps, which this machine cannot "
-               "afford at equal tokens for every method and seed.")
+               f"all-reduce {trend}: {pct(b_dl / b_ar - 1)} (seed 1) against {pct(short)} at {steps} steps. So more "
+               "outer steps alone do not close it here: each of the 8 replicas takes AdamW steps on 4 sequences, "
+               "an eighth of the all-reduce's batch, and the outer step at the paper's settings (section 4) does "
+               "not make up for that at this model size. A sweep of the inner and outer learning rates per H is "
+               "the measurement that would say how much of the gap is tuning.")
+if outer and ("diloco-small", seeds[0]) in by_seed:
+    base = by_seed[("diloco-small", seeds[0])]["summary"]["val_bits_per_byte"]
+    text = [f"{NAMES[m]}: {r['summary']['val_bits_per_byte']:.4f}" for m, r in outer.items()]
+    obs.append(f"The outer step matters at this budget: against {base:.4f} for the paper's outer step at H = {small}, "
+               + "; ".join(text) + ". The paper's outer learning rate and momentum are tuned for H in the hundreds and "
+               "many outer steps; a sweep of them per H is not part of this report.")
 lines += ["## Observations", ""] + [f"- {o}" for o in obs] + [""]
 lines += ["## Reproduce", "", f"`{meta.get('command', 'experiments/diloco/run.sh')}`; every run's command is in its "
           "`command.txt`.", ""]
