@@ -262,6 +262,15 @@ if outer and ("diloco-small", seeds[0]) in by_seed:
     obs.append(f"The outer step matters at this budget: against {base:.4f} for the paper's outer step at H = {small}, "
                + "; ".join(text) + ". The paper's outer learning rate and momentum are tuned for H in the hundreds and "
                "many outer steps; a sweep of them per H is not part of this report.")
+if ("diloco-large", seeds[0]) in by_seed:
+    c = by_seed[("diloco-large", seeds[0])]["curve"]
+    jumps = [(c[i - 1], c[i]) for i in range(1, len(c)) if c[i]["step"] % large == 0 and c[i]["bpb"] > c[i - 1]["bpb"]]
+    if jumps:
+        before, after = max(jumps, key=lambda j: j[1]["bpb"] - j[0]["bpb"])
+        obs.append(f"Between outer steps x̄ is the plain average of the local models; for DiLoCo H = {large} (seed "
+                   f"{seeds[0]}) it reaches {before['bpb']:.4f} at step {before['step']}, and the outer step at step "
+                   f"{after['step']} takes it to {after['bpb']:.4f}: at these settings the outer Nesterov step "
+                   "overshoots the average it is given (the loss curve's spikes).")
 lines += ["## Observations", ""] + [f"- {o}" for o in obs] + [""]
 lines += ["## Reproduce", "", f"`{meta.get('command', 'experiments/diloco/run.sh')}`; every run's command is in its "
           "`command.txt`.", ""]

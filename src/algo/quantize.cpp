@@ -120,7 +120,7 @@ void quantize(QuantFormat format, std::span<const float> v, std::vector<std::byt
   PEERTRAIN_CHECK(values.empty() || values.size() == v.size(), "quantize: ", values.size(), " values for ", v.size());
   out.resize(quantized_bytes(format, v.size()));
   if (format == QuantFormat::kNone) {
-    std::memcpy(out.data(), v.data(), v.size_bytes());
+    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size_bytes());  // (an empty span's data may be null)
     if (!values.empty()) std::copy(v.begin(), v.end(), values.begin());
     return;
   }
