@@ -61,7 +61,8 @@ void RingReduction::send_stage() {
     if (gather) std::copy(read_back_.begin(), read_back_.end(), out.begin());
   }
   // (Later all-gather stages forward the bytes they received, untouched.)
-  send_ = network_.send(next_, net::MessageType::kReduceChunk, key_, tag, net::Payload(forward_));
+  send_ =
+      network_.send(next_, net::MessageType::kReduceChunk, key_, tag, std::move(forward_));  // owned: not needed after
 }
 
 void RingReduction::take(const net::Payload& in) {
@@ -69,7 +70,6 @@ void RingReduction::take(const net::Payload& in) {
   const int s = gather ? stage_ - (n_ - 1) : stage_;
   const std::span<float> into = gather ? chunk(position_ - s) : chunk(position_ - s - 1);
   dequantize(format_, in, into, /*add=*/!gather, network_.peer_name(previous_));
-  if (gather && format_ != QuantFormat::kNone) forward_ = in;
 }
 
 bool RingReduction::advance(bool wait) {
@@ -88,7 +88,10 @@ bool RingReduction::advance(bool wait) {
     in = network_.try_receive(previous_, net::MessageType::kReduceChunk, key_, tag);
   if (!in) return false;
   take(*in);
-  network_.recycle(std::move(*in));
+  if (stage_ >= n_ - 1 && format_ != QuantFormat::kNone)
+    forward_ = std::move(*in);  // the all-gather passes these bytes on, untouched
+  else
+    network_.recycle(std::move(*in));
   send_.wait();
   sent_ = false;
   ++stage_;

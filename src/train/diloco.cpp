@@ -232,16 +232,15 @@ class GossipAverage final : public OuterAverage {
     gossip_.start(static_cast<std::uint64_t>(step), model_);
   }
   void end() override {
-    mixed_ = model_;
-    gossip_.finish(mixed_);
-    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = outer_[i] - mixed_[i];
+    gossip_.finish(model_);  // mixes in place, as D-PSGD's atc step does
+    for (std::size_t i = 0; i < v_.size(); ++i) v_[i] = outer_[i] - model_[i];
   }
 
  private:
   algo::Gossip& gossip_;
   std::span<float> v_;
   std::span<const float> outer_;
-  std::vector<float> model_, mixed_;
+  std::vector<float> model_;
 };
 
 class Diloco final : public StepAlgorithm {
