@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "peertrain/algo/push_gossip.h"
 #include "peertrain/core/clock.h"
 #include "peertrain/core/error.h"
 
@@ -14,6 +15,11 @@ std::vector<MixingRow> mixing_rows(const topology::Topology& topology, int self)
   std::vector<MixingRow> rows;
   for (int step = 0; step < topology.period(); ++step) {
     const topology::SparseMatrix w = topology.mixing_at(step);
+    if (topology.directed) {  // row `self` of P: whom this peer hears from
+      DirectedRow directed = directed_row(w, self);
+      rows.push_back({std::move(directed.sources), std::move(directed.weights), directed.self_weight});
+      continue;
+    }
     MixingRow row;
     // W is symmetric, so column `self` is row `self`.
     for (topology::SparseMatrix::InnerIterator it(w, self); it; ++it) {

@@ -68,7 +68,9 @@ int run_peer(int argc, char** argv) {
     std::string conflict;
     if (config.resume) conflict = "--rejoin and --resume exclude each other";
     else if (config.algorithm != train::Algorithm::kDpsgd && config.algorithm != train::Algorithm::kDiloco)
-      conflict = "--rejoin needs --algorithm dpsgd or diloco (the centralized baselines stop when a peer is lost)";
+      conflict =
+          "--rejoin needs --algorithm dpsgd or diloco (the others stop when a peer is lost, or cannot take "
+          "one back)";
     if (!conflict.empty()) {
       std::fprintf(stderr, "error: --rejoin: %s\n", conflict.c_str());
       return 2;

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "options.h"
 #include "peertrain/core/error.h"
+#include "peertrain/topology/digraph.h"
 #include "peertrain/topology/formats.h"
 #include "peertrain/topology/spectrum.h"
 #include "peertrain/topology/topology.h"
@@ -107,18 +108,99 @@ int generate(int argc, char** argv) {
   return 0;
 }
 
+// A directed topology: push-sum's P is column-stochastic, not symmetric; what governs its
+// consensus is P's second-largest eigenvalue modulus, or for a time-varying sequence that
+// of the product over a period (or over `draws` random windows, with an interval).
+int inspect_directed(const Topology& t, const std::string& format, int draws, double load_seconds) {
+  const DirectedSpectrum s = analyze_directed(t.mixing);
+  std::optional<SequenceSpectrum> sequence;
+  if (t.time_varying()) {
+    const int window = t.redrawn() ? one_peer_directed_period(t.num_peers()) : t.period();
+    sequence = analyze_sequence([&t](long long step) { return t.mixing_at(step); }, window, t.redrawn() ? draws : 1);
+  }
+  const double slem = sequence ? sequence->slem : s.slem;
+  const double seconds = s.seconds + (sequence ? sequence->seconds : 0);
+  int min_out = t.num_peers(), max_out = 0;
+  for (int i = 0; i < t.num_peers(); ++i) {
+    min_out = std::min(min_out, t.digraph.out_degree(i));
+    max_out = std::max(max_out, t.digraph.out_degree(i));
+  }
+  if (format == "json") {
+    Json out;
+    out["name"] = t.name;
+    out["file"] = t.path;
+    out["peers"] = t.num_peers();
+    out["directed"] = true;
+    out["arcs"] = t.digraph.num_arcs();
+    out["links"] = t.graph.num_edges();
+    out["min_out_degree"] = min_out;
+    out["max_out_degree"] = max_out;
+    out["weights"] = to_string(t.weights);
+    out["column_stochastic"] = true;
+    out["max_column_sum_error"] = t.check.max_column_error;
+    out["max_row_sum_error"] = t.check.max_row_error;
+    out["slem"] = slem;
+    out["mixing_steps"] = steps_per_e_fold(slem);
+    out["consensus"] = slem < 1 - kNoConsensusGap;
+    out["step0_slem"] = s.slem;
+    out["time_varying"] = t.time_varying();
+    out["redrawn"] = t.redrawn();
+    if (sequence) {
+      Json q;
+      q["window"] = sequence->window;
+      q["draws"] = sequence->draws;
+      q["slem_per_step"] = sequence->slem;
+      q["low"] = sequence->low;
+      q["high"] = sequence->high;
+      out["sequence"] = q;
+    }
+    out["solver_seconds"] = seconds;
+    out["load_seconds"] = load_seconds;
+    out["fingerprint"] = hex(t.fingerprint());
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("topology        %s  (%s)\n", t.name.c_str(), t.path.c_str());
+  std::printf("peers           %d\n", t.num_peers());
+  std::printf("arcs            %zu%s  (%zu links)\n", t.digraph.num_arcs(), t.time_varying() ? " at step 0" : "",
+              t.graph.num_edges());
+  std::printf("out-degree      min %d, max %d%s\n", min_out, max_out, t.time_varying() ? "  (step 0)" : "");
+  std::printf("strongly conn.  %s\n", t.redrawn() ? "not required of each draw" : "yes");
+  std::printf("weights         %s (push-sum: each peer keeps and sends equal shares)\n",
+              std::string(to_string(t.weights)).c_str());
+  std::printf(
+      "P               column-stochastic: yes  (max |col sum - 1| = %.1e; rows off 1 by up to %.2g, which "
+      "the push-sum weight corrects)\n",
+      t.check.max_column_error, t.check.max_row_error);
+  std::printf("SLEM            %.6g%s\n", s.slem, t.time_varying() ? "  (P at step 0 alone)" : "");
+  if (sequence && sequence->draws == 1)
+    std::printf("period product  SLEM %.6g per step over %d steps%s\n", sequence->slem, sequence->window,
+                sequence->slem == 0 ? "  (exact averaging)" : "");
+  else if (sequence)
+    std::printf("window product  SLEM %.6g per step over windows of %d steps; 95%% of %d draws in [%.4g, %.4g]\n",
+                sequence->slem, sequence->window, sequence->draws, sequence->low, sequence->high);
+  if (slem < 1 - kNoConsensusGap)
+    std::printf("mixing time     %.3g steps per e-fold of the consensus error; %.0f steps to shrink it 1000x\n",
+                steps_per_e_fold(slem), steps_to_shrink(slem, 1e-3));
+  else
+    std::printf("mixing time     infinite  (no consensus: push-sum alone never makes the peers agree)\n");
+  std::printf("solver          dense (Eigen EigenSolver), %.3f s\n", seconds);
+  std::printf("fingerprint     %s\n", hex(t.fingerprint()).c_str());
+  return 0;
+}
+
 int inspect(int argc, char** argv) {
   cxxopts::Options options("peertrain topology inspect",
                            "Validate a topology file and report its graph, its mixing matrix W and W's spectrum.");
   options.positional_help("FILE").show_positional_help();
-  options.add_options()
-      ("file", "topology file (YAML)", cxxopts::value<std::string>())
-      ("format", "text | json", cxxopts::value<std::string>()->default_value("text"))
-      ("dot", "also write the graph as Graphviz DOT (draw it with: dot -Tpng OUT.dot -o OUT.png)",
-       cxxopts::value<std::string>())
-      ("mtx", "also write W as Matrix Market", cxxopts::value<std::string>())
-      ("solver", "auto | dense | lanczos | spectra (auto: dense up to 1,024 peers, then lanczos)", cxxopts::value<std::string>()->default_value("auto"))
-      ("h,help", "show this help");
+  options.add_options()("file", "topology file (YAML)", cxxopts::value<std::string>())(
+      "format", "text | json", cxxopts::value<std::string>()->default_value("text"))(
+      "dot", "also write the graph as Graphviz DOT (draw it with: dot -Tpng OUT.dot -o OUT.png)",
+      cxxopts::value<std::string>())("mtx", "also write W as Matrix Market", cxxopts::value<std::string>())(
+      "solver", "auto | dense | lanczos | spectra (auto: dense up to 1,024 peers, then lanczos)",
+      cxxopts::value<std::string>()->default_value("auto"))(
+      "draws", "a graph redrawn every step: the random windows its spectrum is averaged over",
+      cxxopts::value<std::string>()->default_value("20"))("h,help", "show this help");
   options.parse_positional({"file"});
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
@@ -137,6 +219,24 @@ int inspect(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   const Topology t = load_topology_file(args["file"].as<std::string>());
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  if (t.directed) {
+    int draws = 0;
+    try {
+      draws = number_flag<int>(args, "draws");
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+    if (draws < 1) {
+      std::fprintf(stderr, "error: --draws must be at least 1, got %d\n", draws);
+      return 2;
+    }
+    if (args.count("dot")) write_text_file(args["dot"].as<std::string>(), to_dot(t.name, t.graph, nullptr));
+    if (args.count("mtx"))
+      write_text_file(args["mtx"].as<std::string>(),
+                      to_matrix_market(t.mixing, str("P of topology ", t.name, " (column-stochastic)"), false));
+    return inspect_directed(t, format, draws, load_seconds);
+  }
   const MixingCheck& check = t.check;
   const Graph step0 = t.time_varying() ? t.graph_at(0) : Graph();
   const Spectrum s = analyze_spectrum(t.mixing, t.time_varying() ? step0 : t.graph, spectrum_options);

@@ -75,6 +75,8 @@ const std::vector<std::string> kTrainingFlags = {"algorithm",
                                                  "time-budget",
                                                  "momentum-form",
                                                  "inner-steps",
+                                                 "fanout",
+                                                 "el-variant",
                                                  "outer-lr",
                                                  "outer-momentum",
                                                  "outer-optimizer",
@@ -280,7 +282,17 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
       throw UsageError(str("--", flag, " applies to --algorithm ", which, ", not ", algorithm));
   };
   const bool choco = c.algorithm == train::Algorithm::kChoco;
-  only_for("update", c.algorithm == train::Algorithm::kDpsgd || choco, "dpsgd or choco");
+  only_for("update",
+           c.algorithm == train::Algorithm::kDpsgd || choco || c.algorithm == train::Algorithm::kSgp ||
+               c.algorithm == train::Algorithm::kEl,
+           "dpsgd, choco, sgp or el");
+  only_for("fanout", c.algorithm == train::Algorithm::kEl, "el (Epidemic Learning)");
+  only_for("el-variant", c.algorithm == train::Algorithm::kEl, "el (Epidemic Learning)");
+  if (args.count("fanout")) c.fanout = positive<int>(args, "fanout");
+  const std::string variant = args["el-variant"].as<std::string>();
+  if (variant != "local" && variant != "oracle")
+    throw UsageError("--el-variant '" + variant + "' is not one of local, oracle");
+  c.el_variant = variant == "oracle" ? train::EpidemicVariant::kOracle : train::EpidemicVariant::kLocal;
   only_for("momentum-form", c.algorithm == train::Algorithm::kDpsgd || c.algorithm == train::Algorithm::kGt,
            "dpsgd or gt");
   const std::string momentum_form = args["momentum-form"].as<std::string>();
@@ -315,6 +327,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
   const std::string update = args["update"].as<std::string>();
   if (update != "cta" && update != "atc") throw UsageError("--update '" + update + "' is not one of cta, atc");
   c.update = update == "atc" ? train::UpdateForm::kAtc : train::UpdateForm::kCta;
+  // Epidemic Learning sends the model after its local step (de Vos et al. 2023, Algorithm 1).
+  if (c.algorithm == train::Algorithm::kEl && !args.count("update")) c.update = train::UpdateForm::kAtc;
   try {
     c.compression = algo::parse_compression(args["compression"].as<std::string>());
     c.allreduce_algo = algo::parse_allreduce_algo(args["allreduce-algo"].as<std::string>());
@@ -337,7 +351,8 @@ void algorithm_options(const cxxopts::ParseResult& args, train::TrainConfig& c) 
                                                 : "--checkpoint-every",
                          ": --algorithm adpsgd has no global step to checkpoint at or rejoin at (it goes on without a "
                          "lost peer); use dpsgd"));
-  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt) &&
+  if ((choco || c.algorithm == train::Algorithm::kD2 || c.algorithm == train::Algorithm::kGt ||
+       c.algorithm == train::Algorithm::kSgp) &&
       (c.resume || args.count("rejoin")))
     throw UsageError(str("--", c.resume ? "resume" : "rejoin", ": --algorithm ", algorithm,
                          " keeps state that checkpoints and rejoins do not carry; use dpsgd"));
@@ -368,14 +383,22 @@ std::vector<int> parse_widths(const std::string& text) {
 }
 
 void add_training_options(cxxopts::Options& options) {
-  options.add_options("training")("algorithm",
-                                  "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | gt "
-                                  "(gradient tracking, for non-iid shards) | adpsgd (asynchronous pairwise gossip, "
-                                  "AD-PSGD) | diloco (H local steps, then an outer step; DiLoCo) | allreduce | ps | "
-                                  "local",
-                                  cxxopts::value<std::string>()->default_value("dpsgd"))(
-      "update", "dpsgd, choco: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u))",
+  options.add_options("training")(
+      "algorithm",
+      "dpsgd | choco (compressed gossip, CHOCO-SGD) | d2 (D², for non-iid shards) | gt "
+      "(gradient tracking, for non-iid shards) | adpsgd (asynchronous pairwise gossip, "
+      "AD-PSGD) | diloco (H local steps, then an outer step; DiLoCo) | sgp (push-sum, Stochastic "
+      "Gradient Push: directed graphs) | el (Epidemic Learning: s random peers a round) | "
+      "allreduce | ps | local",
+      cxxopts::value<std::string>()->default_value("dpsgd"))(
+      "update",
+      "dpsgd, choco, sgp, el: cta (x ← Wx − u, the exchange overlaps the gradient) | atc (x ← W(x − u); el's "
+      "default)",
       cxxopts::value<std::string>()->default_value("cta"))(
+      "fanout", "el: s, the peers each peer sends to per round (default ⌈log₂ n⌉)", cxxopts::value<std::string>())(
+      "el-variant",
+      "el: local (each peer draws its s targets; in-degrees vary) | oracle (an s-regular digraph each round)",
+      cxxopts::value<std::string>()->default_value("local"))(
       "momentum-form",
       "dpsgd, gt: local (each peer's heavy ball over its own gradients) | quasi-global (QG-DSGDm, Lin et al. 2021: the "
       "momentum follows the peer's whole move, mix included; for non-iid shards)",
@@ -444,8 +467,9 @@ void add_training_options(cxxopts::Options& options) {
                                                          "run id all peers share; 0 derives it from the configuration",
                                                          cxxopts::value<std::string>()->default_value("0"))(
       "max-staleness",
-      "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind "
-      "(0: synchronous, exact D-PSGD; at most 1000)",
+      "D-PSGD: mix a neighbour's parameters up to K steps old, waiting only for one further behind; SGP: "
+      "mix each message when it arrives, waiting only for those K steps late (overlap push-sum) "
+      "(0: synchronous; at most 1000)",
       cxxopts::value<std::string>()->default_value("0"))(
       "on-split",
       "D-PSGD when lost peers split the graph or a partition may have: continue (each piece "
@@ -575,8 +599,8 @@ train::TrainConfig training_config(const cxxopts::ParseResult& args) {
   if (c.lr_schedule != train::LrSchedule::kCosine) refuse_flags(args, {"warmup-steps"}, "--lr-schedule cosine");
   c.max_staleness = positive<int>(args, "max-staleness", true);
   if (c.max_staleness > 1000) throw UsageError("--max-staleness must be at most 1000, got " + std::to_string(c.max_staleness));
-  if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd)
-    throw UsageError("--max-staleness applies to --algorithm dpsgd only");
+  if (c.max_staleness > 0 && c.algorithm != train::Algorithm::kDpsgd && c.algorithm != train::Algorithm::kSgp)
+    throw UsageError("--max-staleness applies to --algorithm dpsgd and sgp only");
   algorithm_options(args, c);
   transformer_options(args, c);
   return c;

@@ -206,19 +206,19 @@ EdgeListData read_graph_file(const std::string& path) {
   return parse_edge_list(text, path);
 }
 
-std::string to_matrix_market(const SparseMatrix& w, const std::string& comment) {
+std::string to_matrix_market(const SparseMatrix& w, const std::string& comment, bool symmetric) {
   std::ostringstream out;
   out.precision(17);
   long long entries = 0;
   for (int j = 0; j < w.outerSize(); ++j)
     for (SparseMatrix::InnerIterator it(w, j); it; ++it)
-      if (it.row() >= j) ++entries;
-  out << "%%MatrixMarket matrix coordinate real symmetric\n";
+      if (!symmetric || it.row() >= j) ++entries;
+  out << "%%MatrixMarket matrix coordinate real " << (symmetric ? "symmetric" : "general") << "\n";
   if (!comment.empty()) out << "% " << comment << "\n";
   out << w.rows() << " " << w.cols() << " " << entries << "\n";
   for (int j = 0; j < w.outerSize(); ++j)
     for (SparseMatrix::InnerIterator it(w, j); it; ++it)
-      if (it.row() >= j) out << it.row() + 1 << " " << j + 1 << " " << it.value() << "\n";
+      if (!symmetric || it.row() >= j) out << it.row() + 1 << " " << j + 1 << " " << it.value() << "\n";
   return out.str();
 }
 

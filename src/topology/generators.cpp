@@ -214,7 +214,20 @@ const std::vector<std::string>& generator_names() {
   return names;
 }
 
-bool is_time_varying(std::string_view generator) { return generator == "one-peer-exponential"; }
+bool is_time_varying(std::string_view generator) {
+  return generator == "one-peer-exponential" || generator == "one-peer-directed-exponential" || is_redrawn(generator);
+}
+
+Digraph generate_directed(std::string_view generator, const GeneratorParams& p, long long step) {
+  if (p.n < 1) bad(generator, str("needs n >= 1, got n = ", p.n));
+  if (generator == "directed-exponential") return directed_exponential(p.n);
+  if (generator == "one-peer-directed-exponential") return one_peer_directed_exponential_step(p.n, step);
+  if (generator == "random-out") return random_out_step(p.n, p.fanout, p.seed, step);
+  if (generator == "random-regular-out") return random_regular_out_step(p.n, p.fanout, p.seed, step);
+  std::string known;
+  for (const auto& name : directed_generator_names()) known += (known.empty() ? "" : ", ") + name;
+  bad(generator, str("is not a directed generator; expected one of ", known));
+}
 
 int one_peer_exponential_period(int n) {
   int period = 0;

@@ -37,7 +37,9 @@ bool normalize(std::vector<std::array<double, 2>>& points) {
 std::vector<std::array<double, 2>> spectral_layout(const Topology& topology, int max_dense) {
   const int n = topology.num_peers();
   if (n <= 3 || n > max_dense) return circle(n);
-  const Eigen::MatrixXd w = Eigen::MatrixXd(topology.mixing);
+  // A directed topology is drawn by the links it needs (their Metropolis W is symmetric).
+  const Eigen::MatrixXd w = Eigen::MatrixXd(
+      topology.directed ? build_mixing_matrix(topology.graph, WeightScheme::kMetropolis) : topology.mixing);
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver(w);
   if (solver.info() != Eigen::Success) return circle(n);
   // Ascending eigenvalues: n − 1 is λ₁ = 1 (constant vector), n − 2 and n − 3 the next two.

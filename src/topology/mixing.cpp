@@ -39,23 +39,26 @@ std::string_view to_string(WeightScheme scheme) {
     case WeightScheme::kBestConstant: return "best-constant";
     case WeightScheme::kUniformNeighbors: return "uniform-neighbors";
     case WeightScheme::kExplicit: return "explicit";
+    case WeightScheme::kColumnStochastic:
+      return "column-stochastic";
   }
   return "?";
 }
 
 const std::vector<std::string>& weight_scheme_names() {
-  static const std::vector<std::string> names = {"metropolis", "max-degree", "best-constant",
-                                                 "uniform-neighbors", "explicit"};
+  static const std::vector<std::string> names = {"metropolis",        "max-degree", "best-constant",
+                                                 "uniform-neighbors", "explicit",   "column-stochastic"};
   return names;
 }
 
 WeightScheme parse_weight_scheme(std::string_view name) {
   for (auto scheme : {WeightScheme::kMetropolis, WeightScheme::kMaxDegree, WeightScheme::kBestConstant,
-                      WeightScheme::kUniformNeighbors, WeightScheme::kExplicit})
+                      WeightScheme::kUniformNeighbors, WeightScheme::kExplicit, WeightScheme::kColumnStochastic})
     if (to_string(scheme) == name) return scheme;
   throw Error(ErrorKind::kInvalidArgument,
               str("unknown weight scheme '", name,
-                  "'; expected one of metropolis, max-degree, best-constant, uniform-neighbors, explicit"));
+                  "'; expected one of metropolis, max-degree, best-constant, uniform-neighbors, explicit, "
+                  "column-stochastic"));
 }
 
 SparseMatrix build_mixing_matrix(const Graph& g, WeightScheme scheme) {
@@ -89,6 +92,10 @@ SparseMatrix build_mixing_matrix(const Graph& g, WeightScheme scheme) {
       break;
     case WeightScheme::kExplicit:
       throw Error(ErrorKind::kInvalidArgument, "weights 'explicit' need the matrix itself, not a scheme");
+    case WeightScheme::kColumnStochastic:
+      throw Error(ErrorKind::kInvalidArgument,
+                  "weights 'column-stochastic' need a directed graph (graph: {directed: true, ...}); an undirected "
+                  "one takes metropolis, max-degree, best-constant or uniform-neighbors");
   }
   return from_edge_weights(g, weight);
 }

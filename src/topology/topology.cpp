@@ -86,8 +86,79 @@ long long expected_edges(const std::string& generator, const GeneratorParams& p)
   return 0;
 }
 
-GraphSource read_graph_source(const Reader& r, const YAML::Node& node, Graph* graph, const std::string& base_dir) {
-  r.only_keys(node, "graph", {"generator", "n", "rows", "cols", "degree", "k", "p", "seed", "edges", "file"});
+GraphSource read_directed_generator(const Reader& r, const YAML::Node& node, Digraph* digraph) {
+  GraphSource source;
+  source.generator = node["generator"].Scalar();
+  GeneratorParams& p = source.params;
+  for (const char* key : {"rows", "cols", "degree", "k", "p", "edges", "file"})
+    if (node[key]) r.fail(node[key], str(key, " is not a parameter of generator '", source.generator, "'"));
+  if (!node["n"]) r.fail(node, str("generator '", source.generator, "' needs n"));
+  p.n = static_cast<int>(r.integer(node["n"], "graph.n", 1, r.max_peers()));
+  if (is_redrawn(source.generator)) {
+    if (!node["fanout"])
+      r.fail(node, str("generator '", source.generator, "' needs fanout, the arcs out of each peer"));
+    p.fanout = static_cast<int>(r.integer(node["fanout"], "graph.fanout", 1, r.max_peers()));
+    if (node["seed"]) p.seed = static_cast<std::uint64_t>(r.integer(node["seed"], "graph.seed", 0, INT64_MAX));
+    if (static_cast<long long>(p.n) * (p.n - 1) / 2 > std::min<long long>(kMaxEdges, 10LL * r.max_peers()))
+      r.fail(node, str("generator '", source.generator, "' links every pair; n = ", p.n, " is too many"));
+  } else if (node["fanout"] || node["seed"]) {
+    r.fail(node[node["fanout"] ? "fanout" : "seed"], str("generator '", source.generator, "' takes only n"));
+  }
+  try {
+    *digraph = generate_directed(source.generator, p, 0);
+  } catch (const Error& e) {
+    r.fail(node, e.what());
+  }
+  return source;
+}
+
+// directed: true with an explicit arc list, or an edge-list file whose lines are arcs.
+GraphSource read_directed_arcs(const Reader& r, const YAML::Node& node, Digraph* digraph, const std::string& base_dir) {
+  GraphSource source;
+  if (node["generator"])
+    r.fail(node["generator"],
+           str("generator '", node["generator"].Scalar(), "' is undirected; the directed ones are ",
+               "directed-exponential, one-peer-directed-exponential, random-out, random-regular-out"));
+  if (!node["n"]) r.fail(node, "a directed graph needs n, the number of peers");
+  const int n = static_cast<int>(r.integer(node["n"], "graph.n", 1, r.max_peers()));
+  source.params.n = n;
+  std::vector<Arc> arcs;
+  if (node["edges"]) {
+    source.kind = GraphSource::Kind::kEdges;
+    const YAML::Node& list = node["edges"];
+    if (!list.IsSequence()) r.fail(list, "graph.edges must be a list of [from, to] pairs");
+    std::vector<YAML::Node> places;
+    for (const auto& pair : list) {
+      if (!pair.IsSequence() || pair.size() != 2) r.fail(pair, "each arc must be a pair [from, to]");
+      arcs.push_back({static_cast<int>(r.integer(pair[0], "arc tail", INT32_MIN, INT32_MAX)),
+                      static_cast<int>(r.integer(pair[1], "arc head", INT32_MIN, INT32_MAX))});
+      places.push_back(pair);
+    }
+    *digraph = Digraph::from_arcs(n, std::move(arcs), r.origin(),
+                                  [&](std::size_t k) { return str("line ", places[k].Mark().line + 1); });
+    return source;
+  }
+  source.kind = GraphSource::Kind::kFile;
+  source.file = r.text(node["file"], "graph.file");
+  std::filesystem::path file(source.file);
+  if (file.is_relative()) file = std::filesystem::path(base_dir) / file;
+  try {
+    const EdgeListData data = read_graph_file(file.string());
+    for (const Edge& e : data.edges) arcs.push_back({e.u, e.v});
+    *digraph = Digraph::from_arcs(n, std::move(arcs), file.string(),
+                                  [&](std::size_t k) { return str("line ", data.lines[k]); });
+  } catch (const Error& e) {
+    throw Error(e.kind(), str(e.what(), " (graph.file at ", r.at(node["file"]), ")"));
+  }
+  return source;
+}
+
+// The graph section: an undirected Graph, or, when directed (directed: true or a directed
+// generator), a Digraph and *directed set.
+GraphSource read_graph_source(const Reader& r, const YAML::Node& node, Graph* graph, Digraph* digraph, bool* directed,
+                              const std::string& base_dir) {
+  r.only_keys(node, "graph",
+              {"generator", "n", "rows", "cols", "degree", "k", "p", "seed", "fanout", "directed", "edges", "file"});
   const long long max_edges = std::min<long long>(kMaxEdges, 10LL * r.max_peers());
   const int kinds = (node["generator"] ? 1 : 0) + (node["edges"] ? 1 : 0) + (node["file"] ? 1 : 0);
   if (kinds != 1)
@@ -95,6 +166,17 @@ GraphSource read_graph_source(const Reader& r, const YAML::Node& node, Graph* gr
   GraphSource source;
   GeneratorParams& p = source.params;
   if (node["n"]) p.n = static_cast<int>(r.integer(node["n"], "graph.n", 1, r.max_peers()));
+  const std::string directed_flag = node["directed"] ? r.text(node["directed"], "graph.directed") : "false";
+  if (directed_flag != "true" && directed_flag != "false")
+    r.fail(node["directed"], str("graph.directed must be true or false, got '", directed_flag, "'"));
+  *directed = directed_flag == "true";
+  if (node["generator"] && is_directed_generator(r.text(node["generator"], "graph.generator"))) {
+    if (node["directed"] && !*directed)
+      r.fail(node["directed"], str("generator '", node["generator"].Scalar(), "' makes a directed graph"));
+    *directed = true;
+    return read_directed_generator(r, node, digraph);
+  }
+  if (*directed) return read_directed_arcs(r, node, digraph, base_dir);
 
   if (node["generator"]) {
     source.kind = GraphSource::Kind::kGenerator;
@@ -103,8 +185,11 @@ GraphSource read_graph_source(const Reader& r, const YAML::Node& node, Graph* gr
     if (std::find(names.begin(), names.end(), source.generator) == names.end()) {
       std::string list;
       for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
+      for (const auto& name : directed_generator_names()) list += ", " + name;
       r.fail(node["generator"], str("unknown generator '", source.generator, "'; expected one of ", list));
     }
+    if (node["fanout"])
+      r.fail(node["fanout"], str("fanout is for random-out and random-regular-out, not '", source.generator, "'"));
     if (node["rows"]) p.rows = static_cast<int>(r.integer(node["rows"], "graph.rows", 1, r.max_peers()));
     if (node["cols"]) p.cols = static_cast<int>(r.integer(node["cols"], "graph.cols", 1, r.max_peers()));
     if (node["degree"]) p.degree = static_cast<int>(r.integer(node["degree"], "graph.degree", 1, r.max_peers()));
@@ -241,14 +326,27 @@ bool Topology::time_varying() const {
   return source.kind == GraphSource::Kind::kGenerator && is_time_varying(source.generator);
 }
 
-int Topology::period() const { return time_varying() ? one_peer_exponential_period(num_peers()) : 1; }
+bool Topology::redrawn() const { return source.kind == GraphSource::Kind::kGenerator && is_redrawn(source.generator); }
+
+int Topology::period() const {
+  if (!time_varying() || redrawn()) return 1;
+  return directed ? one_peer_directed_period(num_peers()) : one_peer_exponential_period(num_peers());
+}
 
 Graph Topology::graph_at(long long step) const {
-  return time_varying() ? one_peer_exponential_step(num_peers(), step) : graph;
+  if (!time_varying()) return graph;
+  if (directed) return redrawn() ? graph : digraph_at(step).support();
+  return one_peer_exponential_step(num_peers(), step);
+}
+
+Digraph Topology::digraph_at(long long step) const {
+  PEERTRAIN_CHECK(directed, "digraph_at() of an undirected topology");
+  return time_varying() ? generate_directed(source.generator, source.params, step) : digraph;
 }
 
 SparseMatrix Topology::mixing_at(long long step) const {
   if (!time_varying()) return mixing;
+  if (directed) return column_stochastic_weights(digraph_at(step));
   return build_mixing_matrix(graph_at(step), weights);
 }
 
@@ -268,6 +366,12 @@ std::uint64_t Topology::fingerprint() const {
   std::uint64_t h = 0xcbf29ce484222325ULL;
   hash_bytes(h, num_peers());
   hash_bytes(h, period());
+  if (directed) {
+    // Redrawn graphs are functions of these; a static or periodic one's arcs are in P.
+    hash_bytes(h, source.params.fanout);
+    hash_bytes(h, source.params.seed);
+    for (char c : source.generator) hash_bytes(h, c);
+  }
   for (const Edge& e : graph.edges()) {
     hash_bytes(h, e.u);
     hash_bytes(h, e.v);
@@ -313,6 +417,44 @@ Topology make_topology(std::string name, GraphSource source, Graph graph, Weight
   return t;
 }
 
+Topology make_directed_topology(std::string name, GraphSource source, Digraph digraph) {
+  Topology t;
+  t.name = std::move(name);
+  t.source = std::move(source);
+  t.directed = true;
+  t.weights = WeightScheme::kColumnStochastic;
+  const std::string what = t.name.empty() ? "topology" : "topology '" + t.name + "'";
+  const int n = digraph.num_peers();
+  t.digraph = std::move(digraph);
+  if (t.redrawn()) {
+    // Any peer may draw any other: every pair is linked. Each draw is checked as it is made.
+    std::vector<Edge> all;
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) all.push_back({a, b});
+    t.graph = Graph::from_edges(n, std::move(all), what);
+    t.mixing = column_stochastic_weights(t.digraph);
+    t.check = validate_column_stochastic(t.digraph, t.mixing, str(what, ", P at step 0"));
+  } else {
+    // (period() reads n from the graph, which is not set yet.)
+    const int period = t.time_varying() ? one_peer_directed_period(n) : 1;
+    std::vector<Digraph> steps;
+    for (int step = 0; step < period; ++step) steps.push_back(t.digraph_at(step));
+    const Digraph all = union_of(steps);
+    if (n > 1 && !all.strongly_connected())
+      throw Error(ErrorKind::kInvalidArgument,
+                  str(what, ": ", all.describe_unreachable(), t.time_varying() ? " (over one period)" : "",
+                      "; push-sum reaches the average only over a strongly connected graph"));
+    t.graph = all.support();
+    for (int step = period - 1; step >= 0; --step) {
+      const Digraph& g = steps[static_cast<std::size_t>(step)];
+      t.mixing = column_stochastic_weights(g);
+      t.check = validate_column_stochastic(g, t.mixing, t.time_varying() ? str(what, ", P at step ", step) : what);
+    }
+  }
+  for (int i = 0; i < n; ++i) t.peers.push_back({i, "127.0.0.1", kDefaultBasePort + i});
+  return t;
+}
+
 Topology parse_topology(const std::string& text, const std::string& origin, const std::string& base_dir,
                         int max_peers) {
   Reader r(origin, max_peers);
@@ -328,9 +470,11 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
     r.only_keys(root, "the topology file", {"name", "graph", "weights", "matrix", "peers", "links", "stragglers"});
     if (!root["graph"]) throw Error(ErrorKind::kInvalidArgument, str(origin, ": missing the 'graph' section"));
     Graph graph;
-    GraphSource source = read_graph_source(r, root["graph"], &graph, base_dir);
+    Digraph digraph;
+    bool directed = false;
+    GraphSource source = read_graph_source(r, root["graph"], &graph, &digraph, &directed, base_dir);
 
-    WeightScheme weights = WeightScheme::kMetropolis;
+    WeightScheme weights = directed ? WeightScheme::kColumnStochastic : WeightScheme::kMetropolis;
     if (root["weights"]) {
       try {
         weights = parse_weight_scheme(r.text(root["weights"], "weights"));
@@ -338,6 +482,11 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
         r.fail(root["weights"], e.what());
       }
     }
+    if (directed && weights != WeightScheme::kColumnStochastic)
+      r.fail(root["weights"],
+             str("a directed graph takes weights: column-stochastic (push-sum), not '", to_string(weights), "'"));
+    if (directed && root["matrix"])
+      r.fail(root["matrix"], "a directed graph takes no matrix: its P has uniform out-weights");
     std::optional<SparseMatrix> explicit_w;
     if (root["matrix"]) {
       if (weights != WeightScheme::kExplicit)
@@ -350,7 +499,8 @@ Topology parse_topology(const std::string& text, const std::string& origin, cons
     std::string name = root["name"] ? r.text(root["name"], "name") : std::filesystem::path(origin).stem().string();
     Topology t;
     try {
-      t = make_topology(name, std::move(source), std::move(graph), weights, explicit_w);
+      t = directed ? make_directed_topology(name, std::move(source), std::move(digraph))
+                   : make_topology(name, std::move(source), std::move(graph), weights, explicit_w);
     } catch (const Error& e) {
       throw Error(e.kind(), str(origin, ": ", e.what()));
     }
@@ -425,11 +575,20 @@ std::string to_yaml(const Topology& t, const WriteOptions& options) {
     if (p.degree) out << "  degree: " << p.degree << "\n";
     if (p.k) out << "  k: " << p.k << "\n";
     if (p.p >= 0) out << "  p: " << p.p << "\n";
+    if (p.fanout) out << "  fanout: " << p.fanout << "\n";
     if (t.source.generator == "random-regular" || t.source.generator == "erdos-renyi" ||
-        t.source.generator == "small-world")
+        t.source.generator == "small-world" || is_redrawn(t.source.generator))
       out << "  seed: " << p.seed << "\n";
   } else if (t.source.kind == GraphSource::Kind::kFile && !options.explicit_edges) {
-    out << "  n: " << t.num_peers() << "\n  file: " << t.source.file << "\n";
+    out << "  n: " << t.num_peers() << (t.directed ? "\n  directed: true" : "") << "\n  file: " << t.source.file
+        << "\n";
+  } else if (t.directed) {
+    if (t.time_varying())
+      throw Error(ErrorKind::kInvalidArgument, "a time-varying topology is written as its generator, not as arcs");
+    out << "  n: " << t.num_peers() << "\n  directed: true\n  edges: [";
+    for (std::size_t k = 0; k < t.digraph.num_arcs(); ++k)
+      out << (k ? ", " : "") << "[" << t.digraph.arcs()[k].from << ", " << t.digraph.arcs()[k].to << "]";
+    out << "]\n";
   } else {
     if (t.time_varying())
       throw Error(ErrorKind::kInvalidArgument, "a time-varying topology is written as its generator, not as edges");

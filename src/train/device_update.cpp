@@ -43,7 +43,10 @@ bool optimizer_sees_own_gradient(const TrainConfig& config) {
     case Algorithm::kPs:
     case Algorithm::kGt:
     case Algorithm::kDiloco:  // its outer step rewrites x on the host
+    case Algorithm::kSgp:     // it sets x to the de-biased z on the host
       return false;
+    case Algorithm::kEl:
+      return true;
   }
   return false;
 }

@@ -14,7 +14,9 @@ namespace peertrain::train {
 
 void check_fault_options(const TrainConfig& config, const topology::Topology& topology, int rank) {
   (void)rank;
-  if (config.max_staleness > 0 && topology.time_varying())
+  check_algorithm_topology(config, topology);
+  // Push-sum takes each late message once, whenever it arrives: a changing graph is fine.
+  if (config.max_staleness > 0 && topology.time_varying() && config.algorithm != Algorithm::kSgp)
     throw Error(ErrorKind::kInvalidArgument,
                 str("--max-staleness ", config.max_staleness, ": ", topology.path, " changes every peer's neighbours "
                     "from step to step (", topology.name, "), so a neighbour's last parameters may be many steps old; "
@@ -28,13 +30,14 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
                                     : "--checkpoint-every",
                     ": --algorithm adpsgd has no global step to checkpoint at or rejoin at; it goes on without a lost "
                     "peer. Use dpsgd for checkpoints and rejoins"));
-  const bool keeps_more =
-      config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2 || config.algorithm == Algorithm::kGt;
+  const bool keeps_more = config.algorithm == Algorithm::kChoco || config.algorithm == Algorithm::kD2 ||
+                          config.algorithm == Algorithm::kGt || config.algorithm == Algorithm::kSgp;
   if (config.resume && keeps_more)
     throw Error(ErrorKind::kInvalidArgument,
                 str("--resume: --algorithm ", to_string(config.algorithm), " keeps state the checkpoints do not hold (",
                     config.algorithm == Algorithm::kChoco ? "the public copies x̂"
                     : config.algorithm == Algorithm::kGt  ? "the tracked gradient y"
+                    : config.algorithm == Algorithm::kSgp ? "the push-sum weight w and its numerator x"
                                                           : "the previous iterate and update",
                     "); resume works with dpsgd and the centralized algorithms"));
   if (!config.rejoin) return;
@@ -43,8 +46,9 @@ void check_fault_options(const TrainConfig& config, const topology::Topology& to
   if (config.algorithm != Algorithm::kDpsgd)
     throw Error(ErrorKind::kInvalidArgument,
                 str("--rejoin needs --algorithm dpsgd or diloco; ", to_string(config.algorithm),
-                    keeps_more ? " goes on without a lost peer but cannot take it back (its state is not shared)"
-                               : " stops the whole run when a peer is lost"));
+                    keeps_more || config.algorithm == Algorithm::kEl
+                        ? " goes on without a lost peer but cannot take it back (its state is not shared)"
+                        : " stops the whole run when a peer is lost"));
 }
 
 Membership::Membership(net::Transport& network, const topology::Topology& topology, int rank, MembershipOptions options)

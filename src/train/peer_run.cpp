@@ -84,7 +84,9 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
 
   const std::uint64_t resume_step = find_resume_step();
   connect(resume_step);
-  gossip_ = std::make_unique<algo::Gossip>(*network_, algo::mixing_rows(t, rank), config.max_staleness);
+  // (SGP's --max-staleness is its own push-sum delay: this gossip then stays unused.)
+  gossip_ = std::make_unique<algo::Gossip>(*network_, algo::mixing_rows(t, rank),
+                                           config.algorithm == Algorithm::kDpsgd ? config.max_staleness : 0);
   // The transformer: one message per unit, see gossip_parts(). CHOCO's compressed message is one.
   // (Gradient tracking sends x and y as one message of 2N; DiLoCo a fragment's pseudo-gradient.)
   if (config.algorithm != Algorithm::kChoco && config.algorithm != Algorithm::kGt &&
@@ -221,7 +223,9 @@ void PeerRun::rejoin() {
 Recorder* PeerRun::recorder_if_coordinator(long long kept_through) {
   if (!membership_->is_coordinator()) return nullptr;
   if (!recorder_) {
-    const double gap = t_.time_varying() ? 0.0 : topology::analyze_spectrum(t_.mixing, t_.graph).spectral_gap;
+    const double gap = t_.time_varying() ? 0.0
+                       : t_.directed     ? 1 - topology::analyze_directed(t_.mixing).slem
+                                         : topology::analyze_spectrum(t_.mixing, t_.graph).spectral_gap;
     recorder_ = std::make_unique<Recorder>(config_, t_, gap, total_steps_, kept_through, rank_);
   }
   return recorder_.get();

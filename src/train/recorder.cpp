@@ -69,7 +69,13 @@ double consensus_distance(const std::vector<std::span<const float>>& xs, std::ve
 
 std::string graph_json(const topology::Topology& t) {
   const auto places = topology::spectral_layout(t);
-  const auto spectrum = topology::analyze_spectrum(t.mixing, t.graph);
+  topology::Spectrum spectrum;
+  if (t.directed) {  // push-sum's P: its second-largest eigenvalue modulus sets the rate
+    spectrum.lambda2 = topology::analyze_directed(t.mixing).slem;
+    spectrum.spectral_gap = 1 - spectrum.lambda2;
+  } else {
+    spectrum = topology::analyze_spectrum(t.mixing, t.graph);
+  }
   Json peers = Json::array(), links = Json::array();
   for (int i = 0; i < t.num_peers(); ++i)
     peers.push_back(Json{{"id", i},

@@ -366,6 +366,10 @@ std::unique_ptr<StepAlgorithm> make_step_algorithm(const TrainConfig& config, St
       return std::make_unique<Local>();
     case Algorithm::kDiloco:
       return make_diloco(config, std::move(context), parameters);
+    case Algorithm::kSgp:
+      return make_sgp(config, std::move(context), parameters);
+    case Algorithm::kEl:
+      return make_epidemic(config, std::move(context), parameters);
     case Algorithm::kAdpsgd:
       break;  // no global step: PeerRun::train_async (peer_async.cpp) runs it
   }

@@ -24,6 +24,10 @@ std::string_view to_string(Algorithm algorithm) {
       return "gt";
     case Algorithm::kDiloco:
       return "diloco";
+    case Algorithm::kSgp:
+      return "sgp";
+    case Algorithm::kEl:
+      return "el";
   }
   return "?";
 }
@@ -47,16 +51,31 @@ OuterExchange parse_outer_exchange(std::string_view name) {
 }
 
 Algorithm parse_algorithm(std::string_view name) {
-  for (auto a : {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal, Algorithm::kChoco,
-                 Algorithm::kD2, Algorithm::kAdpsgd, Algorithm::kGt, Algorithm::kDiloco})
+  for (auto a :
+       {Algorithm::kDpsgd, Algorithm::kAllreduce, Algorithm::kPs, Algorithm::kLocal, Algorithm::kChoco, Algorithm::kD2,
+        Algorithm::kAdpsgd, Algorithm::kGt, Algorithm::kDiloco, Algorithm::kSgp, Algorithm::kEl})
     if (to_string(a) == name) return a;
   throw Error(ErrorKind::kInvalidArgument,
-              str("--algorithm '", name, "' is not one of dpsgd, choco, d2, gt, adpsgd, diloco, allreduce, ps, local"));
+              str("--algorithm '", name,
+                  "' is not one of dpsgd, choco, d2, gt, adpsgd, diloco, sgp, el, allreduce, ps, local"));
 }
 
 bool gossips(Algorithm algorithm) {
   return algorithm == Algorithm::kDpsgd || algorithm == Algorithm::kChoco || algorithm == Algorithm::kD2 ||
-         algorithm == Algorithm::kAdpsgd || algorithm == Algorithm::kGt;
+         algorithm == Algorithm::kAdpsgd || algorithm == Algorithm::kGt || algorithm == Algorithm::kSgp ||
+         algorithm == Algorithm::kEl;
+}
+
+void check_algorithm_topology(const TrainConfig& config, const topology::Topology& topology) {
+  if (!topology.directed) return;
+  const bool mixes_with_w =
+      gossips(config) && config.algorithm != Algorithm::kSgp && config.algorithm != Algorithm::kEl;
+  if (mixes_with_w)
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        str(topology.path.empty() ? topology.name : topology.path, " is a directed graph, and --algorithm ",
+            to_string(config.algorithm), config.algorithm == Algorithm::kDiloco ? " --outer-exchange gossip" : "",
+            " mixes with a symmetric W; use --algorithm sgp (push-sum) on it"));
 }
 
 bool all_reduces(const TrainConfig& config) {

@@ -129,6 +129,11 @@ class Gossip {
   // The next round may be slow for a known reason (the peers just evaluated or wrote a
   // checkpoint, at different speeds): it waits up to --peer-timeout.
   void expect_slow_round() { slow_round_expected_ = true; }
+  // The fused pass x ← self·x + Σ_j w_j·in_j − update (update may be empty), two inputs a
+  // pass; both modes use it, and so does push-sum (push_gossip.h), so that push-sum over a
+  // symmetric W does D-PSGD's arithmetic.
+  static void mix(std::span<float> x, float self_weight, const std::vector<float>& weights,
+                  const std::vector<const float*>& inputs, std::span<const float> update);
   // Waits for every send still in flight (stale mode keeps those of up to K + 2 steps), so
   // that closing the network afterwards cuts off nothing a neighbour still reads. Not
   // between start() and finish().
@@ -157,9 +162,6 @@ class Gossip {
   net::SharedPayload receive_or_give_up(int peer, std::uint64_t step, std::size_t part);
   void give_up_on(int peer, const std::string& why);
   void note_round(double waited);
-  // The fused pass x ← self·x + Σ_j w_j·in_j − update; shared by both modes.
-  static void mix(std::span<float> x, float self_weight, const std::vector<float>& weights,
-                  const std::vector<const float*>& inputs, std::span<const float> update);
   // Bounded staleness (stale_gossip.cpp).
   void start_stale(std::span<const float> x);
   double finish_stale(std::span<float> x, std::span<const float> update);

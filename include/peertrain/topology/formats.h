@@ -33,8 +33,9 @@ EdgeListData parse_matrix_market(const std::string& text, const std::string& ori
 // Either format, chosen by the "%%MatrixMarket" banner.
 EdgeListData read_graph_file(const std::string& path);
 
-// W as "coordinate real symmetric", lower triangle with the diagonal, 17 significant digits.
-std::string to_matrix_market(const SparseMatrix& w, const std::string& comment);
+// W as "coordinate real symmetric", lower triangle with the diagonal, 17 significant digits;
+// with symmetric = false (a directed graph's P) as "general", every entry.
+std::string to_matrix_market(const SparseMatrix& w, const std::string& comment, bool symmetric = true);
 // An undirected DOT graph; edge labels and pen widths show W's weights when given.
 std::string to_dot(const std::string& name, const Graph& graph, const SparseMatrix* w);
 

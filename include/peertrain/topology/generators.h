@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "peertrain/topology/digraph.h"
 #include "peertrain/topology/graph.h"
 
 namespace peertrain::topology {
@@ -28,6 +29,7 @@ struct GeneratorParams {
   int degree = 0;  // random-regular
   int k = 0;       // small-world: lattice neighbours (even)
   double p = -1;   // erdos-renyi and small-world
+  int fanout = 0;  // random-out, random-regular-out: arcs out of each peer per step
   std::uint64_t seed = 0;
 };
 
@@ -40,5 +42,10 @@ Graph generate(std::string_view generator, const GeneratorParams& params);
 // The union over one period, for the one-peer exponential topology.
 int one_peer_exponential_period(int n);
 Graph one_peer_exponential_step(int n, long long step);
+
+// The directed generators (digraph.h): the digraph at `step` (the same at every step for
+// directed-exponential). Throws Error(kInvalidArgument) naming the generator and the bad
+// or missing parameter.
+Digraph generate_directed(std::string_view generator, const GeneratorParams& params, long long step = 0);
 
 }  // namespace peertrain::topology

@@ -15,7 +15,8 @@ namespace peertrain::topology {
 
 using SparseMatrix = Eigen::SparseMatrix<double, Eigen::ColMajor, int>;
 
-enum class WeightScheme { kMetropolis, kMaxDegree, kBestConstant, kUniformNeighbors, kExplicit };
+// kColumnStochastic: push-sum's uniform out-weights on a directed graph (digraph.h).
+enum class WeightScheme { kMetropolis, kMaxDegree, kBestConstant, kUniformNeighbors, kExplicit, kColumnStochastic };
 
 std::string_view to_string(WeightScheme scheme);
 WeightScheme parse_weight_scheme(std::string_view name);  // throws Error naming the choices

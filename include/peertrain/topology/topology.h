@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "peertrain/topology/digraph.h"
 #include "peertrain/topology/generators.h"
 #include "peertrain/topology/graph.h"
 #include "peertrain/topology/mixing.h"
@@ -49,8 +50,14 @@ class Topology {
   std::string path;  // the file it was read from, or empty
   GraphSource source;
   Graph graph;       // static graph; for a time-varying one, the union over one period
+  // A directed topology (graph: {directed: true, ...} or a directed generator): `digraph`
+  // holds its arcs (a time-varying one's at step 0), `graph` the links they need (an edge
+  // wherever an arc runs either way; every pair for a redrawn one), `mixing` the
+  // column-stochastic P of push-sum, and `weights` is kColumnStochastic.
+  bool directed = false;
+  Digraph digraph;
   WeightScheme weights = WeightScheme::kMetropolis;
-  SparseMatrix mixing;  // W; for a time-varying topology, W at step 0
+  SparseMatrix mixing;  // W (P when directed); for a time-varying topology, at step 0
   MixingCheck check;    // how close W (at step 0) is to the rules it was validated against
   std::vector<PeerAddress> peers;
   LinkProperties default_link;
@@ -66,8 +73,12 @@ class Topology {
 
   int num_peers() const { return graph.num_peers(); }
   bool time_varying() const;
-  int period() const;  // steps after which W(t) repeats; 1 when static
+  // Whether W(t) is drawn anew every step from the file's seed (random-out,
+  // random-regular-out): it has no period, and period() is 1.
+  bool redrawn() const;
+  int period() const;  // steps after which W(t) repeats; 1 when static or redrawn
   Graph graph_at(long long step) const;
+  Digraph digraph_at(long long step) const;  // directed topologies only
   SparseMatrix mixing_at(long long step) const;
   LinkProperties link(int a, int b) const;
   // FNV-1a over the graph, the weights of every step in one period and the period: two peers
@@ -79,6 +90,11 @@ class Topology {
 // is explicit). Peers default to 127.0.0.1:29500+i.
 Topology make_topology(std::string name, GraphSource source, Graph graph, WeightScheme weights,
                        const std::optional<SparseMatrix>& explicit_w = std::nullopt);
+
+// A directed topology (push-sum's column-stochastic P with uniform out-weights) from its
+// arcs, or its generator's step-0 draw. Throws Error naming the topology when the digraph
+// (a periodic one's union over a period) is not strongly connected.
+Topology make_directed_topology(std::string name, GraphSource source, Digraph digraph);
 
 // Reads, parses and validates a topology file. Every error names the file and, where it
 // can, the line: "error: topology/bad.yaml:7: ...".

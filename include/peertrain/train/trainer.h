@@ -33,11 +33,12 @@
 
 namespace peertrain::train {
 
-enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd, kGt, kDiloco };
+enum class Algorithm { kDpsgd, kAllreduce, kPs, kLocal, kChoco, kD2, kAdpsgd, kGt, kDiloco, kSgp, kEl };
 std::string_view to_string(Algorithm algorithm);
 Algorithm parse_algorithm(std::string_view name);  // throws Error naming the choices
-// The algorithms that gossip with neighbours (D-PSGD, CHOCO-SGD, D² through W; AD-PSGD
-// pairwise): they survive a lost peer; the centralized ones stop.
+// The algorithms that gossip with neighbours (D-PSGD, CHOCO-SGD, D², gradient tracking
+// through W; SGP and Epidemic Learning over directed graphs; AD-PSGD pairwise): they
+// survive a lost peer; the centralized ones stop.
 bool gossips(Algorithm algorithm);
 
 // Where the neighbours' average enters the step. cta (combine-then-adapt, Lian et al.
@@ -77,6 +78,11 @@ struct OuterConfig {
   algo::QuantFormat compression = algo::QuantFormat::kNone;  // the pseudo-gradient on the wire, with error feedback
   double sparse = 0;  // SparseLoCo: the fraction of each chunk kept (0: dense), with error feedback
 };
+
+// Epidemic Learning's graph each round (de Vos et al. 2023): local, every peer sends to s
+// peers of its own drawing (in-degrees vary); oracle, an s-regular digraph (every peer
+// hears from s). Both are drawn from the run's seed and the step (topology/digraph.h).
+enum class EpidemicVariant { kLocal, kOracle };
 
 enum class Partition { kIid, kDirichlet };
 
@@ -131,8 +137,14 @@ struct TrainConfig {
   algo::AllreduceAlgo allreduce_algo = algo::AllreduceAlgo::kRing;  // allreduce: --allreduce-algo
   double time_budget_s = 0;  // adpsgd: end the run after this long (0: at the sample budget of --epochs)
   OuterConfig outer;         // diloco
+  int fanout = 0;            // el: s, the peers each sends to per round; 0: ⌈log₂ n⌉
+  EpidemicVariant el_variant = EpidemicVariant::kLocal;  // el: --el-variant
   double choco_gamma() const { return gossip_step > 0 ? gossip_step : compression.default_gossip_step(); }
 };
+
+// Throws Error(kInvalidArgument) naming the topology when the algorithm cannot use it: a
+// directed topology needs push-sum (sgp) or an algorithm that does not mix with W.
+void check_algorithm_topology(const TrainConfig& config, const topology::Topology& topology);
 
 // Whether this run's peers all-reduce: --algorithm allreduce, or DiLoCo's all-reduce
 // (each peer then links to its --allreduce-algo partners).
