@@ -76,6 +76,7 @@ void PushGossip::start(std::uint64_t step, DirectedRow row, std::span<const floa
                   "a directed row needs a share per target and a weight per source");
   // A delayed step's sends own their copies and finish on their own; forget those done.
   std::erase_if(sends_, [](const Work& send) { return send.done(); });
+  newly_lost_.clear();
   started_ = true;
   step_ = step;
   row_ = std::move(row);
@@ -85,7 +86,15 @@ void PushGossip::start(std::uint64_t step, DirectedRow row, std::span<const floa
       max_delay_ > 0 ? net::SendBuffer(net::Payload(bytes.begin(), bytes.end())) : net::SendBuffer(bytes);
   for (std::size_t k = 0; k < row_.targets.size(); ++k) {
     const int target = row_.targets[k];
-    if (is_lost(target) || !network_.alive(target)) {
+    // A target silent for half the peer timeout (not even a heartbeat) is given up on here
+    // too: a peer that only sends to it would otherwise keep pouring mass into it.
+    if (!is_lost(target) && !network_.alive(target))
+      give_up_on(target, str("the link to peer ", target, " is lost; peer ", network_.self(), " keeps its share home"));
+    if (!is_lost(target) && network_.silence_s(target) >= network_.peer_timeout_s() / 2)
+      give_up_on(target, str("peer ", target, " has sent nothing, not even a heartbeat, for ",
+                             static_cast<int>(network_.silence_s(target)), " s; peer ", network_.self(),
+                             " keeps its share home"));
+    if (is_lost(target)) {
       if (mixing_ == DirectedMixing::kPushSum) applied_.self_weight += row_.shares[k];  // the mass stays
       applied_.shares[k] = 0;
       continue;
@@ -122,17 +131,18 @@ net::SharedPayload PushGossip::take(const Owed& owed, bool wait, std::size_t siz
 double PushGossip::finish(std::span<float> v, std::span<const float> update) {
   PEERTRAIN_CHECK(started_, "finish() without start()");
   started_ = false;
+  // (Targets given up on in start() are reported with this step's sources.)
   return take_and_mix(v, update, false);
 }
 
 double PushGossip::drain(std::span<float> v) {
   PEERTRAIN_CHECK(!started_, "drain() between start() and finish()");
   applied_ = DirectedRow{};
+  newly_lost_.clear();
   return take_and_mix(v, {}, true);
 }
 
 double PushGossip::take_and_mix(std::span<float> v, std::span<const float> update, bool all) {
-  newly_lost_.clear();
   const auto begin = RunClock::now();
   std::vector<net::SharedPayload> held;
   std::vector<const float*> inputs;

@@ -36,17 +36,7 @@ inline Eigen::RowVectorXf initial_x(int dim) {
   return x;
 }
 
-// The links the trainer keeps: every peer with every other (any survivor may coordinate).
-inline net::LoopbackOptions every_peer_linked(int n, double peer_timeout_s) {
-  net::LoopbackOptions options{n, {}, peer_timeout_s};
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> all;
-    for (int j = 0; j < n; ++j)
-      if (j != i) all.push_back(j);
-    options.links.push_back(all);
-  }
-  return options;
-}
+using testing::every_peer_linked;
 
 struct Shape {
   int steps = 6;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "peertrain/core/error.h"
+#include "peertrain/net/loopback.h"
 #include "peertrain/net/tcp.h"
 
 namespace peertrain::testing {
@@ -39,6 +40,19 @@ inline std::vector<net::Endpoint> loopback_endpoints(int n) {
   std::vector<net::Endpoint> endpoints;
   for (int port : free_ports(n)) endpoints.push_back({"127.0.0.1", port});
   return endpoints;
+}
+
+// In-process links between every pair of n peers, as the trainer keeps them for the
+// gossiping algorithms (any survivor may coordinate).
+inline net::LoopbackOptions every_peer_linked(int n, double peer_timeout_s) {
+  net::LoopbackOptions options{n, {}, peer_timeout_s};
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> all;
+    for (int j = 0; j < n; ++j)
+      if (j != i) all.push_back(j);
+    options.links.push_back(all);
+  }
+  return options;
 }
 
 // Calls body(rank) on n threads and rethrows the first exception any of them threw.
