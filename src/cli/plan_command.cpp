@@ -251,14 +251,27 @@ int plan_network(const cxxopts::ParseResult& args, const std::string& model_name
   std::vector<Row> rows;
   const auto start = std::chrono::steady_clock::now();
   std::vector<plan::PeerAlgorithm> algorithms;
-  if (args.count("compare"))
-    algorithms = {plan::PeerAlgorithm::kDpsgd, plan::PeerAlgorithm::kAllReduce, plan::PeerAlgorithm::kTreeAllReduce,
-                  plan::PeerAlgorithm::kRdAllReduce, plan::PeerAlgorithm::kPs};
-  else
+  if (args.count("compare")) {
+    algorithms = {plan::PeerAlgorithm::kAllReduce,   plan::PeerAlgorithm::kTreeAllReduce,
+                  plan::PeerAlgorithm::kRdAllReduce, plan::PeerAlgorithm::kPs,
+                  plan::PeerAlgorithm::kSgp,         plan::PeerAlgorithm::kEl};
+    if (!topo.directed) algorithms.insert(algorithms.begin(), plan::PeerAlgorithm::kDpsgd);
+  } else {
     algorithms = {chosen};
+  }
+  if (topo.directed && chosen == plan::PeerAlgorithm::kDpsgd && !args.count("compare") && args.count("algorithm"))
+    throw UsageError(str(topo.path, " is a directed graph: D-PSGD mixes with a symmetric W; plan --algorithm sgp"));
+  if (topo.directed && !args.count("algorithm") && !args.count("compare")) algorithms = {plan::PeerAlgorithm::kSgp};
+  const int fanout = args.count("fanout") ? number_flag<int>(args, "fanout") : 0;
+  if (args.count("fanout") && (fanout < 1 || fanout >= topo.num_peers()))
+    throw UsageError(
+        str("--fanout must be 1..", topo.num_peers() - 1, " for ", topo.num_peers(), " peers, got ", fanout));
   for (auto a : algorithms)
-    rows.push_back({str(plan::to_string(a), " on ", topo.name),
-                    plan::predict_network(topo, a, bytes, compute_s, probe, shared, evaluation)});
+    rows.push_back(
+        {a == plan::PeerAlgorithm::kEl
+             ? str("el (fanout ", plan::step_arcs(topo, a, 0, fanout).out_degree(0), ") over ", topo.name, "'s links")
+             : str(plan::to_string(a), " on ", topo.name),
+         plan::predict_network(topo, a, bytes, compute_s, probe, shared, evaluation, fanout)});
   if (args.count("compare"))
     for (const std::string g : {"ring", "exponential", "complete"}) {
       if (topo.source.kind == topology::GraphSource::Kind::kGenerator && topo.source.generator == g) continue;
@@ -376,7 +389,9 @@ int run_plan(int argc, char** argv) {
       cxxopts::value<std::string>())("max-steps", "with --run", cxxopts::value<std::string>()->default_value("50"))(
       "out", "with --run: the run's folder (launch's --out)", cxxopts::value<std::string>());
   options.add_options("across peers (with --topology and without --run)")(
-      "algorithm", "dpsgd | allreduce | ps", cxxopts::value<std::string>()->default_value("dpsgd"))(
+      "algorithm", "dpsgd | allreduce | ps | sgp | el (a directed topology: sgp)",
+      cxxopts::value<std::string>()->default_value("dpsgd"))(
+      "fanout", "el: the peers each sends to per round (default ⌈log₂ n⌉)", cxxopts::value<std::string>())(
       "allreduce-algo", "allreduce: ring | tree (binomial) | rd (recursive doubling)",
       cxxopts::value<std::string>()->default_value("ring"))(
       "compare",
@@ -420,10 +435,10 @@ int run_plan(int argc, char** argv) {
     if (args.count("contention") && args.count("no-contention"))
       throw UsageError("--contention and --no-contention: choose one");
     if (!across)
-      refuse_flags(
-          args,
-          {"eval-every", "algorithm", "allreduce-algo", "compare", "hidden", "inner-steps", "fragments", "overlap"},
-          "plan --topology FILE without --run (across peers)");
+      refuse_flags(args,
+                   {"eval-every", "algorithm", "allreduce-algo", "compare", "hidden", "inner-steps", "fragments",
+                    "overlap", "fanout"},
+                   "plan --topology FILE without --run (across peers)");
     if (!args.count("strategy"))
       for (const char* flag : {"sp", "tp", "pp", "microbatches", "schedule", "chunks", "stages", "vocab-parallel",
                                "stage-mesh", "reshard", "link-between-gbps", "link-within-gbps", "link-latency-us"})

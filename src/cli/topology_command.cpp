@@ -41,26 +41,30 @@ double steps_to_shrink(double contraction, double factor) {
   return std::ceil(std::log(factor) / std::log(contraction));
 }
 
+int write_generated(const Topology& t, const cxxopts::ParseResult& args);
+
 int generate(int argc, char** argv) {
   cxxopts::Options options("peertrain topology generate",
                            "Write a topology file from a generator; the file is validated before it is written.");
   options.positional_help("KIND").show_positional_help();
-  options.add_options()
-      ("kind", "ring | torus | hypercube | exponential | one-peer-exponential | complete | star | "
-               "random-regular | erdos-renyi | small-world", cxxopts::value<std::string>())
-      ("peers", "number of peers n", cxxopts::value<std::string>()->default_value("0"))
-      ("rows", "torus rows", cxxopts::value<std::string>()->default_value("0"))
-      ("cols", "torus columns", cxxopts::value<std::string>()->default_value("0"))
-      ("degree", "random-regular degree", cxxopts::value<std::string>()->default_value("0"))
-      ("k", "small-world lattice neighbours (even)", cxxopts::value<std::string>()->default_value("0"))
-      ("p", "erdos-renyi edge probability, small-world rewiring probability", cxxopts::value<std::string>())
-      ("seed", "seed of the random generators", cxxopts::value<std::string>()->default_value("1"))
-      ("weights", "metropolis | max-degree | best-constant | uniform-neighbors",
-       cxxopts::value<std::string>()->default_value("metropolis"))
-      ("name", "topology name (default: KIND and n)", cxxopts::value<std::string>())
-      ("edges", "write the explicit edge list instead of the generator")
-      ("o,output", "output file (default: standard output)", cxxopts::value<std::string>())
-      ("h,help", "show this help");
+  options.add_options()("kind",
+                        "ring | torus | hypercube | exponential | one-peer-exponential | complete | star | "
+                        "random-regular | erdos-renyi | small-world; directed: directed-exponential | "
+                        "one-peer-directed-exponential | random-out | random-regular-out",
+                        cxxopts::value<std::string>())("peers", "number of peers n",
+                                                       cxxopts::value<std::string>()->default_value("0"))(
+      "rows", "torus rows", cxxopts::value<std::string>()->default_value("0"))(
+      "cols", "torus columns", cxxopts::value<std::string>()->default_value("0"))(
+      "degree", "random-regular degree", cxxopts::value<std::string>()->default_value("0"))(
+      "k", "small-world lattice neighbours (even)", cxxopts::value<std::string>()->default_value("0"))(
+      "p", "erdos-renyi edge probability, small-world rewiring probability", cxxopts::value<std::string>())(
+      "fanout", "random-out, random-regular-out: arcs out of each peer per step",
+      cxxopts::value<std::string>()->default_value("0"))("seed", "seed of the random generators",
+                                                         cxxopts::value<std::string>()->default_value("1"))(
+      "weights", "metropolis | max-degree | best-constant | uniform-neighbors (directed graphs: column-stochastic)",
+      cxxopts::value<std::string>())("name", "topology name (default: KIND and n)", cxxopts::value<std::string>())(
+      "edges", "write the explicit edge list instead of the generator")(
+      "o,output", "output file (default: standard output)", cxxopts::value<std::string>())("h,help", "show this help");
   options.parse_positional({"kind"});
   cxxopts::ParseResult args;
   if (auto code = parse_or_exit(options, argc, argv, &args)) return *code;
@@ -79,6 +83,7 @@ int generate(int argc, char** argv) {
     p.k = number_flag<int>(args, "k");
     if (args.count("p")) p.p = number_flag<double>(args, "p");
     p.seed = number_flag<std::uint64_t>(args, "seed");
+    p.fanout = number_flag<int>(args, "fanout");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -87,7 +92,23 @@ int generate(int argc, char** argv) {
     std::fprintf(stderr, "error: --peers N is required for generator '%s'\n", source.generator.c_str());
     return 2;
   }
-  const WeightScheme weights = parse_weight_scheme(args["weights"].as<std::string>());
+  const bool directed = is_directed_generator(source.generator);
+  const WeightScheme weights = args.count("weights")
+                                   ? parse_weight_scheme(args["weights"].as<std::string>())
+                                   : (directed ? WeightScheme::kColumnStochastic : WeightScheme::kMetropolis);
+  if (directed != (weights == WeightScheme::kColumnStochastic))
+    throw Error(ErrorKind::kInvalidArgument,
+                directed ? str("--weights ", to_string(weights), ": a directed graph takes column-stochastic weights")
+                         : str("--weights column-stochastic needs a directed generator, not '", source.generator, "'"));
+  if (p.fanout != 0 && !is_redrawn(source.generator))
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--fanout applies to random-out and random-regular-out, not '", source.generator, "'"));
+  if (directed) {
+    Topology t = make_directed_topology(
+        args.count("name") ? args["name"].as<std::string>() : source.generator + std::to_string(p.n), source,
+        generate_directed(source.generator, p, 0));
+    return write_generated(t, args);
+  }
   if (weights == WeightScheme::kExplicit)
     throw Error(ErrorKind::kInvalidArgument, "--weights explicit cannot be generated; write the matrix by hand");
   Graph graph = generate(source.generator, p);
@@ -95,13 +116,17 @@ int generate(int argc, char** argv) {
   const std::string name = args.count("name") ? args["name"].as<std::string>()
                                               : source.generator + std::to_string(graph.num_peers());
   Topology t = make_topology(name, source, std::move(graph), weights);
+  return write_generated(t, args);
+}
+
+int write_generated(const Topology& t, const cxxopts::ParseResult& args) {
   WriteOptions write;
   write.explicit_edges = args.count("edges") > 0;
   const std::string yaml = to_yaml(t, write);
   if (args.count("output")) {
     write_text_file(args["output"].as<std::string>(), yaml);
     std::fprintf(stderr, "wrote %s: %d peers, %zu edges, weights %s\n", args["output"].as<std::string>().c_str(),
-                 t.num_peers(), t.graph.num_edges(), std::string(to_string(weights)).c_str());
+                 t.num_peers(), t.graph.num_edges(), std::string(to_string(t.weights)).c_str());
   } else {
     std::printf("%s", yaml.c_str());
   }

@@ -121,7 +121,10 @@ PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::stri
            : allreduce_algo == "rd" ? PeerAlgorithm::kRdAllReduce
                                     : PeerAlgorithm::kAllReduce;
   if (algorithm == "ps") return PeerAlgorithm::kPs;
-  throw Error(ErrorKind::kInvalidArgument, str("--algorithm '", algorithm, "': expected dpsgd, allreduce or ps"));
+  if (algorithm == "sgp") return PeerAlgorithm::kSgp;
+  if (algorithm == "el") return PeerAlgorithm::kEl;
+  throw Error(ErrorKind::kInvalidArgument,
+              str("--algorithm '", algorithm, "': expected dpsgd, allreduce, ps, sgp or el"));
 }
 
 std::string to_string(PeerAlgorithm a) {
@@ -134,10 +137,36 @@ std::string to_string(PeerAlgorithm a) {
       return "allreduce-tree";
     case PeerAlgorithm::kRdAllReduce:
       return "allreduce-rd";
+    case PeerAlgorithm::kSgp:
+      return "sgp";
+    case PeerAlgorithm::kEl:
+      return "el";
     case PeerAlgorithm::kPs:
       break;
   }
   return "ps";
+}
+
+topology::Digraph step_arcs(const topology::Topology& topo, PeerAlgorithm algorithm, long long step, int fanout) {
+  const int n = topo.num_peers();
+  if (algorithm == PeerAlgorithm::kEl) {
+    int s = fanout;
+    if (s <= 0)
+      while ((1LL << s) < n) ++s;
+    return topology::random_out_step(n, std::clamp(s, 1, std::max(1, n - 1)), 1, step);
+  }
+  if (topo.directed) return topo.digraph_at(step);
+  std::vector<topology::Arc> arcs;
+  for (const topology::Edge& e : topo.graph_at(step).edges()) {
+    arcs.push_back({e.u, e.v});
+    arcs.push_back({e.v, e.u});
+  }
+  return topology::Digraph::from_arcs(n, std::move(arcs), topo.name);
+}
+
+int arc_steps(const topology::Topology& topo, PeerAlgorithm algorithm) {
+  if (algorithm == PeerAlgorithm::kEl || topo.redrawn()) return 8;
+  return topo.period();
 }
 
 NetworkProbe probe_network(double message_bytes, bool shared_cores) {
@@ -280,8 +309,58 @@ NetworkProbe probe_network(double message_bytes, bool shared_cores) {
   return p;
 }
 
+namespace {
+
+// SGP and EL: peer i's step, averaged over the steps' digraphs.
+PeerStep directed_peer_step(const topology::Topology& topo, PeerAlgorithm algorithm, int i, double S, double compute_s,
+                            const NetworkProbe& probe, int fanout) {
+  const int steps = arc_steps(topo, algorithm);
+  const bool overlapped = algorithm == PeerAlgorithm::kSgp;  // cta; EL runs atc
+  const double bytes = algorithm == PeerAlgorithm::kSgp ? S + sizeof(float) : S;
+  PeerStep mean;
+  mean.compute_s = compute_s;
+  std::string why = "compute";
+  double longest_wait = 0;
+  for (int t = 0; t < steps; ++t) {
+    const topology::Digraph g = step_arcs(topo, algorithm, t, fanout);
+    double wait = 0;
+    std::string what = "compute";
+    for (int j : g.in(i)) {
+      const auto link = topo.link(j, i);
+      const double seconds = link_time(link, bytes, probe);
+      if (seconds > wait) {
+        wait = seconds;
+        what = str("link ", j, "->", i, " (", link.latency_ms, " ms, ",
+                   link.bandwidth_mbps > 0 ? str(link.bandwidth_mbps, " Mbit/s") : std::string("no cap"), ")");
+      }
+    }
+    const double out = static_cast<double>(g.out_degree(i));
+    if (topo.node_bandwidth_mbps > 0 && out * bytes / (topo.node_bandwidth_mbps * 1e6 / 8) > wait) {
+      wait = out * bytes / (topo.node_bandwidth_mbps * 1e6 / 8);
+      what = str("peer ", i, "'s card (", topo.node_bandwidth_mbps, " Mbit/s for ", g.out_degree(i), " sends)");
+    }
+    if (wait > longest_wait) {
+      longest_wait = wait;
+      why = what;
+    }
+    const double messages = out + g.in_degree(i);
+    const double cpu = compute_s + messages / 2.0 * probe.message_cpu_s +
+                       static_cast<double>(g.in_degree(i) + 1) * bytes / probe.copy_bytes_per_s;
+    const double comm = overlapped ? std::max(0.0, wait - compute_s) : wait;
+    mean.cpu_s += cpu / steps;
+    mean.comm_s += comm / steps;
+    mean.step_s += std::max(cpu, compute_s + comm) / steps;
+  }
+  mean.bottleneck =
+      mean.cpu_s >= compute_s + mean.comm_s ? (mean.cpu_s > compute_s * 1.5 ? "messages' CPU" : "compute") : why;
+  return mean;
+}
+
+}  // namespace
+
 NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm algorithm, double S, double compute_s,
-                                  const NetworkProbe& probe, int shared_cores, const Evaluation& evaluation) {
+                                  const NetworkProbe& probe, int shared_cores, const Evaluation& evaluation,
+                                  int fanout) {
   const int n = topo.num_peers();
   NetworkPrediction out;
   out.peers.resize(static_cast<std::size_t>(n));
@@ -298,6 +377,10 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
     });
   for (int i = 0; i < n; ++i) {
     PeerStep& p = out.peers[static_cast<std::size_t>(i)];
+    if (algorithm == PeerAlgorithm::kSgp || algorithm == PeerAlgorithm::kEl) {
+      p = directed_peer_step(topo, algorithm, i, S, compute_s, probe, fanout);
+      continue;
+    }
     p.compute_s = compute_s;
     double wait = 0;
     int messages = 0;
@@ -413,7 +496,7 @@ NetworkPrediction predict_network(const topology::Topology& topo, PeerAlgorithm 
                                   .busy_wake_cpu_s = probe.busy_wake_cpu_s,
                                   .small_wire_s = std::max(0.0, probe.small_message_s - probe.small_message_cpu_s),
                                   .wire_s = std::max(0.0, probe.message_s - probe.message_cpu_s)};
-    const auto replayed = detail::replay_on_shared_cores(topo, algorithm, S, costs, shared_cores);
+    const auto replayed = detail::replay_on_shared_cores(topo, algorithm, S, costs, shared_cores, fanout);
     if (replayed.step_s > out.step_s) {
       out.step_s = replayed.step_s;
       const std::string wakes = replayed.busy_wakes > 0

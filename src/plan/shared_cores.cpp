@@ -297,10 +297,35 @@ void dpsgd_step(Programs& p, const topology::Topology& topo, const std::vector<s
   }
 }
 
+// SGP (cta) and EL (atc) over the step's digraph: x goes along each out-arc (while the
+// gradient is computed, for SGP's cta; after the update, for EL's atc), each in-arc's copy
+// is taken, the sends are waited for, and one pass mixes.
+void directed_step(Programs& p, const topology::Digraph& g, bool overlapped, double gradient_s, double update_s) {
+  const int n = g.num_peers();
+  std::vector<std::vector<std::pair<int, std::pair<int, int>>>> sent(static_cast<std::size_t>(n));  // (to, message)
+  auto send_all = [&](int i) {
+    for (int j : g.out(i)) sent[static_cast<std::size_t>(i)].push_back({j, p.message(i, j, p.S())});
+  };
+  if (overlapped)
+    for (int i = 0; i < n; ++i) send_all(i);
+  for (int i = 0; i < n; ++i) {
+    p.work(i, gradient_s);
+    p.work(i, update_s);
+    if (!overlapped) send_all(i);
+  }
+  for (int i = 0; i < n; ++i) {
+    for (int j : g.in(i))
+      for (const auto& [to, message] : sent[static_cast<std::size_t>(j)])
+        if (to == i) p.take(i, message.second, 0.0);
+    for (const auto& [to, message] : sent[static_cast<std::size_t>(i)]) p.wait_for(i, message.first);
+    p.work(i, static_cast<double>(g.in_degree(i) + 1) * p.S() / p.copy_bytes_per_s());
+  }
+}
+
 }  // namespace
 
 Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm algorithm, double S,
-                                const StepCosts& costs, int cores) {
+                                const StepCosts& costs, int cores, int fanout) {
   const int n = topo.num_peers();
   PEERTRAIN_CHECK(cores > 0 && n > 0, "replay_on_shared_cores: ", cores, " cores, ", n, " peers");
   if (!(S > 0) || !(costs.copy_bytes_per_s > 0)) return {};
@@ -316,6 +341,8 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
     messages = 2.0 * static_cast<double>(topo.graph.num_edges());
   else if (algorithm == PeerAlgorithm::kRdAllReduce)
     messages = 2.0 * n + n * std::ceil(std::log2(static_cast<double>(n)));
+  else if (algorithm == PeerAlgorithm::kSgp || algorithm == PeerAlgorithm::kEl)
+    messages = static_cast<double>(step_arcs(topo, algorithm, 0, fanout).num_arcs());
   if ((5 * messages + 4.0 * n) * kSteps > 5e5) return {};
   Programs p(topo, S, costs);
   // A step's own CPU: the gradient, with the other peers' test passes spread over the peers
@@ -329,6 +356,9 @@ Replayed replay_on_shared_cores(const topology::Topology& topo, PeerAlgorithm al
     if (step == kWarm) p.schedule().count_wakes_from(p.schedule().size());
     if (algorithm == PeerAlgorithm::kDpsgd) {
       dpsgd_step(p, topo, slot, gradient_s, update_s);
+    } else if (algorithm == PeerAlgorithm::kSgp || algorithm == PeerAlgorithm::kEl) {
+      directed_step(p, step_arcs(topo, algorithm, step, fanout), algorithm == PeerAlgorithm::kSgp, gradient_s,
+                    update_s);
     } else {
       for (int i = 0; i < n; ++i) p.work(i, gradient_s);
       switch (algorithm) {

@@ -37,6 +37,6 @@ struct Replayed {
   double busy_wakes = 0;  // threads woken onto busy cores, a step
 };
 Replayed replay_on_shared_cores(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
-                                const StepCosts& costs, int cores);
+                                const StepCosts& costs, int cores, int fanout = 0);
 
 }  // namespace peertrain::plan::detail

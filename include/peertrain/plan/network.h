@@ -14,7 +14,14 @@
 //              have crossed), so independent chains overlap: the tree at n = 6 takes 5
 //              message times, not 2⌈log₂ n⌉ = 6;
 //   ps         peer 0 receives n − 1 gradients and sends n − 1 parameter vectors through
-//              its card; the others send one and receive one.
+//              its card; the others send one and receive one;
+//   sgp        S + 4 bytes (x and the push-sum weight) along each out-arc of the step's
+//              digraph (an undirected graph: both ways along each edge), overlapping the
+//              gradient as D-PSGD does; a peer waits for its in-arcs' messages. A
+//              time-varying graph is averaged over its period, a redrawn one over 8 draws;
+//   el         S along each of the s arcs out of each peer of the round's random digraph
+//              (s = fanout), after the local step (atc, the paper's), so nothing overlaps
+//              it; averaged over 8 draws.
 // Each message also costs its two ends software time (the probe's loopback round trip),
 // and peers on one machine share its cores: the step takes at least Σ CPU / cores, and at
 // least the step replayed task by task on those cores (shared_cores.h), where a
@@ -30,11 +37,18 @@
 
 namespace peertrain::plan {
 
-enum class PeerAlgorithm { kDpsgd, kAllReduce, kTreeAllReduce, kRdAllReduce, kPs };
-// --algorithm dpsgd|allreduce|ps with --allreduce-algo ring|tree|rd (tree and rd only with
-// allreduce); throws naming the flag.
+enum class PeerAlgorithm { kDpsgd, kAllReduce, kTreeAllReduce, kRdAllReduce, kPs, kSgp, kEl };
+// --algorithm dpsgd|allreduce|ps|sgp|el with --allreduce-algo ring|tree|rd (tree and rd
+// only with allreduce); throws naming the flag.
 PeerAlgorithm parse_peer_algorithm(const std::string& algorithm, const std::string& allreduce_algo = "ring");
-std::string to_string(PeerAlgorithm algorithm);  // dpsgd, allreduce, allreduce-tree, allreduce-rd, ps
+std::string to_string(PeerAlgorithm algorithm);  // dpsgd, allreduce, allreduce-tree, allreduce-rd, ps, sgp, el
+
+// The arcs a step of SGP or EL sends along: the topology's digraph at that step (both
+// directions of each edge of an undirected one), or for EL the random s-out draw of the
+// step (topology/digraph.h; the plan draws from seed 1). fanout 0: ⌈log₂ n⌉.
+topology::Digraph step_arcs(const topology::Topology& topology, PeerAlgorithm algorithm, long long step, int fanout);
+// The steps a prediction for SGP or EL averages over: the period, or 8 draws.
+int arc_steps(const topology::Topology& topology, PeerAlgorithm algorithm);
 
 // A quick probe of this machine: two of peertrain's own TCP transports in one process,
 // over loopback, passing a message of the parameters' size back and forth, then a small
@@ -98,8 +112,9 @@ inline double optimizer_pass_s(double parameter_bytes, double copy_bytes_per_s) 
 
 // compute_s: one peer's gradient and optimizer step; parameter_bytes: S. shared_cores: the
 // cores all peers share (0: every peer has a machine of its own).
+// fanout: EL's s (0: ⌈log₂ n⌉).
 NetworkPrediction predict_network(const topology::Topology& topology, PeerAlgorithm algorithm, double parameter_bytes,
                                   double compute_s, const NetworkProbe& probe, int shared_cores,
-                                  const Evaluation& evaluation = {});
+                                  const Evaluation& evaluation = {}, int fanout = 0);
 
 }  // namespace peertrain::plan
