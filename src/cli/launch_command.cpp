@@ -157,6 +157,7 @@ int run_launch(int argc, char** argv) {
   }
   const fs::path topology_path = fs::absolute(args["topology"].as<std::string>());
   const auto topology = topology::load_topology_file(topology_path.string());
+  train::check_algorithm_topology(config, topology);  // before any peer starts
   const fs::path out = fs::absolute(args.count("out") ? fs::path(args["out"].as<std::string>())
                                                       : fs::path("runs") / (topology.name + "-" +
                                                                             std::string(to_string(config.algorithm))));

@@ -67,6 +67,11 @@ bool gossips(Algorithm algorithm) {
 }
 
 void check_algorithm_topology(const TrainConfig& config, const topology::Topology& topology) {
+  const int n = topology.num_peers();
+  if (config.algorithm == Algorithm::kEl && (n < 2 || config.fanout > n - 1))
+    throw Error(ErrorKind::kInvalidArgument,
+                str("--fanout ", std::max(config.fanout, 1), " needs at least ", std::max(config.fanout, 1) + 1,
+                    " peers; ", topology.path, " has ", n));
   if (!topology.directed) return;
   const bool mixes_with_w =
       gossips(config) && config.algorithm != Algorithm::kSgp && config.algorithm != Algorithm::kEl;
