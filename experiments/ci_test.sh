@@ -146,6 +146,12 @@ check_experiment() {
       grep -qE 'differs from all-reduce.s by at most 0\.(0[0-9]|10) points' "$out/README.md" ||
         fail "$name: atc on the complete graph is not all-reduce: $(grep -m1 'atc on the complete' "$out/README.md")"
       ;;
+    directed)
+      check_csv "$out/el.csv" 3 peers method seeds messages_per_step local_accuracy rounds_0.65 || fail "$name: el.csv"
+      check_csv "$out/sgp.csv" 2 peers method seeds accuracy accuracy_ci95 local_accuracy messages_per_step ||
+        fail "$name: sgp.csv"
+      check_csv "$out/consensus.csv" 3 method peers xi_measured xi_predicted ratio || fail "$name: consensus.csv"
+      ;;
     simulate)
       check_csv "$out/runs.csv" "$runs" label part algorithm peers network kind steps step_s simulated ||
         fail "$name: runs.csv"
@@ -200,8 +206,12 @@ check_experiment simulate $simulate_runs fidelity.png speedup_vs_n.png fidelity.
 # diloco --tiny: the all-reduce, DiLoCo and int8 Streaming DiLoCo, and D-PSGD, on a simulated 1 Gbit/s cluster
 check_experiment diloco 4 loss_vs_step.png time_to_target.png loss_vs_time.png loss.csv time.csv report.html
 
+# directed --tiny: EL-Local, EL-Oracle and D-PSGD on a static graph; SGP and D-PSGD on the
+# exponential graphs (4 peers, non-iid); 3 consensus runs
+check_experiment directed 8 el_accuracy_n4.png sgp_accuracy_n4.png consensus_fit.png el.csv sgp.csv consensus.csv \
+  report.html
 echo "== command line"
-for name in topologies lian2017 gossip consensus heterogeneity networks simulate; do
+for name in topologies lian2017 gossip consensus heterogeneity networks simulate directed; do
   "$here/$name/run.sh" --help | grep -q -- '--quick' || fail "$name/run.sh --help does not describe --quick"
   msg=$("$here/$name/run.sh" --no-such-flag 2>&1) && fail "$name/run.sh accepted --no-such-flag"
   [[ $msg == error:* ]] || fail "$name/run.sh --no-such-flag: expected an 'error:' line, got: $msg"

@@ -86,7 +86,10 @@ pt_write_topology() {
     echo "# written by experiments/ for one run: $n peers on 127.0.0.1, ports $PT_PORT-$((PT_PORT + n - 1))"
     echo "name: $name"
     echo "graph: $graph"
-    echo "weights: metropolis"
+    case $graph in  # a directed graph mixes with push-sum's column-stochastic P
+      *directed* | *random-out* | *random-regular-out*) echo "weights: column-stochastic" ;;
+      *) echo "weights: metropolis" ;;
+    esac
     echo "peers:"
     local i
     for ((i = 0; i < n; i++)); do

@@ -80,3 +80,84 @@ def steady_xi(ws, beta, n, tol=1e-12, max_steps=200000):
         c = a_list[k] @ c @ a_list[k].T + noise
         values.append(np.trace(c[:n, :n]) / n)
     return float(np.mean(values))
+
+
+def directed_steady_xi(step_matrix, n, beta=0.0, atc=False, steps=3000, burn=1500):
+    """The consensus distance of the de-biased z = x/w that a gossip with the step matrices
+    M_k = step_matrix(k) holds against white gradient noise, for D-PSGD (M = W), push-sum
+    (M column-stochastic) and a row average (Epidemic Learning) alike:
+
+      x_{k+1} = M_k x_k − η m_{k+1} (cta) or M_k (x_k − η m_{k+1}) (atc),  w_{k+1} = M_k w_k,
+
+    m the local heavy ball over the noise. Its disagreement e = x − w (1ᵀx)/n evolves as
+    e_{k+1} = Q_{k+1} M_k e_k − η B_k m_{k+1} with Q = I − w 1ᵀ/n and B = Q (cta) or Q M
+    (atc), exactly (1ᵀM = 1ᵀ for push-sum, w = 1 for a row average), and z − z̄ = Π D⁻¹ e
+    with D = diag(w), Π = I − 11ᵀ/n. Returns tr(Π D⁻¹ C_e D⁻¹ Π)/n averaged over the steps
+    after `burn`, with η = 1 and unit noise per peer: the same scale as steady_xi."""
+    eye = np.eye(n)
+    ones = np.ones(n)
+    pi = eye - np.full((n, n), 1.0 / n)
+    w = ones.copy()
+    c = np.zeros((2 * n, 2 * n))
+    values = []
+    for k in range(steps):
+        m = step_matrix(k)
+        w_next = m @ w
+        q = eye - np.outer(w_next, ones) / n
+        a = q @ m
+        b = a if atc else q
+        f = np.block([[a, -beta * b], [np.zeros((n, n)), beta * eye]])
+        g = np.vstack([-b, eye])
+        c = f @ c @ f.T + g @ g.T
+        w = w_next
+        if k >= burn:
+            d = pi @ np.diag(1 / w)
+            values.append(np.trace(d @ c[:n, :n] @ d.T) / n)
+    return float(np.mean(values))
+
+
+def push_sum_matrix(n, arcs):
+    """Column-stochastic P with uniform out-weights for arcs (i, j), i sending to j."""
+    p = np.zeros((n, n))
+    outs = [[] for _ in range(n)]
+    for i, j in arcs:
+        outs[i].append(j)
+    for i in range(n):
+        share = 1.0 / (1 + len(outs[i]))
+        p[i, i] = share
+        for j in outs[i]:
+            p[j, i] = share
+    return p
+
+
+def row_average_matrix(n, arcs):
+    """Epidemic Learning's round: each peer averages its own with what it received."""
+    m = np.zeros((n, n))
+    ins = [[] for _ in range(n)]
+    for i, j in arcs:
+        ins[j].append(i)
+    for j in range(n):
+        weight = 1.0 / (1 + len(ins[j]))
+        m[j, j] = weight
+        for i in ins[j]:
+            m[j, i] = weight
+    return m
+
+
+def random_out_arcs(rng, n, s):
+    """Each peer sends to s distinct others, uniformly (EL-Local's graph, random-out)."""
+    return [(i, int(j)) for i in range(n) for j in rng.choice([q for q in range(n) if q != i], s, replace=False)]
+
+
+def random_regular_out_arcs(rng, n, s):
+    """An s-regular digraph: a random relabelling of a circulant with s distinct offsets
+    (EL-Oracle's graph, random-regular-out)."""
+    offsets = rng.choice(np.arange(1, n), s, replace=False)
+    label = rng.permutation(n)
+    return [(int(label[k]), int(label[(k + o) % n])) for k in range(n) for o in offsets]
+
+
+def one_peer_directed_arcs(n, step):
+    """i → i + 2^(step mod ⌈log₂ n⌉) (mod n)."""
+    hop = 1 << (step % max(1, math.ceil(math.log2(n))))
+    return [(i, (i + hop) % n) for i in range(n)]
