@@ -157,7 +157,8 @@ topology::Digraph step_arcs(const topology::Topology& topo, PeerAlgorithm algori
   }
   if (topo.directed) return topo.digraph_at(step);
   std::vector<topology::Arc> arcs;
-  for (const topology::Edge& e : topo.graph_at(step).edges()) {
+  const topology::Graph graph = topo.graph_at(step);  // (a value: the loop must not outlive it)
+  for (const topology::Edge& e : graph.edges()) {
     arcs.push_back({e.u, e.v});
     arcs.push_back({e.v, e.u});
   }

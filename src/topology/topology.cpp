@@ -103,6 +103,12 @@ GraphSource read_directed_generator(const Reader& r, const YAML::Node& node, Dig
       r.fail(node, str("generator '", source.generator, "' links every pair; n = ", p.n, " is too many"));
   } else if (node["fanout"] || node["seed"]) {
     r.fail(node[node["fanout"] ? "fanout" : "seed"], str("generator '", source.generator, "' takes only n"));
+  } else if (static_cast<long long>(p.n) * one_peer_directed_period(p.n) >
+             std::min<long long>(kMaxEdges, 10LL * r.max_peers())) {
+    // (Both exponential graphs have n·⌈log₂ n⌉ arcs, the one-peer one over its period.)
+    r.fail(node, str("generator '", source.generator, "' with n = ", p.n, " would make ",
+                     static_cast<long long>(p.n) * one_peer_directed_period(p.n), " arcs, more than the ",
+                     std::min<long long>(kMaxEdges, 10LL * r.max_peers()), " supported"));
   }
   try {
     *digraph = generate_directed(source.generator, p, 0);

@@ -155,8 +155,11 @@ TEST(PushGossip, ALostTargetsShareStaysHomeSoTheSurvivorsKeepTheirMass) {
     gave_up[static_cast<std::size_t>(rank)] = gossip.lost();
     net->close();
   });
-  for (int i = 0; i < n; ++i)
-    if (i != lost) EXPECT_EQ(gave_up[static_cast<std::size_t>(i)], std::vector<int>{lost}) << "peer " << i;
+  for (int i = 0; i < n; ++i) {
+    if (i != lost) {
+      EXPECT_EQ(gave_up[static_cast<std::size_t>(i)], std::vector<int>{lost}) << "peer " << i;
+    }
+  }
   // Once every survivor has given up on it, their Σx and Σw stay put: no share leaks into it.
   const Eigen::RowVectorXf at20 = history[19].colwise().sum(), at40 = history[39].colwise().sum();
   EXPECT_LT((at40 - at20).norm() / at20.norm(), 1e-5);

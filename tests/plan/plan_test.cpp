@@ -834,8 +834,8 @@ TEST(LowCommunication, UtilisationIsTheModelsFormula) {
 TEST(LowCommunication, TheBandwidthForAUtilisationGivesItBack) {
   const double c = 0.05, model = 4e8, latency = 1e-5;
   const int n = 8;
-  for (const LowCommunication m : {LowCommunication{"dp", 1, 1, 0, 4}, LowCommunication{"diloco", 50, 1, 0, 4},
-                                   LowCommunication{"streaming", 48, 4, 2, 1.0078125}})
+  for (const LowCommunication& m : {LowCommunication{"dp", 1, 1, 0, 4}, LowCommunication{"diloco", 50, 1, 0, 4},
+                                    LowCommunication{"streaming", 48, 4, 2, 1.0078125}})
     for (double u : {0.5, 0.9, 0.99}) {
       SCOPED_TRACE(m.name + " " + std::to_string(u));
       const auto b = bandwidth_for_utilisation(m, u, c, model, n, latency);
