@@ -22,8 +22,12 @@ TEST(TopologyFile, EveryShippedExampleParsesAndValidates) {
     SCOPED_TRACE(entry.path().string());
     const Topology t = load_topology_file(entry.path().string());
     EXPECT_TRUE(t.graph.is_connected());
-    for (int step = 0; step < t.period(); ++step)
-      validate_mixing_matrix(t.graph_at(step), t.mixing_at(step), entry.path().string());
+    for (int step = 0; step < t.period(); ++step) {
+      if (t.directed)
+        validate_column_stochastic(t.digraph_at(step), t.mixing_at(step), entry.path().string());
+      else
+        validate_mixing_matrix(t.graph_at(step), t.mixing_at(step), entry.path().string());
+    }
     EXPECT_EQ(static_cast<int>(t.peers.size()), t.num_peers());
     ++count;
   }
