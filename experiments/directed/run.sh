@@ -26,8 +26,8 @@ Usage: experiments/directed/run.sh [--quick] [--out DIR]
   --out DIR   where results go (default: experiments/directed/results)
   -h, --help  this help
 
-Full mode: parts 1 and 2 at n = 16 and 32 over 3 seeds, 400 steps of batch 32 per peer
-(30 trainings), and part 3's 9 trainings of 200 steps: about 60 minutes on a quiet 2-core
+Full mode: parts 1 and 2 at n = 16 and 32 over 3 seeds, batch 32 per peer, 400 steps at
+n = 16 and 290 (5 epochs) at n = 32 (30 trainings), and part 3's 9 trainings of 200 steps: about 60 minutes on a quiet 2-core
 machine. A run whose summary.json is complete is kept, so an interrupted run.sh goes on
 where it stopped.
 Environment: PEERTRAIN (default: <repo>/build/peertrain).
@@ -49,6 +49,10 @@ noniid=(--partition dirichlet --alpha 0.1)
 [[ $mode != tiny ]] || noniid=(--partition dirichlet --alpha 0.1 --hidden 16)
 links="  default: {bandwidth_mbps: 1000, latency_ms: 1}"
 
+steps_for() {  # N -> the steps a run of N peers takes: $steps, or the 5 epochs launch defaults to if fewer
+  local per_epoch=$((60000 / ($1 * 32)))
+  ((per_epoch * 5 < steps)) && echo $((per_epoch * 5)) || echo "$steps"
+}
 fanout_of() {  # N -> ⌈log₂ N⌉
   local s=0
   while (((1 << s) < $1)); do s=$((s + 1)); done
@@ -108,9 +112,11 @@ run() {
 }
 
 for n in "${sizes[@]}"; do
+  n_steps=$(steps_for "$n")
+  [[ $mode != tiny ]] || n_steps=$steps
   for seed in "${seeds[@]}"; do
-    for m in "${el_methods[@]}"; do run el "$m" "$n" "$seed" "$steps" --eval-every "$eval_every" "${noniid[@]}"; done
-    for m in "${sgp_methods[@]}"; do run sgp "$m" "$n" "$seed" "$steps" --eval-every "$eval_every" "${noniid[@]}"; done
+    for m in "${el_methods[@]}"; do run el "$m" "$n" "$seed" "$n_steps" --eval-every "$eval_every" "${noniid[@]}"; done
+    for m in "${sgp_methods[@]}"; do run sgp "$m" "$n" "$seed" "$n_steps" --eval-every "$eval_every" "${noniid[@]}"; done
   done
 done
 tiny_model=()

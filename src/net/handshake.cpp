@@ -76,12 +76,14 @@ Verdict check_hello(const Hello& hello, const Policy& policy, const LinkView& li
   const bool dialer_authenticates = (hello.flags & kFlagAuthenticated) != 0;
   if (policy.authenticated && !dialer_authenticates) return refuse("we require --secret-file, and it was started without one");
   if (!policy.authenticated && dialer_authenticates) return refuse("it uses --secret-file, but we were started without one");
+  // The reply goes to whoever dialed: it names the dialer's values, never this run's, which
+  // would let a stranger pass the next handshake as one of its peers.
   if (hello.fingerprint != policy.fingerprint)
-    return refuse(str("topology fingerprint ", hex(hello.fingerprint), " differs from ours ", hex(policy.fingerprint),
-                      " (was it started with a different topology file?)"));
+    return refuse(str("topology fingerprint ", hex(hello.fingerprint),
+                      " differs from this run's (was it started with a different topology file?)"));
   if (hello.run_id != policy.run_id)
-    return refuse(str("run id ", hex(hello.run_id), " differs from ours ", hex(policy.run_id),
-                      " (a peer of another run, or started with other training flags?)"));
+    return refuse(str("run id ", hex(hello.run_id),
+                      " differs from this run's (a peer of another run, or started with other training flags?)"));
   if (rejoining) {
     if (!link.exists) return refuse(str("peer ", peer, " is not linked with peer ", policy.self, " in this topology"));
     if (!link.connected) return refuse(str("peer ", peer, " cannot rejoin: peer ", policy.self, " has not started training yet"));

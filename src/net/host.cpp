@@ -59,6 +59,63 @@ std::vector<std::string> interface_addresses() {
 
 }  // namespace
 
+namespace {
+
+// Numeric form of an address (inet_ntop), or empty.
+std::string numeric(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof text);
+  else if (address->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text, sizeof text);
+  return text;
+}
+
+using Resolved = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+Resolved resolve(const std::string& host, int family) {
+  addrinfo hints{};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0) return {nullptr, freeaddrinfo};
+  return {resolved, freeaddrinfo};
+}
+
+}  // namespace
+
+std::string listen_address(const std::string& host) {
+  if (host == "0.0.0.0" || host == "::") return "0.0.0.0";
+  if (host == "localhost") return "127.0.0.1";
+  const Resolved resolved = resolve(host, AF_INET);  // the transport listens on IPv4
+  if (!resolved) return host;
+  const auto local = interface_addresses();
+  auto is_mine = [&](const sockaddr* a) {
+    const auto key = address_key(a);
+    for (const auto& m : local)
+      if (key == m) return true;
+    return false;
+  };
+  bool all_loopback = true;
+  for (const addrinfo* a = resolved.get(); a != nullptr; a = a->ai_next)
+    if (!is_loopback(a->ai_addr)) {
+      all_loopback = false;
+      if (is_mine(a->ai_addr)) return numeric(a->ai_addr);
+    }
+  char name[256] = {};
+  if (all_loopback && gethostname(name, sizeof name - 1) == 0 && host == name && host != numeric(resolved->ai_addr))
+    return "0.0.0.0";
+  return all_loopback ? numeric(resolved->ai_addr) : host;
+}
+
+bool loopback_only(const std::string& host) {
+  if (host == "localhost") return true;
+  const Resolved resolved = resolve(host, AF_UNSPEC);
+  if (!resolved) return false;
+  for (const addrinfo* a = resolved.get(); a != nullptr; a = a->ai_next)
+    if (!is_loopback(a->ai_addr)) return false;
+  return true;
+}
+
 bool names_this_machine(const std::string& host) {
   if (host.empty()) return false;
   if (host == "localhost" || host == "0.0.0.0" || host == "::") return true;

@@ -5,6 +5,7 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
+#include "peertrain/net/host.h"
 #include "tcp_link.h"
 
 namespace peertrain::net {
@@ -186,14 +187,23 @@ void TcpCore::prove_as_dialer(Link& l, Clock::time_point deadline, std::shared_p
 
 void TcpCore::listen() {
   const Endpoint& me = options.endpoints[static_cast<std::size_t>(options.self)];
+  // The topology's address, not every interface: a peer the file puts on 127.0.0.1 is
+  // not reachable from the network (net/host.h says which address a name means).
+  const std::string address = listen_address(me.host);
   try {
-    tcp::endpoint bind_to(tcp::v4(), static_cast<unsigned short>(me.port));
+    boost::system::error_code bad;
+    const auto ip = boost::asio::ip::make_address_v4(address, bad);
+    if (bad)
+      throw Error(ErrorKind::kIo, str("peer ", options.self, " cannot listen on ", me.host, ":", me.port, ": '",
+                                      me.host, "' names no IPv4 address of this machine"));
+    tcp::endpoint bind_to(ip, static_cast<unsigned short>(me.port));
     acceptor.open(bind_to.protocol());
     acceptor.set_option(tcp::acceptor::reuse_address(true));
     acceptor.bind(bind_to);
     acceptor.listen();
   } catch (const boost::system::system_error& e) {
-    throw Error(ErrorKind::kIo, str("peer ", options.self, " cannot listen on port ", me.port, ": ", e.code().message()));
+    throw Error(ErrorKind::kIo, str("peer ", options.self, " cannot listen on ", address, ":", me.port, " (", me.host,
+                                    "): ", e.code().message()));
   }
   accept_next();
 }

@@ -12,6 +12,7 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/log.h"
+#include "peertrain/net/host.h"
 #include "tcp_link.h"
 
 namespace peertrain::net {
@@ -516,8 +517,10 @@ void TcpCore::accept_ring(Link& l, std::span<const std::byte> bytes) {
                " (", bytes.size(), " bytes); closing the link"));
   l.ring_offer_seen = true;
   if (offer.capacity > 0) {  // a ring: map it (it can only be on this host), or decline (nonce 0)
-    std::string why = "--shared-memory off here";
-    if (options.shared_memory) l.ring_in = SharedRing::open(offer, why);
+    // Only over loopback can the offer be for this host; elsewhere it would make this
+    // process open whatever /proc/PID/fd/FD a remote peer names.
+    std::string why = l.loopback ? "--shared-memory off here" : "the link is not over loopback";
+    if (options.shared_memory && l.loopback) l.ring_in = SharedRing::open(offer, why);
     if (!l.ring_in) log::info("payloads from ", l.name, " stay on TCP: ", why);
     const std::uint64_t nonce = l.ring_in ? offer.nonce : 0;
     std::array<std::byte, 8> answer{};
@@ -639,6 +642,12 @@ class TcpTransport final : public Transport {
       if (m.options.shaping) l->shaping = m.options.shaping(peer);
       m.links.emplace(peer, std::move(l));
     }
+    const Endpoint& me = m.options.endpoints[static_cast<std::size_t>(self)];
+    if (!m.options.secret && !loopback_only(me.host))
+      log::warn("peer ", self, " listens on ", me.host, ":", me.port,
+                " without --secret-file: anyone who reaches that "
+                "address can dial in, and the frames are not authenticated. Give every peer the same key "
+                "(peertrain keygen KEY, then --secret-file KEY) for a run across machines (docs/net.md)");
     m.listen();
     m.thread = std::thread([&m] {
       try {

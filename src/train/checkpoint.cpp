@@ -8,6 +8,7 @@
 #include "peertrain/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -92,6 +94,27 @@ std::optional<NamedCheckpoint> parse_name(const std::string& name) {
   if (e2 != std::errc() || std::string_view(after_step, end - after_step) != ".ckpt") return std::nullopt;
   if (name != file_name(parsed.peer, parsed.step)) return std::nullopt;  // leading zeros
   return parsed;
+}
+
+// A checkpoint's temporary file ("<checkpoint>.<pid>.tmp") that a crash left behind: its
+// writer is no process of this machine and it has not changed for kStaleTemporary. Both,
+// because the directory may be shared with other hosts, whose writers' pids mean nothing
+// here, and a write takes seconds, not minutes.
+constexpr auto kStaleTemporary = std::chrono::minutes(10);
+bool stale_temporary(const fs::path& path) {
+  const std::string name = path.filename().string();
+  constexpr std::string_view kTmp = ".tmp";
+  if (name.size() <= kTmp.size() || name.compare(name.size() - kTmp.size(), kTmp.size(), kTmp) != 0) return false;
+  const std::string stem = name.substr(0, name.size() - kTmp.size());
+  const auto dot = stem.rfind('.');
+  if (dot == std::string::npos || !parse_name(stem.substr(0, dot))) return false;
+  pid_t pid = 0;
+  const auto [end, ec] = std::from_chars(stem.data() + dot + 1, stem.data() + stem.size(), pid);
+  if (ec != std::errc() || end != stem.data() + stem.size() || pid <= 0) return false;
+  if (::kill(pid, 0) == 0 || errno != ESRCH) return false;  // its writer may still be at it
+  std::error_code error;
+  const auto changed = fs::last_write_time(path, error);
+  return !error && fs::file_time_type::clock::now() - changed > kStaleTemporary;
 }
 
 // step → peer → path, for peers 0..peers−1; an absent directory has none.
@@ -219,7 +242,8 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
   // temporary file; the ".tmp" ending keeps it from ever being read as a checkpoint.
   const std::string temp = str(path, ".", ::getpid(), ".tmp");
   try {
-    Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    // Owner only: the parameters are the run's, not the machine's other users'.
+    Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (fd.get() < 0) throw Error(ErrorKind::kIo, str(temp, ": cannot create: ", errno_text()));
     write_all(fd.get(), bytes, temp);
     if (::fsync(fd.get()) != 0) throw Error(ErrorKind::kIo, str(temp, ": fsync failed: ", errno_text()));
@@ -325,13 +349,16 @@ std::optional<std::uint64_t> latest_complete_step(const std::string& dir, int pe
 }
 
 std::size_t prune_checkpoints(const std::string& dir, int peers, int keep, const CheckpointMatch& match) {
-  if (keep < 1) throw Error(ErrorKind::kInvalidArgument, str("checkpoints in ", dir, ": keep ", keep, " must be at least 1"));
-  const auto kept = complete_steps(dir, peers, match, static_cast<std::size_t>(keep));
-  if (kept.size() < static_cast<std::size_t>(keep)) return 0;
-  const std::uint64_t oldest_kept = kept.back();
+  if (keep < 1)
+    throw Error(ErrorKind::kInvalidArgument, str("checkpoints in ", dir, ": keep ", keep, " must be at least 1"));
   std::size_t removed = 0;
   std::error_code ec;
   if (!fs::exists(dir, ec)) return 0;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (stale_temporary(it->path()) && ::unlink(it->path().c_str()) == 0) ++removed;
+  const auto kept = complete_steps(dir, peers, match, static_cast<std::size_t>(keep));
+  if (kept.size() < static_cast<std::size_t>(keep)) return removed;
+  const std::uint64_t oldest_kept = kept.back();
   fs::directory_iterator it(dir, ec);
   if (ec) throw Error(ErrorKind::kIo, str(dir, ": cannot list the checkpoint directory: ", ec.message()));
   std::vector<fs::path> doomed;

@@ -469,20 +469,12 @@ std::vector<std::vector<int>> partition_iid(int num_examples, int peers, std::ui
   return shards;
 }
 
-std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t>& labels, int classes, int peers,
-                                                  double alpha, std::uint64_t seed) {
-  check_peers(peers, "dirichlet partition");
-  if (!(alpha > 0) || !std::isfinite(alpha))
-    throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: alpha ", alpha, " must be positive"));
-  if (classes < 1) throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: classes ", classes, " < 1"));
-  std::vector<std::vector<int>> by_class(classes);
-  for (std::size_t i = 0; i < labels.size(); ++i) {
-    if (labels[i] < 0 || labels[i] >= classes)
-      throw Error(ErrorKind::kInvalidArgument,
-                  str("dirichlet partition: label ", labels[i], " of example ", i, " is outside [0, ", classes, ")"));
-    by_class[labels[i]].push_back(static_cast<int>(i));
-  }
-  Rng rng(seed);
+namespace {
+
+// One draw: for each class, its (shuffled) examples cut by proportions from Dir(alpha).
+std::vector<std::vector<int>> draw_dirichlet(std::vector<std::vector<int>>& by_class, int peers, double alpha,
+                                             Rng& rng) {
+  const int classes = static_cast<int>(by_class.size());
   std::vector<std::vector<int>> shards(peers);
   std::vector<double> log_weights(peers);
   for (int c = 0; c < classes; ++c) {
@@ -507,14 +499,43 @@ std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t
       begin = end;
     }
   }
-  for (int p = 0; p < peers; ++p) {
-    if (shards[p].empty())
-      throw Error(ErrorKind::kInvalidArgument,
-                  str("dirichlet partition: peer ", p, " of ", peers, " got no examples with alpha ", alpha,
-                      " and seed ", seed, "; use a larger alpha, fewer peers or another seed"));
-    std::sort(shards[p].begin(), shards[p].end());
-  }
   return shards;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t>& labels, int classes, int peers,
+                                                  double alpha, std::uint64_t seed, std::size_t min_examples) {
+  check_peers(peers, "dirichlet partition");
+  if (!(alpha > 0) || !std::isfinite(alpha))
+    throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: alpha ", alpha, " must be positive"));
+  if (classes < 1) throw Error(ErrorKind::kInvalidArgument, str("dirichlet partition: classes ", classes, " < 1"));
+  std::vector<std::vector<int>> by_class(classes);
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= classes)
+      throw Error(ErrorKind::kInvalidArgument,
+                  str("dirichlet partition: label ", labels[i], " of example ", i, " is outside [0, ", classes, ")"));
+    by_class[labels[i]].push_back(static_cast<int>(i));
+  }
+  Rng rng(seed);
+  // Redrawn (the stream goes on) until every peer holds min_examples, as NIID-Bench's
+  // partitioner does: a peer with less than a batch cannot train at all.
+  constexpr int kDraws = 100;
+  std::size_t best = 0;
+  for (int draw = 0; draw < kDraws; ++draw) {
+    auto shards = draw_dirichlet(by_class, peers, alpha, rng);
+    std::size_t smallest = shards[0].size();
+    for (const auto& shard : shards) smallest = std::min(smallest, shard.size());
+    best = std::max(best, smallest);
+    if (smallest < std::max<std::size_t>(min_examples, 1)) continue;
+    for (auto& shard : shards) std::sort(shard.begin(), shard.end());
+    return shards;
+  }
+  throw Error(
+      ErrorKind::kInvalidArgument,
+      str("dirichlet partition: in ", kDraws, " draws with alpha ", alpha, " and seed ", seed,
+          " no draw gave each of the ", peers, " peers at least ", std::max<std::size_t>(min_examples, 1),
+          " examples (the best gave ", best, "); use a larger alpha, fewer peers, a smaller --batch or another seed"));
 }
 
 BatchSampler::BatchSampler(const Dataset& data, std::vector<int> shard, int batch, std::uint64_t seed)

@@ -26,6 +26,28 @@ class DirectedStep : public StepAlgorithm {
   void poll(long long step, std::span<const float> x) {
     (void)c_.membership->poll(static_cast<std::uint64_t>(step), x);
   }
+  virtual algo::DirectedRow row(long long step) const = 0;
+  // cta: the push of v starts in start() (v_k, while the gradient is computed); atc: after
+  // the local step.
+  void start_push(long long step, std::span<const float> v, UpdateForm form, UpdateForm now) {
+    if (form == now) gossip_.start(static_cast<std::uint64_t>(step), row(step), v);
+  }
+  // The local step u and the mix, as the form says: cta v ← Mv − u (its push under way),
+  // atc v ← M(v − u). `began` is when the step's own arithmetic began.
+  StepTiming step_and_mix(long long step, std::span<float> v, std::span<const float> update, UpdateForm form,
+                          RunClock::time_point began) {
+    StepTiming t;
+    if (form == UpdateForm::kAtc) {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] -= update[i];
+      t.compute_s = seconds_since(began);
+      start_push(step, v, form, UpdateForm::kAtc);
+      t.wait_s = gossip_.finish(v);
+    } else {
+      t.compute_s = seconds_since(began);
+      t.wait_s = gossip_.finish(v, update);
+    }
+    return t;
+  }
   void after_exchange(long long step) {
     if (c_.trace) {
       const algo::DirectedRow& row = gossip_.applied_row();
@@ -63,22 +85,13 @@ class Sgp final : public DirectedStep {
       numerator_.back() = 1.0f;
       started_ = true;
     }
-    if (form_ == UpdateForm::kCta) gossip_.start(static_cast<std::uint64_t>(step), row(step), numerator_);
+    start_push(step, numerator_, form_, UpdateForm::kCta);
   }
   StepTiming finish(long long step, std::span<float> z, std::span<float> grads, Optimizer& optimizer) override {
-    StepTiming t;
     auto begin = Clock::now();
     const std::size_t n = z.size();
     optimizer.compute_update(z, grads, std::span<float>(update_.data(), n));
-    if (form_ == UpdateForm::kAtc) {
-      for (std::size_t i = 0; i < n; ++i) numerator_[i] -= update_[i];
-      t.compute_s = seconds_since(begin);
-      gossip_.start(static_cast<std::uint64_t>(step), row(step), numerator_);
-      t.wait_s = gossip_.finish(numerator_);
-    } else {
-      t.compute_s = seconds_since(begin);
-      t.wait_s = gossip_.finish(numerator_, update_);
-    }
+    StepTiming t = step_and_mix(step, numerator_, update_, form_, begin);  // w's update is 0
     if (gossip_.max_delay() > 0 && step + 1 == c_.total_steps) t.wait_s += gossip_.drain(numerator_);
     begin = Clock::now();
     const float w = numerator_.back();
@@ -89,7 +102,7 @@ class Sgp final : public DirectedStep {
   }
 
  private:
-  algo::DirectedRow row(long long step) const {
+  algo::DirectedRow row(long long step) const override {
     if (rows_.empty()) return algo::directed_row(c_.topology->mixing_at(step), c_.rank);
     return rows_[static_cast<std::size_t>(step % static_cast<long long>(rows_.size()))];
   }
@@ -116,27 +129,18 @@ class EpidemicLearning final : public DirectedStep {
         seed_(seed) {}
   void start(long long step, std::span<float> x) override {
     poll(step, x);
-    if (form_ == UpdateForm::kCta) gossip_.start(static_cast<std::uint64_t>(step), row(step), x);
+    start_push(step, x, form_, UpdateForm::kCta);
   }
   StepTiming finish(long long step, std::span<float> x, std::span<float> grads, Optimizer& optimizer) override {
-    StepTiming t;
     const auto begin = Clock::now();
     optimizer.compute_update(x, grads, update_);
-    if (form_ == UpdateForm::kAtc) {
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= update_[i];
-      t.compute_s = seconds_since(begin);
-      gossip_.start(static_cast<std::uint64_t>(step), row(step), x);
-      t.wait_s = gossip_.finish(x);
-    } else {
-      t.compute_s = seconds_since(begin);
-      t.wait_s = gossip_.finish(x, update_);
-    }
+    const StepTiming t = step_and_mix(step, x, update_, form_, begin);
     after_exchange(step);
     return t;
   }
 
  private:
-  algo::DirectedRow row(long long step) const {
+  algo::DirectedRow row(long long step) const override {
     const int n = c_.peers;
     const topology::Digraph g = variant_ == EpidemicVariant::kOracle
                                     ? topology::random_regular_out_step(n, fanout_, seed_, step)

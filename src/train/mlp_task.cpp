@@ -12,7 +12,8 @@ Shard load_shard(const TrainConfig& config, int peers, int rank) {
   const IdxBytes full = read_fashion_mnist(config.data_dir, true);
   const auto shards = config.partition == Partition::kIid
                           ? partition_iid(full.size(), peers, config.seed)
-                          : partition_dirichlet(full.labels, full.classes, peers, config.alpha, config.seed);
+                          : partition_dirichlet(full.labels, full.classes, peers, config.alpha, config.seed,
+                                                static_cast<std::size_t>(config.batch));
   // Only this peer's examples become floats: a peer of 8 converts an eighth of the set.
   return Shard{to_dataset(full, shards[rank]), full.size()};
 }

@@ -87,7 +87,7 @@ expect_error "--time-budget applies to --algorithm adpsgd" "$work/ring4.yaml" --
 expect_error "--time-budget" "$work/ring4.yaml" --algorithm adpsgd --time-budget -1
 expect_error "--checkpoint-every: --algorithm adpsgd has no global step" "$work/ring4.yaml" --algorithm adpsgd \
   --checkpoint-every 5
-expect_error "--update applies to --algorithm dpsgd or choco" "$work/ring4.yaml" --algorithm adpsgd --update atc
+expect_error "--update applies to --algorithm dpsgd, choco, sgp or el" "$work/ring4.yaml" --algorithm adpsgd --update atc
 { cat "$work/ring4.yaml"; printf 'stragglers:\n  - {peer: 1, slowdown: 0.5}\n'; } >"$work/bad.yaml"
 expect_error "bad.yaml:.*slowdown must be at least 1" "$work/bad.yaml" --algorithm adpsgd
 { cat "$work/ring4.yaml"; printf 'stragglers:\n  - {peer: 9, slowdown: 2}\n'; } >"$work/bad.yaml"

@@ -64,11 +64,11 @@ expect_error "--gossip-step 1.5 is outside (0, 1\]" --algorithm choco --gossip-s
 expect_error "--compression applies to --algorithm choco" --algorithm allreduce --compression sign
 expect_error "--allreduce-algo applies to --algorithm allreduce" --allreduce-algo tree
 expect_error "--allreduce-algo 'star'" --algorithm allreduce --allreduce-algo star
-expect_error "--update applies to --algorithm dpsgd or choco" --algorithm d2 --update atc
+expect_error "--update applies to --algorithm dpsgd, choco, sgp or el" --algorithm d2 --update atc
 expect_error "--algorithm 'choc'" --algorithm choc
 expect_error "--resume: --algorithm choco" --algorithm choco --resume
 expect_error "--momentum-form applies to --algorithm dpsgd or gt" --algorithm d2 --momentum-form quasi-global
-expect_error "--update applies to --algorithm dpsgd or choco" --algorithm gt --update atc
+expect_error "--update applies to --algorithm dpsgd, choco, sgp or el" --algorithm gt --update atc
 expect_error "--resume: --algorithm gt" --algorithm gt --resume
 expect_error "--momentum-form 'global' is not one of local, quasi-global" --momentum-form global
 expect_error "--momentum-form quasi-global is SGD's heavy ball" --momentum-form quasi-global --optimizer adam

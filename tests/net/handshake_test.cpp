@@ -88,9 +88,14 @@ TEST(Handshake, EveryVerdictHasItsReason) {
   wrong = h;
   wrong.fingerprint = 1;
   EXPECT_NE(reason(wrong, fresh, policy).find("topology fingerprint"), std::string::npos);
+  // The stranger learns nothing of this run: neither its fingerprint nor its run id.
+  for (const char* ours : {"1122334455667788", "99aabbccddeeff00"})
+    EXPECT_EQ(reason(wrong, fresh, policy).find(ours), std::string::npos) << reason(wrong, fresh, policy);
   wrong = h;
   wrong.run_id = 1;
   EXPECT_NE(reason(wrong, fresh, policy).find("run id"), std::string::npos);
+  for (const char* ours : {"1122334455667788", "99aabbccddeeff00"})
+    EXPECT_EQ(reason(wrong, fresh, policy).find(ours), std::string::npos) << reason(wrong, fresh, policy);
   EXPECT_NE(reason(h, LinkView{}, policy).find("not a neighbour"), std::string::npos);
   wrong = h;
   wrong.peer = 7;  // a higher id never dials a lower one

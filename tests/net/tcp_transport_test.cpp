@@ -2,6 +2,9 @@
 #include "peertrain/net/tcp.h"
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 
 #include <utility>  // before Asio: Boost 1.74 needs it
 
@@ -77,6 +80,38 @@ TEST(TcpTransport, PeersMayStartInAnyOrder) {
     net.connect();
     net.close();
   });
+}
+
+// A non-loopback IPv4 address of this machine, or empty.
+std::string network_address() {
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) != 0) return found;
+  for (const ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK)) {
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+      found = text;
+    }
+  freeifaddrs(list);
+  return found;
+}
+
+TEST(TcpTransport, ListensOnTheTopologysAddressOnly) {
+  const std::string outside = network_address();
+  if (outside.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to dial";
+  const auto endpoints = loopback_endpoints(1);
+  auto net = make_tcp_transport(options_for(0, endpoints, {}));
+  auto dial = [&](const std::string& address) {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::socket socket(io);
+    boost::system::error_code ec;
+    socket.connect({boost::asio::ip::make_address(address), static_cast<unsigned short>(endpoints[0].port)}, ec);
+    return !ec;
+  };
+  EXPECT_TRUE(dial("127.0.0.1"));
+  EXPECT_FALSE(dial(outside)) << "a peer the topology puts on 127.0.0.1 accepted a connection at " << outside;
+  net->close();
 }
 
 TEST(TcpTransport, RefusesAPeerWithAnotherTopologyOrRun) {
@@ -680,6 +715,47 @@ class FakePeer {
   bool released_ = false;
   std::thread thread_;
 };
+
+// A ring offer names a file of the offering process (/proc/PID/fd/FD); on a link that is
+// not loopback the offer cannot be for this host, and opening it would let a remote peer
+// make this process open a file of its choosing: it is declined unread (answer 0).
+TEST(TcpTransport, ARingOfferIsTakenOnlyOverLoopback) {
+  const std::string outside = network_address();
+  if (outside.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
+  auto endpoints = loopback_endpoints(2);
+  for (auto& e : endpoints) e.host = outside;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(
+      io, {boost::asio::ip::make_address(outside), static_cast<unsigned short>(endpoints[1].port)});
+  std::uint64_t answered = 1;
+  std::thread fake([&] {  // peer 1, offering a real ring of this process
+    boost::asio::ip::tcp::socket socket(io);
+    acceptor.accept(socket);
+    HeaderBytes header;
+    std::array<std::byte, 64> hello;
+    boost::asio::read(socket, boost::asio::buffer(header));
+    boost::asio::read(socket, boost::asio::buffer(hello));
+    write_handshake_frame(socket, MessageType::kHelloReply, 1, Payload(4));  // accepted
+    const auto ring = SharedRing::create(1 << 20);
+    const auto offer = ring->offer().encode();
+    write_handshake_frame(socket, MessageType::kRingOffer, 1, Payload(offer.begin(), offer.end()));
+    for (;;) {  // the dialer's own offer (none: not loopback), then its answer to ours
+      boost::asio::read(socket, boost::asio::buffer(header));
+      const FrameHeader h = decode_header(header, {0, 1 << 20, "peer 0", false});
+      Payload payload(h.length);
+      boost::asio::read(socket, boost::asio::buffer(payload));
+      if (h.type == MessageType::kRingAccept) {
+        std::memcpy(&answered, payload.data(), sizeof answered);
+        return;
+      }
+    }
+  });
+  auto net = make_tcp_transport(options_for(0, endpoints, {1}));
+  net->connect();
+  fake.join();
+  EXPECT_EQ(answered, 0u) << "the ring offered over " << outside << " was mapped";
+  net->close();
+}
 
 // A send that times out against a receiver that stopped reading must leave nothing that
 // reads the caller's buffer afterwards: the link is failed on the I/O thread before the

@@ -5,9 +5,11 @@
 #include "peertrain/train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -331,15 +333,27 @@ TEST_F(Checkpoints, PruningKeepsTheNewestCompleteStepsAndEverythingNewer) {
   for (std::uint64_t step = 1; step <= 5; ++step)
     for (std::uint32_t peer = 0; peer < kPeers; ++peer) write_checkpoint(dir_, peer_state(peer, kPeers, step));
   write_checkpoint(dir_, peer_state(1, kPeers, 6));  // peer 0 has not written step 6 yet
-  write_bytes(dir_ + "/peer-0-step-6.ckpt.77.tmp", {'x'});
+  // Peer 0 writing step 6 now (this process), and a write a crash left behind: its writer
+  // (a child that has exited) is gone and it is an hour old.
+  const std::string writing = str(dir_, "/peer-0-step-6.ckpt.", ::getpid(), ".tmp");
+  write_bytes(writing, {'x'});
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string crashed = str(dir_, "/peer-1-step-3.ckpt.", gone, ".tmp");
+  write_bytes(crashed, {'x'});
+  fs::last_write_time(crashed, fs::file_time_type::clock::now() - std::chrono::hours(1));
   EXPECT_THROW(prune_checkpoints(dir_, kPeers, 0), Error);
-  EXPECT_EQ(prune_checkpoints(dir_, kPeers, 6), 0u) << "only 5 steps are complete";
+  EXPECT_EQ(prune_checkpoints(dir_, kPeers, 6), 1u) << "only 5 steps are complete: the crashed write alone";
+  EXPECT_FALSE(fs::exists(crashed));
   EXPECT_EQ(prune_checkpoints(dir_, kPeers, 2), 3u * kPeers);
   for (std::uint64_t step = 1; step <= 6; ++step)
     for (std::uint32_t peer = 0; peer < kPeers; ++peer)
       EXPECT_EQ(fs::exists(checkpoint_path(dir_, peer, step)), step >= 4 && !(step == 6 && peer == 0))
           << "peer " << peer << " step " << step;
-  EXPECT_TRUE(fs::exists(dir_ + "/peer-0-step-6.ckpt.77.tmp"));
+  EXPECT_TRUE(fs::exists(writing));
+  EXPECT_EQ(fs::status(checkpoint_path(dir_, 0, 5)).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_EQ(prune_checkpoints(dir_, kPeers, 2), 0u);
   EXPECT_EQ(latest_complete_step(dir_, kPeers), std::optional<std::uint64_t>(5));
 }

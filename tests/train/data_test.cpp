@@ -378,13 +378,30 @@ TEST(Partition, DirichletReportsBadInputAndEmptyPeers) {
   EXPECT_THROW(partition_dirichlet(labels, 2, 4, 0.0, 1), Error);
   EXPECT_THROW(partition_dirichlet(labels, 2, 0, 1.0, 1), Error);
   EXPECT_THROW(partition_dirichlet({0, 1, 2}, 2, 2, 1.0, 1), Error);
-  // 20 examples over 50 peers: some peer must come out empty.
+  // 20 examples over 50 peers: some peer must come out empty, in every draw.
   try {
     partition_dirichlet(labels, 2, 50, 1.0, 1);
     FAIL() << "an empty peer was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("got no examples"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no draw gave each of the 50 peers at least 1 examples"), std::string::npos)
+        << e.what();
   }
+}
+
+TEST(Partition, DirichletDrawsAgainUntilEveryPeerHoldsABatch) {
+  const int n = 60000, classes = 10, peers = 32;  // Fashion-MNIST's size
+  const auto labels = balanced_labels(n, classes);
+  const auto first = partition_dirichlet(labels, classes, peers, 0.1, 2);
+  std::size_t smallest = n;
+  for (const auto& shard : first) smallest = std::min<std::size_t>(smallest, shard.size());
+  ASSERT_LT(smallest, 64u) << "this seed's first draw should leave a peer short of a batch of 64";
+  // The first draw is the partition whenever it holds enough, so asking for its own
+  // smallest shard changes nothing.
+  EXPECT_EQ(partition_dirichlet(labels, classes, peers, 0.1, 2, smallest), first);
+  const auto redrawn = partition_dirichlet(labels, classes, peers, 0.1, 2, 64);
+  expect_exact_cover(redrawn, n);
+  for (const auto& shard : redrawn) EXPECT_GE(shard.size(), 64u);
+  EXPECT_EQ(redrawn, partition_dirichlet(labels, classes, peers, 0.1, 2, 64));  // still deterministic
 }
 
 Dataset counting_dataset(int n, int features) {

@@ -73,8 +73,9 @@ TEST(Sgp, EqualsItsDenseRecursionOnDirectedGraphs) {
     const auto t = topology_from(yaml);
     for (UpdateForm form : {UpdateForm::kCta, UpdateForm::kAtc}) {
       const TrainConfig c = config(Algorithm::kSgp, form);
-      const auto expected = dense_twin([&](long long k) { return Eigen::MatrixXd(t.mixing_at(k)).cast<float>(); },
-                                       t.num_peers(), c, shape);
+      const auto expected =
+          dense_twin([&](long long k) -> Eigen::MatrixXf { return Eigen::MatrixXd(t.mixing_at(k)).cast<float>(); },
+                     t.num_peers(), c, shape);
       EXPECT_LT(worst(harness::run_steps(t, c, shape), expected), 1e-5) << yaml;
     }
   }

@@ -89,8 +89,10 @@ std::optional<std::uint64_t> latest_complete_step(const std::string& dir, int pe
 // Removes every peer's checkpoints older than the newest `keep` complete steps (as
 // latest_complete_step judges them) and returns how many files it removed. Keeps
 // everything while fewer than `keep` steps are complete, never touches newer, still
-// incomplete steps (peers may be writing them) or temporary files (a peer may be about to
-// rename one), and tolerates files that vanish meanwhile, so peers may prune concurrently.
+// incomplete steps (peers may be writing them) or a temporary file whose writer may still
+// rename it (it removes those a crash left: no process of this machine has the writer's
+// pid, and the file is 10 minutes old), and tolerates files that vanish meanwhile, so peers
+// may prune concurrently. Checkpoint files are written readable by their owner only.
 std::size_t prune_checkpoints(const std::string& dir, int peers, int keep, const CheckpointMatch& match = {});
 
 }  // namespace peertrain::train

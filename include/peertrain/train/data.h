@@ -73,9 +73,12 @@ std::shared_ptr<const Dataset> shared_fashion_mnist_test(const std::string& dir)
 std::vector<std::vector<int>> partition_iid(int num_examples, int peers, std::uint64_t seed);
 // Non-iid: for each class, proportions over the peers are drawn from Dir(alpha) and the
 // class's (shuffled) examples are cut accordingly. Small alpha gives each peer few classes;
-// large alpha approaches iid. Deterministic in seed; throws if a peer gets no example.
+// large alpha approaches iid. Deterministic in seed. A draw that leaves a peer fewer than
+// min_examples (at least 1; the trainer asks for one batch) is drawn again, from the same
+// stream, up to 100 times, and then an error names alpha, the peers and the best draw; a
+// first draw that satisfies it is the partition.
 std::vector<std::vector<int>> partition_dirichlet(const std::vector<std::int32_t>& labels, int classes, int peers,
-                                                  double alpha, std::uint64_t seed);
+                                                  double alpha, std::uint64_t seed, std::size_t min_examples = 1);
 
 // Draws batches from one peer's shard, in an order reshuffled every epoch. The order of
 // epoch e depends only on (seed, e), so callers give each peer its own seed (mixing in the
