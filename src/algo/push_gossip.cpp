@@ -107,14 +107,41 @@ void PushGossip::start(std::uint64_t step, DirectedRow row, std::span<const floa
 net::SharedPayload PushGossip::take(const Owed& owed, bool wait, std::size_t size) {
   if (is_lost(owed.source)) return nullptr;
   net::SharedPayload payload;
+  // Waited for in slices of at most a second, between which it is given up on once it
+  // left or its link is gone (what it sent has then all arrived: a peer that failed at
+  // start closes its links, and waiting the whole bound for it made the peers waiting on
+  // this one give up on it too), once it has been silent, not even heartbeating, for half
+  // of --peer-timeout, or at the whole bound.
+  const double bound = network_.peer_timeout_s();
+  const auto begin = RunClock::now();
   try {
-    if (wait) {
-      payload = std::make_shared<net::Payload>(network_.receive_while_alive(owed.source, net::MessageType::kParameters,
-                                                                            owed.step, 0, network_.peer_timeout_s()));
-    } else if (auto arrived = network_.try_receive(owed.source, net::MessageType::kParameters, owed.step, 0)) {
-      payload = std::make_shared<net::Payload>(std::move(*arrived));
-    } else {
-      return nullptr;
+    for (;;) {
+      if (auto arrived = network_.try_receive(owed.source, net::MessageType::kParameters, owed.step, 0)) {
+        payload = std::make_shared<net::Payload>(std::move(*arrived));
+        break;
+      }
+      if (!wait) return nullptr;
+      const double waited = seconds_since(begin);
+      std::string why;
+      if (!network_.alive(owed.source))
+        why = "left or was lost";
+      else if (network_.silence_s(owed.source) >= bound / 2)
+        why = str("has sent nothing, not even a heartbeat, for ", static_cast<int>(network_.silence_s(owed.source)),
+                  " s");
+      else if (waited >= bound)
+        why = str("still sounds alive but sent nothing within ", static_cast<int>(bound), " s");
+      if (!why.empty()) {
+        give_up_on(owed.source, str(network_.peer_name(owed.source), " ", why, " before it sent step ", owed.step,
+                                    "; peer ", network_.self(), " gives up on it"));
+        return nullptr;
+      }
+      try {
+        payload = std::make_shared<net::Payload>(network_.receive(owed.source, net::MessageType::kParameters, owed.step,
+                                                                  0, std::clamp(bound - waited, 0.001, 1.0)));
+        break;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kTimeout) throw;
+      }
     }
   } catch (const Error& e) {
     give_up_on(owed.source, e.what());

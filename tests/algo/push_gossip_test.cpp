@@ -174,5 +174,31 @@ TEST(PushGossip, ALostTargetsShareStaysHomeSoTheSurvivorsKeepTheirMass) {
   EXPECT_LT(worst, 1e-4);
 }
 
+TEST(PushGossip, ASourceThatLeftIsGivenUpOnAtOnceNotAfterTheTimeout) {
+  // Peer 2 closes its links before it sends anything (a process that failed at start): its
+  // targets give up on it within a slice, not after the 20 s --peer-timeout.
+  const int n = 3;
+  const SparseMatrix p = p_of("graph: {n: 3, directed: true, edges: [[0, 1], [1, 2], [2, 0]]}");
+  net::LoopbackFabric fabric(all_linked(n, 20.0));
+  std::vector<std::vector<std::pair<int, std::string>>> gave_up(n);
+  testing::run_peers(n, [&](int rank) {
+    auto net = fabric.transport(rank);
+    if (rank == 2) {
+      net->close();
+      return;
+    }
+    PushGossip gossip(*net, DirectedMixing::kPushSum);
+    std::vector<float> v(4, static_cast<float>(rank));
+    gossip.start(0, directed_row(p, rank), v);
+    gossip.finish(v);
+    gave_up[static_cast<std::size_t>(rank)] = gossip.newly_lost();
+    net->close();
+  });
+  ASSERT_EQ(gave_up[0].size(), 1u);  // 0 hears from 2 only
+  EXPECT_EQ(gave_up[0][0].first, 2);
+  // Given up on because it left, not because the bound ran out.
+  EXPECT_NE(gave_up[0][0].second.find("left"), std::string::npos) << gave_up[0][0].second;
+}
+
 }  // namespace
 }  // namespace peertrain::algo::directed_test
