@@ -140,7 +140,7 @@ int inspect_directed(const Topology& t, const std::string& format, int draws, do
   const DirectedSpectrum s = analyze_directed(t.mixing);
   std::optional<SequenceSpectrum> sequence;
   if (t.time_varying()) {
-    const int window = t.redrawn() ? one_peer_directed_period(t.num_peers()) : t.period();
+    const int window = t.redrawn() ? one_peer_exponential_period(t.num_peers()) : t.period();
     sequence = analyze_sequence([&t](long long step) { return t.mixing_at(step); }, window, t.redrawn() ? draws : 1);
   }
   const double slem = sequence ? sequence->slem : s.slem;

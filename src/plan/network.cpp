@@ -150,10 +150,7 @@ std::string to_string(PeerAlgorithm a) {
 topology::Digraph step_arcs(const topology::Topology& topo, PeerAlgorithm algorithm, long long step, int fanout) {
   const int n = topo.num_peers();
   if (algorithm == PeerAlgorithm::kEl) {
-    int s = fanout;
-    if (s <= 0)
-      while ((1LL << s) < n) ++s;
-    return topology::random_out_step(n, std::clamp(s, 1, std::max(1, n - 1)), 1, step);
+    return topology::random_out_step(n, fanout > 0 ? fanout : topology::default_fanout(n), 1, step);
   }
   if (topo.directed) return topo.digraph_at(step);
   std::vector<topology::Arc> arcs;

@@ -9,6 +9,7 @@
 
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
+#include "peertrain/topology/generators.h"
 
 namespace peertrain::topology {
 namespace {
@@ -207,16 +208,12 @@ Digraph directed_exponential(int n) {
   return Digraph::from_arcs(n, std::move(arcs), "directed-exponential");
 }
 
-int one_peer_directed_period(int n) {
-  int period = 0;
-  while ((1LL << period) < n) ++period;
-  return std::max(period, 1);
-}
+int default_fanout(int peers) { return std::clamp(one_peer_exponential_period(peers), 1, std::max(1, peers - 1)); }
 
 Digraph one_peer_directed_exponential_step(int n, long long step) {
   std::vector<Arc> arcs;
   if (n > 1) {
-    const long long hop = 1LL << (step % one_peer_directed_period(n));
+    const long long hop = 1LL << (step % one_peer_exponential_period(n));
     for (int i = 0; i < n; ++i) arcs.push_back({i, static_cast<int>((i + hop) % n)});
   }
   return Digraph::from_arcs(n, std::move(arcs), "one-peer-directed-exponential");

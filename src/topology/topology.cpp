@@ -103,11 +103,11 @@ GraphSource read_directed_generator(const Reader& r, const YAML::Node& node, Dig
       r.fail(node, str("generator '", source.generator, "' links every pair; n = ", p.n, " is too many"));
   } else if (node["fanout"] || node["seed"]) {
     r.fail(node[node["fanout"] ? "fanout" : "seed"], str("generator '", source.generator, "' takes only n"));
-  } else if (static_cast<long long>(p.n) * one_peer_directed_period(p.n) >
+  } else if (static_cast<long long>(p.n) * one_peer_exponential_period(p.n) >
              std::min<long long>(kMaxEdges, 10LL * r.max_peers())) {
     // (Both exponential graphs have n·⌈log₂ n⌉ arcs, the one-peer one over its period.)
     r.fail(node, str("generator '", source.generator, "' with n = ", p.n, " would make ",
-                     static_cast<long long>(p.n) * one_peer_directed_period(p.n), " arcs, more than the ",
+                     static_cast<long long>(p.n) * one_peer_exponential_period(p.n), " arcs, more than the ",
                      std::min<long long>(kMaxEdges, 10LL * r.max_peers()), " supported"));
   }
   try {
@@ -336,7 +336,7 @@ bool Topology::redrawn() const { return source.kind == GraphSource::Kind::kGener
 
 int Topology::period() const {
   if (!time_varying() || redrawn()) return 1;
-  return directed ? one_peer_directed_period(num_peers()) : one_peer_exponential_period(num_peers());
+  return one_peer_exponential_period(num_peers());
 }
 
 Graph Topology::graph_at(long long step) const {
@@ -442,7 +442,7 @@ Topology make_directed_topology(std::string name, GraphSource source, Digraph di
     t.check = validate_column_stochastic(t.digraph, t.mixing, str(what, ", P at step 0"));
   } else {
     // (period() reads n from the graph, which is not set yet.)
-    const int period = t.time_varying() ? one_peer_directed_period(n) : 1;
+    const int period = t.time_varying() ? one_peer_exponential_period(n) : 1;
     std::vector<Digraph> steps;
     for (int step = 0; step < period; ++step) steps.push_back(t.digraph_at(step));
     const Digraph all = union_of(steps);

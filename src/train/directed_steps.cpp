@@ -163,19 +163,13 @@ class EpidemicLearning final : public DirectedStep {
 
 }  // namespace
 
-int default_fanout(int peers) {
-  int s = 0;
-  while ((1LL << s) < peers) ++s;
-  return std::clamp(s, 1, std::max(1, peers - 1));
-}
-
 std::unique_ptr<StepAlgorithm> make_sgp(const TrainConfig& config, StepContext context, std::size_t parameters) {
   return std::make_unique<Sgp>(std::move(context), parameters, config.update, config.max_staleness);
 }
 
 std::unique_ptr<StepAlgorithm> make_epidemic(const TrainConfig& config, StepContext context, std::size_t parameters) {
   const int n = context.peers;
-  const int fanout = config.fanout > 0 ? config.fanout : default_fanout(n);
+  const int fanout = config.fanout > 0 ? config.fanout : topology::default_fanout(n);
   if (n < 2 || fanout > n - 1)
     throw Error(ErrorKind::kInvalidArgument,
                 str("--fanout ", fanout, " needs at least ", fanout + 1, " peers; the topology has ", n));

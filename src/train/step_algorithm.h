@@ -68,8 +68,6 @@ std::unique_ptr<StepAlgorithm> make_diloco(const TrainConfig& config, StepContex
 // Stochastic Gradient Push and Epidemic Learning (train/directed_steps.cpp).
 std::unique_ptr<StepAlgorithm> make_sgp(const TrainConfig& config, StepContext context, std::size_t parameters);
 std::unique_ptr<StepAlgorithm> make_epidemic(const TrainConfig& config, StepContext context, std::size_t parameters);
-// Epidemic Learning's default fanout: ⌈log₂ n⌉ (de Vos et al. 2023), within 1..n − 1.
-int default_fanout(int peers);
 
 // Streaming DiLoCo's fragments: the layers grouped, in order, into `fragments` contiguous
 // ranges (offset, size) of about equal size. Throws Error(kInvalidArgument) when there are

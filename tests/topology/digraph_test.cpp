@@ -7,6 +7,7 @@
 #include <Eigen/Dense>
 #include <cmath>
 
+#include "peertrain/topology/generators.h"
 #include "peertrain/topology/topology.h"
 #include "test_util.h"
 
@@ -65,7 +66,7 @@ TEST(DirectedGenerators, ExponentialGraphsAndTheirPeriod) {
   const Digraph g = directed_exponential(12);
   for (int i = 0; i < 12; ++i) EXPECT_EQ(g.out_degree(i), 4);  // hops 1, 2, 4, 8
   EXPECT_TRUE(g.has_arc(11, 7));                               // 11 + 8 mod 12
-  EXPECT_EQ(one_peer_directed_period(12), 4);
+  EXPECT_EQ(one_peer_exponential_period(12), 4);
   const Digraph step5 = one_peer_directed_exponential_step(12, 5);  // hop 2^(5 mod 4) = 2
   for (int i = 0; i < 12; ++i)
     EXPECT_EQ(std::vector<int>(step5.out(i).begin(), step5.out(i).end()), std::vector<int>{(i + 2) % 12});

@@ -83,7 +83,8 @@ bool is_directed_generator(std::string_view generator);
 bool is_redrawn(std::string_view generator);
 
 Digraph directed_exponential(int n);
-int one_peer_directed_period(int n);  // τ = ⌈log₂ n⌉, at least 1
+// Epidemic Learning's default fanout: ⌈log₂ n⌉ (de Vos et al. 2023), within 1..n − 1.
+int default_fanout(int peers);
 Digraph one_peer_directed_exponential_step(int n, long long step);
 // The seeded draws: the same (n, fanout, seed, step) gives the same digraph everywhere.
 // Throw Error(kInvalidArgument) unless 1 ≤ fanout ≤ n − 1.
