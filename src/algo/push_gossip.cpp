@@ -131,6 +131,11 @@ net::SharedPayload PushGossip::take(const Owed& owed, bool wait, std::size_t siz
       else if (waited >= bound)
         why = str("still sounds alive but sent nothing within ", static_cast<int>(bound), " s");
       if (!why.empty()) {
+        // What it sent before it closed has all arrived, perhaps since the try above.
+        if (auto arrived = network_.try_receive(owed.source, net::MessageType::kParameters, owed.step, 0)) {
+          payload = std::make_shared<net::Payload>(std::move(*arrived));
+          break;
+        }
         give_up_on(owed.source, str(network_.peer_name(owed.source), " ", why, " before it sent step ", owed.step,
                                     "; peer ", network_.self(), " gives up on it"));
         return nullptr;
