@@ -92,7 +92,8 @@ def neighbor_allreduce(tensor, self_weight=None, src_weights=None):
 
 def neighbor_allreduce_nonblocking(tensor, self_weight=None, src_weights=None):
     """neighbor_allreduce started in the background: returns a Handle; handle.wait(timeout)
-    gives the result. The tensor must not change until then."""
+    gives the result. The handle holds the tensor's buffer until then: resizing it (an
+    array.array, a NumPy array) raises BufferError, and its values must not change."""
     return _core.neighbor_allreduce_nonblocking(tensor, self_weight, src_weights)
 
 

@@ -59,11 +59,14 @@ py::array_t<float> like(const FloatView& v) { return py::array_t<float>(v.shape)
 std::span<float> span_of(py::array_t<float>& a) { return {a.mutable_data(), static_cast<std::size_t>(a.size())}; }
 
 // The result of a non-blocking call: the future, the input kept alive until it is done,
-// and the output (None for barrier).
+// and the output (None for barrier). A call that reads the input while it runs holds the
+// input's buffer export as well: while it is held, an array('f') refuses to grow and a
+// NumPy array to resize (BufferError), so the worker never reads freed memory.
 class Handle {
  public:
-  Handle(std::shared_future<void> done, py::object keep, py::object result)
-      : done_(std::move(done)), keep_(std::move(keep)), result_(std::move(result)) {}
+  Handle(std::shared_future<void> done, py::object keep, py::object result,
+         std::unique_ptr<py::buffer_info> reading = nullptr)
+      : done_(std::move(done)), keep_(std::move(keep)), result_(std::move(result)), reading_(std::move(reading)) {}
   py::object wait(std::optional<double> timeout_s) {
     {
       py::gil_scoped_release release;
@@ -71,7 +74,8 @@ class Handle {
         throw Error(ErrorKind::kTimeout, "the call did not finish within " + std::to_string(*timeout_s) + " s");
       done_.wait();
     }
-    done_.get();  // rethrows the call's error
+    reading_.reset();  // done: the export is released (with the GIL held)
+    done_.get();       // rethrows the call's error
     keep_ = py::none();
     return result_;
   }
@@ -82,12 +86,14 @@ class Handle {
       py::gil_scoped_release release;
       done_.wait();
     }
+    reading_.reset();  // after the wait, and with the GIL held again
   }
   Handle(Handle&&) = default;
 
  private:
   std::shared_future<void> done_;
   py::object keep_, result_;
+  std::unique_ptr<py::buffer_info> reading_;
 };
 
 // Runs `call` on the session's worker, waiting without the GIL.
@@ -195,10 +201,11 @@ PYBIND11_MODULE(_peertrain, m) {
       "neighbor_allreduce_nonblocking",
       [](const py::object& tensor, std::optional<double> self_weight,
          std::optional<std::map<int, double>> src_weights) {
-        const FloatView v = view_of(tensor, "neighbor_allreduce_nonblocking");
+        FloatView v = view_of(tensor, "neighbor_allreduce_nonblocking");
         py::array_t<float> out = like(v);
         auto done = submit_neighbor_allreduce(v, out, self_weight, std::move(src_weights));
-        return Handle(std::move(done), tensor, out);
+        // The worker reads v.values until it is done: the export goes with the handle.
+        return Handle(std::move(done), tensor, out, std::make_unique<py::buffer_info>(std::move(v.info)));
       },
       py::arg("tensor"), py::arg("self_weight") = py::none(), py::arg("src_weights") = py::none());
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "async_gossip_codec.h"
 #include "peertrain/core/codec.h"
 #include "peertrain/core/error.h"
 
@@ -11,16 +12,11 @@ namespace {
 
 constexpr double kPollS = 0.05;  // how often the protocol thread looks at stop() and time-outs
 
-// The message's parts: kind, the sender's counts, and its floats (a view into the payload).
-struct Decoded {
-  std::uint32_t kind = 0;
-  std::vector<std::uint64_t> counts;
-  std::span<const float> values;
-};
+}  // namespace
 
-Decoded decode(const net::Payload& payload, int peers, const std::string& what) {
+AveragingMessage decode_averaging_message(std::span<const std::byte> payload, int peers, const std::string& what) {
   codec::Reader in(payload, what);
-  Decoded d;
+  AveragingMessage d;
   d.kind = in.u32();
   if (d.kind < 1 || d.kind > 4) throw Error(ErrorKind::kParse, str(what, ": unknown kind ", d.kind));
   const std::uint32_t n = in.u32();
@@ -34,8 +30,6 @@ Decoded decode(const net::Payload& payload, int peers, const std::string& what) 
   d.values = {reinterpret_cast<const float*>(rest.data()), rest.size() / sizeof(float)};
   return d;
 }
-
-}  // namespace
 
 AsyncGossip::AsyncGossip(net::Transport& network, std::span<float> x, std::mutex& x_mutex, AsyncGossipOptions options)
     : network_(network),
@@ -141,7 +135,8 @@ double AsyncGossip::known_samples() const {
 }
 
 void AsyncGossip::handle(int from, const net::Payload& payload) {
-  const Decoded m = decode(payload, options_.peers, str("averaging message from ", name(from)));
+  const AveragingMessage m =
+      decode_averaging_message(payload, options_.peers, str("averaging message from ", name(from)));
   net::Payload answer;
   if (static_cast<Kind>(m.kind) == Kind::kRequest) answer.resize(8 + 8 * counts_.size() + x_.size_bytes());
   std::lock_guard lock(mutex_);
@@ -177,7 +172,7 @@ void AsyncGossip::handle(int from, const net::Payload& payload) {
     case Kind::kAccept: {
       // x_i ← avg + (x_i − x_sent): the gradient steps taken since the request stay on top
       // of the average. Where nothing changed, exactly avg, as the partner holds.
-      const Decoded sent = decode(*request_, options_.peers, "this peer's request");
+      const AveragingMessage sent = decode_averaging_message(*request_, options_.peers, "this peer's request");
       for (std::size_t i = 0; i < x_.size(); ++i)
         x_[i] = x_[i] == sent.values[i] ? m.values[i] : x_[i] + (m.values[i] - sent.values[i]);
       ++stats_.averaged;

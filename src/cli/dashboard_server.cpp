@@ -11,11 +11,13 @@
 #include <chrono>
 #include <deque>
 #include <future>
+#include <map>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "peertrain/core/error.h"
+#include "peertrain/net/auth.h"
 #include "web_assets.h"
 
 namespace peertrain::cli {
@@ -64,7 +66,7 @@ bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host =
 
 const char* const kTokenPage = R"(<!doctype html><meta charset="utf-8"><title>peertrain dashboard</title>
 <body style="font-family:sans-serif;margin:3em"><h1>peertrain dashboard</h1>
-<p>This run was started with <code>--secret-file</code>: enter the token that <code>peertrain launch</code> printed.</p>
+<p>This dashboard asks for a token: enter the one in the address that <code>peertrain launch</code> printed.</p>
 <form method="get" action="/"><input name="token" size="40" autofocus> <button>Open</button></form></body>)";
 
 }  // namespace
@@ -73,10 +75,32 @@ class WsSession;
 
 class HttpSession;
 
+// One connection's place in the per-address count: taken at accept, given back when the
+// request, or the WebSocket it became, ends.
+class AddressSlot {
+ public:
+  AddressSlot(std::map<std::string, std::size_t>& counts, std::string address)
+      : counts_(counts), address_(std::move(address)) {
+    ++counts_[address_];
+  }
+  ~AddressSlot() {
+    if (--counts_[address_] == 0) counts_.erase(address_);
+  }
+  AddressSlot(const AddressSlot&) = delete;
+  AddressSlot& operator=(const AddressSlot&) = delete;
+
+ private:
+  std::map<std::string, std::size_t>& counts_;
+  std::string address_;
+};
+
 struct DashboardServer::State {
   static constexpr std::size_t kMaxConnections = 64;  // browsers and requests at once; more are closed
+  // From one address other than this host's loopback: no stranger takes every slot.
+  static constexpr std::size_t kMaxPerAddress = 8;
 
-  // Before io: sessions still queued in io when it is destroyed leave this set then.
+  // Before io: sessions still queued in io when it is destroyed leave these then.
+  std::map<std::string, std::size_t> per_address;  // open connections by remote address
   std::set<HttpSession*> requests;
   DashboardOptions options;
   asio::io_context io;
@@ -128,7 +152,8 @@ struct DashboardServer::State {
 // One browser's WebSocket: the snapshot first, then every update, through a bounded queue.
 class WsSession : public std::enable_shared_from_this<WsSession> {
  public:
-  WsSession(tcp::socket&& socket, DashboardServer::State& state) : ws_(std::move(socket)), state_(state) {}
+  WsSession(tcp::socket&& socket, DashboardServer::State& state, std::shared_ptr<AddressSlot> slot)
+      : ws_(std::move(socket)), state_(state), slot_(std::move(slot)) {}
 
   void run(http::request<http::empty_body> request) {
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
@@ -202,6 +227,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   websocket::stream<beast::tcp_stream> ws_;
   DashboardServer::State& state_;
+  std::shared_ptr<AddressSlot> slot_;
   beast::flat_buffer buffer_;
   std::deque<std::shared_ptr<const std::string>> queue_;
   bool writing_ = false, needs_snapshot_ = false, closed_ = false;
@@ -210,7 +236,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 // One HTTP request: the page, its scripts, the state as JSON, or the upgrade to /ws.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& socket, DashboardServer::State& state) : stream_(std::move(socket)), state_(state) {
+  HttpSession(tcp::socket&& socket, DashboardServer::State& state, std::shared_ptr<AddressSlot> slot)
+      : stream_(std::move(socket)), state_(state), slot_(std::move(slot)) {
     state_.requests.insert(this);
   }
   ~HttpSession() { state_.requests.erase(this); }
@@ -244,7 +271,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       if (path != "/ws" || !state_.authorized(target))
         return reply(request, http::status::unauthorized, "text/plain", "no");
       stream_.expires_never();
-      std::make_shared<WsSession>(stream_.release_socket(), state_)->run(std::move(request));
+      std::make_shared<WsSession>(stream_.release_socket(), state_, slot_)->run(std::move(request));
       return;
     }
     if (request.method() != http::verb::get && request.method() != http::verb::head)
@@ -276,6 +303,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   beast::tcp_stream stream_;
   DashboardServer::State& state_;
+  std::shared_ptr<AddressSlot> slot_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::empty_body>> parser_;
 };
@@ -301,8 +329,15 @@ void DashboardServer::State::accept() {
       return;
     }
     close_on_exec(socket);
-    if (connections() < kMaxConnections) {
-      std::make_shared<HttpSession>(std::move(socket), *this)->run();
+    beast::error_code peer_ec;
+    const auto remote = socket.remote_endpoint(peer_ec).address();
+    const std::string address = peer_ec ? std::string() : remote.to_string();
+    const auto from_here = per_address.find(address);
+    const bool address_full =
+        !peer_ec && !remote.is_loopback() && from_here != per_address.end() && from_here->second >= kMaxPerAddress;
+    if (!peer_ec && connections() < kMaxConnections && !address_full) {
+      std::make_shared<HttpSession>(std::move(socket), *this, std::make_shared<AddressSlot>(per_address, address))
+          ->run();
     } else {
       beast::error_code ignored;
       socket.close(ignored);
@@ -370,6 +405,9 @@ DashboardOptions parse_dashboard_address(const std::string& text) {
 DashboardServer::DashboardServer(DashboardOptions options) : state_(std::make_shared<State>()) {
   state_->options = std::move(options);
   State& s = *state_;
+  // Reachable from other machines, it always asks for a token, with a key or without.
+  if (s.options.token.empty() && !is_loopback(s.options.host))
+    s.options.token = net::Secret::generate().hex().substr(0, 32);
   const std::string where = str(s.options.host, ":", s.options.port);
   try {
     const tcp::endpoint endpoint(asio::ip::make_address(s.options.host), static_cast<unsigned short>(s.options.port));

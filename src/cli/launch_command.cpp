@@ -69,7 +69,8 @@ std::string describe_exit(int status) {
 }
 
 // --dashboard: the server, the page's view of the configuration, and a token when the
-// run is authenticated (a fresh random one: the key itself never leaves the key file).
+// run is authenticated (a fresh random one: the key itself never leaves the key file; the
+// server makes one of its own on an address other than loopback).
 std::unique_ptr<DashboardServer> start_dashboard(const cxxopts::ParseResult& args, const train::TrainConfig& config,
                                                  const topology::Topology& topology, const fs::path& out) {
   DashboardOptions options = parse_dashboard_address(args["dashboard"].as<std::string>());

@@ -230,6 +230,35 @@ bool verify_handshake_proof(const Secret& secret, Role prover, const HandshakeCo
   return CRYPTO_memcmp(expected.data(), proof.data(), kProofBytes) == 0;
 }
 
+// --- data at rest ------------------------------------------------------------------------
+
+FileMac file_mac(const Secret& secret, std::span<const std::byte> data) {
+  static constexpr std::string_view kLabel = "peertrain checkpoint mac v1";
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (!mac) openssl_failed("EVP_MAC_fetch(HMAC)");
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac);
+  EVP_MAC_free(mac);
+  if (!ctx) openssl_failed("EVP_MAC_CTX_new");
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  const auto key = secret.bytes();
+  FileMac out{};
+  std::size_t length = 0;
+  const bool ok = EVP_MAC_init(ctx, key.data(), key.size(), params) &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(kLabel.data()), kLabel.size()) &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size()) &&
+                  EVP_MAC_final(ctx, out.data(), &length, out.size()) && length == out.size();
+  EVP_MAC_CTX_free(ctx);
+  if (!ok) openssl_failed("HMAC of a file");
+  return out;
+}
+
+bool verify_file_mac(const Secret& secret, std::span<const std::byte> data,
+                     std::span<const std::uint8_t, kFileMacBytes> mac) {
+  const FileMac expected = file_mac(secret, data);
+  return CRYPTO_memcmp(expected.data(), mac.data(), kFileMacBytes) == 0;
+}
+
 // --- frames ------------------------------------------------------------------------------
 
 // One direction of a link: its ChaCha20-Poly1305 context, keyed once, and its counter.

@@ -131,6 +131,8 @@ struct TcpCore {
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   tcp::acceptor acceptor{io};
   std::thread thread;
+  // False once the I/O thread has left io.run(): no handler can touch a send's bytes then.
+  std::atomic<bool> io_running{true};
   std::map<int, std::unique_ptr<Link>> links;
 
   std::mutex mutex;  // guards the mailbox and the link states marked above

@@ -248,6 +248,7 @@ void TcpCore::read_failed(Link& l, const boost::system::error_code& ec) {
 void TcpCore::deliver(Link& l) {
   const FrameHeader& h = l.pending;
   bool duplicate = false;
+  std::string flood;
   {
     std::lock_guard lock(mutex);
     if (!transport_own(h.type)) {
@@ -260,10 +261,14 @@ void TcpCore::deliver(Link& l) {
     } else if (h.type == MessageType::kHeartbeat || transport_own(h.type)) {
       // nothing to deliver: hearing a heartbeat was the point; the rings are the transport's
     } else {
-      duplicate = !mailbox.put(Mailbox::key(l.peer, h.type, h.step, h.tag), std::move(l.payload_in));
+      flood = mailbox.over_limit(l.peer, l.payload_in.size());
+      if (flood.empty()) duplicate = !mailbox.put(Mailbox::key(l.peer, h.type, h.step, h.tag), std::move(l.payload_in));
       l.payload_in = Payload();
     }
   }
+  if (!flood.empty())
+    return fail_link(l, str("bad traffic from ", l.name, ": ", flood, " at its ", to_string(h.type), " for step ",
+                            h.step, "; closing the link"));
   if (duplicate)
     return fail_link(l, str("bad frame from ", l.name, ": a second ", to_string(h.type), " for step ", h.step,
                             " (part ", h.tag, "); closing the link"));
@@ -635,6 +640,11 @@ class TcpTransport final : public Transport {
     const int self = m.options.self;
     PEERTRAIN_CHECK(self >= 0 && self < static_cast<int>(m.options.endpoints.size()), "self ", self, " of ",
                     m.options.endpoints.size(), " endpoints");
+    const std::size_t largest = static_cast<std::size_t>(m.options.max_payload_bytes);
+    m.mailbox.set_limits({.bytes_per_sender = m.options.max_unread_bytes > 0 ? m.options.max_unread_bytes
+                                                                             : 16 * largest + (std::size_t{64} << 20),
+                          .messages_per_sender =
+                              m.options.max_unread_messages > 0 ? m.options.max_unread_messages : std::size_t{65536}});
     for (int peer : m.options.links) {
       auto l = std::make_unique<Link>(m.io);
       l->peer = peer;
@@ -655,6 +665,7 @@ class TcpTransport final : public Transport {
       } catch (const std::exception& e) {
         log::error("the I/O thread stopped: ", e.what());
       }
+      m.io_running = false;
     });
   }
 
@@ -931,6 +942,8 @@ class TcpTransport final : public Transport {
   // What a send's wait() does when it runs out of time: on the I/O thread, it ends the
   // send with kTimeout and fails the link (closing the socket), so that the I/O thread has
   // let go of the send's bytes before the caller hears of the time-out and frees them.
+  // It waits for that as long as the I/O thread runs, however slow: only a thread that
+  // has left io.run() (and so can no longer write from the bytes) lets it return early.
   std::function<bool()> cancel_hook(Link& l, const std::shared_ptr<Work::State>& state) const {
     return [weak_core = std::weak_ptr<TcpCore>(core_), &l, weak_state = std::weak_ptr<Work::State>(state)] {
       const auto core = weak_core.lock();
@@ -943,9 +956,10 @@ class TcpTransport final : public Transport {
         c->fail_link(l, why);
         done->set_value();
       });
-      if (done->get_future().wait_for(std::chrono::seconds(5)) != std::future_status::ready)
-        return true;  // the I/O thread is stopped: nothing reads the bytes any more
-      return false;   // completed above
+      const auto completed = done->get_future();
+      while (completed.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
+        if (!core->io_running) return true;  // the I/O thread is gone: nothing reads the bytes any more
+      return false;                          // completed above
     };
   }
 

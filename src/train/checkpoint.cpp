@@ -151,7 +151,7 @@ bool step_is_complete(std::uint64_t step, const std::map<std::uint32_t, std::str
   for (const auto& [peer, path] : files) {
     CheckpointState state;
     try {
-      state = read_checkpoint(path);
+      state = read_checkpoint(path, match.key);
     } catch (const Error& e) {
       log::warn(e.what(), "; skipping checkpoint step ", step);
       return false;
@@ -199,7 +199,7 @@ std::string checkpoint_path(const std::string& dir, std::uint32_t peer, std::uin
   return (fs::path(dir) / file_name(peer, step)).string();
 }
 
-std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
+std::string write_checkpoint(const std::string& dir, const CheckpointState& s, const std::optional<net::Secret>& key) {
   const std::string path = checkpoint_path(dir, s.peer, s.step);
   if (s.peers < 1 || s.peer >= s.peers)
     throw Error(ErrorKind::kInvalidArgument, str(path, ": cannot write peer ", s.peer, " of ", s.peers, " peers"));
@@ -208,9 +208,9 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
                                                  s.sampler.batches_drawn, " or loss count ", s.loss_count));
 
   codec::Writer out(kCheckpointHeaderBytes + (s.params.size() + s.optimizer_state.size()) * sizeof(float) +
-                    kChecksumBytes);
+                    (key ? net::kFileMacBytes : kChecksumBytes));
   out.bytes(std::as_bytes(std::span(kMagic)))
-      .u32(kCheckpointVersion)
+      .u32(key ? kCheckpointMacVersion : kCheckpointVersion)
       .u32(static_cast<std::uint32_t>(kCheckpointHeaderBytes))
       .u32(s.peer)
       .u32(s.peers)
@@ -232,7 +232,12 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
   PEERTRAIN_CHECK(out.size() == kCheckpointHeaderBytes, "checkpoint header of ", out.size(), " bytes, the format says ",
                   kCheckpointHeaderBytes);
   out.floats(s.params).floats(s.optimizer_state);
-  out.u64(net::checksum_payload(out.view()));
+  if (key) {
+    const net::FileMac mac = net::file_mac(*key, out.view());
+    out.bytes(std::as_bytes(std::span(mac)));
+  } else {
+    out.u64(net::checksum_payload(out.view()));
+  }
   const std::vector<std::byte> bytes = out.take();
 
   std::error_code ec;
@@ -258,7 +263,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointState& s) {
   return path;
 }
 
-CheckpointState read_checkpoint(const std::string& path) {
+CheckpointState read_checkpoint(const std::string& path, const std::optional<net::Secret>& key) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw Error(ErrorKind::kIo, str(path, ": cannot open checkpoint: ", errno_text()));
   struct stat info{};
@@ -279,8 +284,18 @@ CheckpointState read_checkpoint(const std::string& path) {
   codec::Reader in(header, path);
   in.u64();  // the magic, checked above
   const auto version = in.u32();
-  if (version != 1 && version != kCheckpointVersion)
-    bad_file(path, str("format version ", version, "; this build reads versions 1 and ", kCheckpointVersion));
+  if (version < 1 || version > kCheckpointMacVersion)
+    bad_file(path, str("format version ", version, "; this build reads versions 1 to ", kCheckpointMacVersion));
+  const bool maced = version == kCheckpointMacVersion;
+  if (key && !maced)
+    bad_file(path,
+             "carries no MAC (written without --secret-file): a run with a key resumes only from "
+             "checkpoints MAC'd under it");
+  if (!key && maced)
+    bad_file(path,
+             "carries a MAC under the run's key (written with --secret-file): give the same --secret-file "
+             "to read it");
+  const std::size_t trailer = maced ? net::kFileMacBytes : kChecksumBytes;
   const std::size_t format_header = version == 1 ? kVersion1HeaderBytes : kCheckpointHeaderBytes;
   const auto header_bytes = in.u32();
   if (header_bytes != format_header)
@@ -306,13 +321,12 @@ CheckpointState read_checkpoint(const std::string& path) {
   PEERTRAIN_CHECK(in.offset() == format_header, "decoded ", in.offset(), " header bytes of ", format_header);
 
   // The sizes the header claims, against the file's length, before allocating anything.
-  const std::uint64_t room =
-      file_size > format_header + kChecksumBytes ? file_size - format_header - kChecksumBytes : 0;
+  const std::uint64_t room = file_size > format_header + trailer ? file_size - format_header - trailer : 0;
   if (parameters > room / sizeof(float) || state_floats > room / sizeof(float) - parameters)
     bad_file(path, str("truncated: the header claims ", parameters, " parameters and ", state_floats,
                        " optimizer values, which need ", format_header, " + 4 x (", parameters, " + ", state_floats,
-                       ") + ", kChecksumBytes, " bytes, but the file has ", file_size));
-  const std::uint64_t expected = format_header + sizeof(float) * (parameters + state_floats) + kChecksumBytes;
+                       ") + ", trailer, " bytes, but the file has ", file_size));
+  const std::uint64_t expected = format_header + sizeof(float) * (parameters + state_floats) + trailer;
   if (file_size != expected)
     bad_file(path, str(file_size > expected ? "trailing bytes" : "truncated", ": ", parameters, " parameters and ",
                        state_floats, " optimizer values need ", expected, " bytes, but the file has ", file_size));
@@ -322,10 +336,18 @@ CheckpointState read_checkpoint(const std::string& path) {
   const std::size_t rest = read_up_to(fd.get(), bytes.data() + header.size(), expected - header.size(), path);
   if (rest != expected - header.size())
     bad_file(path, str("truncated while reading: got ", header.size() + rest, " of ", expected, " bytes"));
-  std::uint64_t stored_sum;
-  std::memcpy(&stored_sum, bytes.data() + expected - kChecksumBytes, sizeof stored_sum);
-  const std::uint64_t sum = net::checksum_payload(std::span(bytes).first(expected - kChecksumBytes));
-  if (sum != stored_sum) bad_file(path, str("checksum mismatch (stored ", stored_sum, ", computed ", sum, ")"));
+  const auto body = std::span<const std::byte>(bytes).first(expected - trailer);
+  if (maced) {
+    net::FileMac stored{};
+    std::memcpy(stored.data(), bytes.data() + expected - trailer, stored.size());
+    if (!net::verify_file_mac(*key, body, stored))
+      bad_file(path, "MAC mismatch: the file was altered, or written under another key");
+  } else {
+    std::uint64_t stored_sum;
+    std::memcpy(&stored_sum, bytes.data() + expected - trailer, sizeof stored_sum);
+    const std::uint64_t sum = net::checksum_payload(body);
+    if (sum != stored_sum) bad_file(path, str("checksum mismatch (stored ", stored_sum, ", computed ", sum, ")"));
+  }
 
   // Ranges a writer could not have produced: only a bug or a forged file gets here.
   if (s.peers < 1 || s.peer >= s.peers) bad_file(path, str("peer ", s.peer, " of ", s.peers, " peers"));

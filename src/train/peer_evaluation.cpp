@@ -55,14 +55,16 @@ void PeerRun::send_report(int to, std::uint64_t round, const Report& report, con
   eval_received_ += net::kHeaderBytes;
 }
 
-// A report is waited for while its sender sounds alive, up to three times --peer-timeout:
-// just after a takeover, a peer may first have waited that long on the old coordinator
-// before turning to us. A silent sender (stopped, cut off, on the far side of a
-// partition) is given up after half of --peer-timeout, before the peers waiting on this
-// coordinator's release give up on it.
-net::Payload PeerRun::receive_report(int p, std::uint64_t round) {
+// The reports are waited for while their senders sound alive, all of them within one
+// deadline of three times --peer-timeout from the round's start: just after a takeover, a
+// peer may first have waited that long on the old coordinator before turning to us. One
+// deadline, not one per report, so that the peers waiting on this coordinator's release
+// (four times --peer-timeout) never give up on a live one. A silent sender (stopped, cut
+// off, on the far side of a partition) is given up after half of --peer-timeout.
+net::Payload PeerRun::receive_report(int p, std::uint64_t round, RunClock::time_point deadline) {
   if (!tolerant_) return network_->receive(p, net::MessageType::kReport, round, 0);
-  return network_->receive_while_alive(p, net::MessageType::kReport, round, 0, 3 * network_->peer_timeout_s());
+  const double left = std::chrono::duration<double>(deadline - RunClock::now()).count();
+  return network_->receive_while_alive(p, net::MessageType::kReport, round, 0, std::max(left, 0.001));
 }
 
 void PeerRun::coordinate(long long step, std::uint64_t round, const Report& report, std::vector<double> sent_to) {
@@ -73,11 +75,13 @@ void PeerRun::coordinate(long long step, std::uint64_t round, const Report& repo
   std::vector<net::Payload> others(n_);
   std::vector<std::span<const float>> xs{x_};  // this peer's, then the others' in order
   const std::vector<int>& gossip_lost = gossip_->lost();
+  const auto deadline = RunClock::now() + std::chrono::duration_cast<RunClock::duration>(
+                                              std::chrono::duration<double>(3 * network_->peer_timeout_s()));
   for (int p = 0; p < n_; ++p) {
     if (p == rank_ || membership_->is_lost(p) || std::count(gossip_lost.begin(), gossip_lost.end(), p)) continue;
     std::span<const float> theirs;
     try {
-      others[p] = receive_report(p, round);
+      others[p] = receive_report(p, round, deadline);
       reports[p] = decode_report(others[p], n_, size_, network_->peer_name(p), links[p], theirs);
     } catch (const Error& e) {
       // A peer that is gone, silent, or sends a malformed report is counted lost.

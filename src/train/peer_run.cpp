@@ -80,6 +80,7 @@ PeerRun::PeerRun(const topology::Topology& t, int rank, const TrainConfig& confi
   if (config.max_steps > 0) total_steps_ = std::min(total_steps_, config.max_steps);
   eval_every_ = config.eval_every > 0 ? config.eval_every : steps_per_epoch_;
   match_ = {t.fingerprint(), config.run_id ? config.run_id : derive_run_id(config, t), size_};
+  if (!config.secret_file.empty()) match_.key = net::Secret::load(config.secret_file);
   report_bytes_ = net::kHeaderBytes + report_payload_bytes(n_, size_);
 
   const std::uint64_t resume_step = find_resume_step();
@@ -135,7 +136,7 @@ void PeerRun::connect(std::uint64_t resume_step) {
 
 void PeerRun::connect_tcp(std::uint64_t resume_step) {
   net::TcpOptions options;
-  if (!config_.secret_file.empty()) options.secret = net::Secret::load(config_.secret_file);
+  options.secret = match_.key;
   options.self = rank_;
   for (const auto& p : t_.peers) options.endpoints.push_back({p.host, p.port});
   options.links = links_for(config_, t_, rank_);
@@ -149,6 +150,10 @@ void PeerRun::connect_tcp(std::uint64_t resume_step) {
   const std::size_t vectors = config_.algorithm == Algorithm::kGt ? 2 : 1;
   options.max_payload_bytes =
       vectors * size_ * sizeof(float) + (kReportDoubles + static_cast<std::size_t>(n_)) * sizeof(double);
+  // A neighbour may run --max-staleness steps ahead, each step a message: room for those
+  // on top of the transport's default cap.
+  options.max_unread_bytes =
+      (static_cast<std::size_t>(config_.max_staleness) + 16) * options.max_payload_bytes + (std::size_t{64} << 20);
   options.node_bandwidth_mbps = t_.node_bandwidth_mbps;
   options.node_ingress_mbps = t_.node_ingress_mbps;
   options.shared_memory = config_.shared_memory;
@@ -194,7 +199,7 @@ void PeerRun::trace_row(long long step, const algo::MixingRow& row) {
 // resume_step was found before connecting, so that it is part of the run id.
 void PeerRun::resume(std::uint64_t resume_step) {
   const std::string path = checkpoint_path(config_.checkpoint_dir, rank_, resume_step);
-  const CheckpointState saved = read_checkpoint(path);
+  const CheckpointState saved = read_checkpoint(path, match_.key);
   if (saved.peer != static_cast<std::uint32_t>(rank_) || saved.params.size() != size_)
     throw Error(ErrorKind::kParse, str(path, ": belongs to another peer or model"));
   x_ = saved.params;
@@ -250,7 +255,7 @@ void PeerRun::save(long long done) {
   state.bytes_received = received_base_ + counters.bytes_received - eval_received_;
   state.params = x_;
   state.optimizer_state.assign(optimizer_->state().begin(), optimizer_->state().end());
-  write_checkpoint(config_.checkpoint_dir, state);
+  write_checkpoint(config_.checkpoint_dir, state, match_.key);
   if (membership_->is_coordinator()) prune_checkpoints(config_.checkpoint_dir, n_, 2, match_);
 }
 

@@ -56,7 +56,7 @@ class PeerRun {
   // different steps and meet in one final round.
   void evaluate(long long step, double epoch, std::uint64_t round = 0);
   void send_report(int to, std::uint64_t round, const Report& report, const std::vector<double>& sent_to);
-  net::Payload receive_report(int p, std::uint64_t round);
+  net::Payload receive_report(int p, std::uint64_t round, RunClock::time_point deadline);
   void coordinate(long long step, std::uint64_t round, const Report& report, std::vector<double> sent_to);
   // A straggler (the topology's stragglers) sleeps so that its gradient took `slowdown` times as long.
   void emulate_straggler(double gradient_s) const;

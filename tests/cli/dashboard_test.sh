@@ -24,6 +24,47 @@ if "$bin" launch --topology "$work/ring4.yaml" --dashboard "$used" --max-steps 2
 elif grep -q "^error: --dashboard 127.0.0.1:$used: cannot listen" "$work/err.log"; then ok; else fail "port in use: $(cat "$work/err.log")"; fi
 kill $holder 2>/dev/null
 
+# Bound to every interface without a key, the dashboard still asks for a token, and it
+# closes a ninth connection from one address other than loopback (this host's own
+# non-loopback address stands in for a stranger's; the check is skipped without one).
+"$bin" launch --topology "$work/ring4.yaml" --dashboard 0.0.0.0:0 --max-steps 1000000 --out "$work/open" \
+  >"$work/open.log" 2>&1 &
+run=$!
+for _ in $(seq 200); do grep -q "^dashboard: " "$work/open.log" && break; sleep 0.1; done
+url=$(sed -n 's/^dashboard: \([^ ]*\).*/\1/p' "$work/open.log" | head -1)
+[[ $url == *"?token="* ]] && ok || fail "a dashboard on 0.0.0.0 without --secret-file gave no token: '$url'"
+stranger=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -m1 -E '^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$' | grep -v '^127\.')
+if [[ -n $stranger ]]; then
+  /usr/bin/python3 - "$stranger" "${url##*:}" <<'EOF_PY' && ok || fail "the per-address cap (above)"
+import socket, sys, urllib.request
+host, rest = sys.argv[1], sys.argv[2]
+port, token = int(rest.split("/")[0]), rest.split("token=")[1]
+status = lambda path: urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10).status
+try:
+    status("/state")
+    sys.exit("the state was served without the token")
+except urllib.error.HTTPError as e:
+    assert e.code == 401, e.code
+assert status(f"/state?token={token}") == 200
+idle = [socket.create_connection((host, port), timeout=10) for _ in range(8)]
+ninth = socket.create_connection((host, port), timeout=10)
+ninth.sendall(f"GET /state?token={token} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+try:
+    got = ninth.recv(100)
+except ConnectionResetError:
+    got = b""
+assert got == b"", f"a ninth connection from {host} was served: {got!r}"
+for s in idle:
+    s.close()
+assert status(f"/state?token={token}") == 200, "served again once the others closed"
+print(f"per-address cap: 8 idle connections from {host}, the ninth closed, served again after")
+EOF_PY
+else
+  echo "per-address cap: skipped, this host has no non-loopback IPv4 address"
+fi
+kill "$run" 2>/dev/null
+wait "$run" 2>/dev/null
+
 /usr/bin/python3 "$(dirname "$0")/dashboard_check.py" "$bin" "$work"
 code=$?
 cp "$work"/*.png "$keep/" 2>/dev/null

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the topology-parser, frame-decoder, handshake and membership-message fuzzers (libFuzzer + AddressSanitizer +
-# UndefinedBehaviorSanitizer) in the sanitized build folder that sanitize.asan_ubsan uses,
+# Builds the fuzzers (libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer) of the
+# topology parser, the frame decoder, the handshake, the membership messages, the other
+# payloads a peer sends (payload_fuzz.cpp) and the checkpoint and IDX readers (file_fuzz.cpp) in the sanitized build folder that sanitize.asan_ubsan uses,
 # so the library is compiled once for both, and runs each for a bounded time, starting
 # from the shipped topology files, two at a time (one core each). Any crash, leak or
 # sanitizer report fails, with that fuzzer's report.
@@ -11,12 +12,15 @@ build=$2
 seconds=${3:-10}
 source "$root/tests/sanitize/configure_sanitized.sh"
 configure_sanitized "$root" "$build"
-cmake --build "$build" --target topology_fuzz frame_fuzz handshake_fuzz membership_fuzz -j2 >"$build.fuzz-build.log" 2>&1 ||
+cmake --build "$build" --target topology_fuzz frame_fuzz handshake_fuzz membership_fuzz payload_fuzz file_fuzz -j2 >"$build.fuzz-build.log" 2>&1 ||
   { tail -40 "$build.fuzz-build.log"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 corpus=$work/topology frames=$work/frames hellos=$work/hellos members=$work/members
-mkdir "$corpus" "$frames" "$hellos" "$members"
+payloads=$work/payloads files=$work/files
+mkdir "$corpus" "$frames" "$hellos" "$members" "$payloads" "$files"
+# A valid IDX pair for the file fuzzer: selector 1, the split at 24 bytes, two 2×2 images, two labels.
+printf '\x01\x00\x18\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00\x02\x01\x02\x03\x04\x05\x06\x07\x08\x00\x00\x08\x01\x00\x00\x00\x02\x03\x07' >"$files/idx"
 cp "$root"/topology/*.yaml "$root"/topology/*.txt "$corpus"/
 printf '%%%%MatrixMarket matrix coordinate real symmetric\n3 3 2\n2 1 0.5\n3 2 0.5\n' >"$corpus/seed.mtx"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -52,5 +56,8 @@ fuzz frame_fuzz 512 "$frames"
 finish
 fuzz handshake_fuzz 256 "$hellos"
 fuzz membership_fuzz 1024 "$members"
+finish
+fuzz payload_fuzz 4096 "$payloads"
+fuzz file_fuzz 4096 "$files"
 finish
 exit $failed

@@ -305,6 +305,44 @@ TEST(TcpTransport, AnOversizedFrameClosesTheLinkWithoutAllocatingIt) {
   EXPECT_NE(error.find("payload of 400 bytes"), std::string::npos) << error;
 }
 
+// A linked peer that sends messages nobody reads (for steps far ahead, or replays) is
+// closed once its unread messages pass either cap, and the error names it and the cap.
+TEST(TcpTransport, ALinkedPeerFloodingTheMailboxIsClosedAtItsCap) {
+  for (const bool by_bytes : {true, false}) {
+    const auto endpoints = loopback_endpoints(2);
+    std::string error;
+    run_peers(2, [&](int rank) {
+      TcpOptions options = options_for(rank, endpoints, {1 - rank});
+      options.max_unread_bytes = by_bytes ? 4096 : 0;
+      options.max_unread_messages = by_bytes ? 0 : 8;
+      auto net_owner = make_tcp_transport(std::move(options));
+      Transport& net = *net_owner;
+      net.connect();
+      if (rank == 0) {
+        const std::vector<float> x(100, 1.0f);  // 400 bytes each
+        for (std::uint64_t step = 1000; step < 1040; ++step) {
+          try {
+            net.send(1, MessageType::kParameters, step, 0, as_bytes(x)).wait(20);
+          } catch (const Error&) {
+            break;  // closed by peer 1
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        return;
+      }
+      try {
+        net.receive(0, MessageType::kParameters, 0, 0, 20);
+      } catch (const Error& e) {
+        error = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::kPeerLost) << error;
+      }
+    });
+    const std::string cap = by_bytes ? "4400 bytes unread (cap 4096)" : "9 messages unread (cap 8)";
+    EXPECT_NE(error.find(cap), std::string::npos) << error;
+    EXPECT_NE(error.find("peer 0"), std::string::npos) << error;
+  }
+}
+
 TEST(TcpTransport, BandwidthCapAndLatencyAreEnforcedOnTheSender) {
   const auto endpoints = loopback_endpoints(2);
   run_peers(2, [&](int rank) {

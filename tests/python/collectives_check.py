@@ -57,6 +57,18 @@ close(custom, 0.25 * X[rank].astype(np.float64) + 0.75 * X[neighbour], "custom w
 handles = [peertrain.neighbor_allreduce_nonblocking(X[rank]), peertrain.allreduce_nonblocking(X[rank])]
 close(handles[0].wait(timeout=30), np.einsum("j,jab->ab", W[rank], X.astype(np.float64)), "non-blocking gossip")
 close(handles[1].wait(), X.astype(np.float64).mean(axis=0), "non-blocking allreduce")
+# The non-blocking gossip reads its input while it runs: the handle holds the buffer, so
+# the input cannot be resized (and freed) under it until wait() returns.
+from array import array
+held = array("f", X[rank].ravel())
+pending = peertrain.neighbor_allreduce_nonblocking(held)
+try:
+    held.extend([0.0] * 100000)
+    sys.exit("an array('f') was resized while a non-blocking call read it")
+except BufferError:
+    pass
+close(pending.wait(), np.einsum("j,jab->ab", W[rank], X.astype(np.float64)).ravel(), "non-blocking gossip of an array")
+held.extend([0.0])  # released once done
 Y = tensors(1000, 3)
 mean = Y.astype(np.float64).mean(axis=0)
 want = float(((Y - mean) ** 2).sum(axis=1).mean())

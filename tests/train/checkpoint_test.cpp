@@ -20,6 +20,7 @@
 #include "peertrain/core/error.h"
 #include "peertrain/core/rng.h"
 #include "peertrain/model/mlp.h"
+#include "peertrain/net/auth.h"
 #include "peertrain/net/frame.h"
 #include "peertrain/train/data.h"
 #include "peertrain/train/optimizer.h"
@@ -156,7 +157,9 @@ TEST_F(Checkpoints, EachBrokenFileIsRejectedWithItsNameAndWhatWasWrong) {
       {"trailing_byte", longer, "trailing bytes"},
       {"wrong_magic", wrong_magic, "bad magic"},
       {"text", FileBytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '\n'}, "bad magic"},
-      {"version_3", patched(8, 3 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 3"},
+      {"version_4", patched(8, 4 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 4"},
+      {"maced_without_key", patched(8, 3 | (std::uint64_t{kCheckpointHeaderBytes} << 32)),
+       "give the same --secret-file"},
       {"version_1_header", patched(8, 1 | (std::uint64_t{kCheckpointHeaderBytes} << 32)), "version 1 has 136"},
       {"flipped_parameter", flipped(kCheckpointHeaderBytes + 100), "checksum mismatch"},
       {"flipped_momentum", flipped(bytes.size() - 9), "checksum mismatch"},
@@ -218,6 +221,51 @@ TEST_F(Checkpoints, AnAdamStateRoundTripsAndRestoresTheSameNextStep) {
 }
 
 // A file of format version 1 (136-byte header, the state as long as the parameters).
+// Under --secret-file a checkpoint ends in a MAC under the run's key: a forger who
+// rewrites the parameters and recomputes the checksum, or the MAC under another key, is
+// refused, and so is a checksum-only file when the run has a key.
+TEST_F(Checkpoints, UnderAKeyOnlyFilesMacdUnderItAreRead) {
+  std::array<std::uint8_t, net::kSecretBytes> raw{};
+  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::uint8_t>(7 * i + 1);
+  const auto key = std::optional(net::Secret::from_bytes(raw));
+  raw[0] ^= 1;
+  const auto other = std::optional(net::Secret::from_bytes(raw));
+  const CheckpointState saved = random_state(1, 3, 9, 257, 5);
+  const std::string path = write_checkpoint(dir_, saved, key);
+  EXPECT_EQ(fs::file_size(path), kCheckpointHeaderBytes + 8 * 257 + net::kFileMacBytes);
+  EXPECT_TRUE(read_checkpoint(path, key) == saved);
+  auto refused = [&](const std::string& file, const std::optional<net::Secret>& with, const std::string& words) {
+    try {
+      read_checkpoint(file, with);
+      ADD_FAILURE() << file << " was read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kParse);
+      EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(path, std::nullopt, "give the same --secret-file");
+  refused(path, other, "MAC mismatch");
+  FileBytes bytes = read_bytes(path);
+  bytes[kCheckpointHeaderBytes + 40] ^= 0x10;  // one parameter's bit
+  const std::string altered = dir_ + "/altered.ckpt";
+  write_bytes(altered, bytes);
+  refused(altered, key, "MAC mismatch");
+  // The forger's file: the altered state written as a checksummed (keyless) checkpoint.
+  CheckpointState forged = saved;
+  forged.params[3] += 1;
+  const std::string forged_dir = dir_ + "/forged";
+  const std::string forged_path = write_checkpoint(forged_dir, forged);
+  refused(forged_path, key, "carries no MAC");
+  // The search for a step to resume from counts only what the key vouches for.
+  for (std::uint32_t p = 0; p < 2; ++p) write_checkpoint(forged_dir, peer_state(p, 2, 20));
+  for (std::uint32_t p = 0; p < 2; ++p) write_checkpoint(forged_dir, peer_state(p, 2, 10), key);
+  CheckpointMatch match;
+  EXPECT_EQ(latest_complete_step(forged_dir, 2, match), std::optional<std::uint64_t>(20));
+  match.key = key;
+  EXPECT_EQ(latest_complete_step(forged_dir, 2, match), std::optional<std::uint64_t>(10));
+}
+
 TEST_F(Checkpoints, VersionOneFilesAreStillRead) {
   const CheckpointState saved = random_state(0, 2, 9, 33, 6);
   FileBytes v2 = read_bytes(write_checkpoint(dir_, saved));

@@ -112,6 +112,15 @@ Proof handshake_proof(const Secret& secret, Role prover, const HandshakeContext&
 bool verify_handshake_proof(const Secret& secret, Role prover, const HandshakeContext& context,
                             std::span<const std::uint8_t, kProofBytes> proof);
 
+// A MAC of data at rest (a checkpoint) under the run's key: HMAC-SHA256(secret, label ‖
+// data), the label keeping it apart from the handshake's proofs. verify_file_mac compares
+// in constant time.
+inline constexpr std::size_t kFileMacBytes = 32;
+using FileMac = std::array<std::uint8_t, kFileMacBytes>;
+FileMac file_mac(const Secret& secret, std::span<const std::byte> data);
+bool verify_file_mac(const Secret& secret, std::span<const std::byte> data,
+                     std::span<const std::uint8_t, kFileMacBytes> mac);
+
 // One per link and side, made once the handshake succeeded. sign() and verify() keep
 // separate state (a key and a counter each), so one thread may sign while another
 // verifies; two concurrent sign() calls, or two verify() calls, are not allowed, and

@@ -76,6 +76,11 @@ struct TcpOptions {
   // Each ring's size; 0: twice max_payload_bytes (at least 1 MiB), so that one message can
   // be copied out while the next goes in.
   std::size_t shared_ring_bytes = 0;
+  // What one linked peer may leave unread here before its link is closed as a flood; 0:
+  // 16 of the largest message plus 64 MiB, and 65,536 messages. An honest peer is at
+  // most a few steps ahead, so this bounds the mailbox without refusing one.
+  std::size_t max_unread_bytes = 0;
+  std::size_t max_unread_messages = 0;
 };
 
 // Binds the listening socket (Error(kIo) if the port is taken) and starts the I/O thread;

@@ -4,7 +4,7 @@
 // file is present and valid, because the peers' states at one step only make sense together
 // (D-PSGD mixes them; the step tags every message).
 //
-// File format, version 2, little-endian, 144-byte header:
+// File format, version 2 or 3, little-endian, 144-byte header:
 //   magic "PTCKPT01" | version u32 | header_bytes u32 | peer u32 | peers u32 |
 //   fingerprint u64 | run_id u64 | step u64 |
 //   sampler epoch i64 | sampler position u64 | sampler batches_drawn i64 |
@@ -12,9 +12,12 @@
 //   bytes_sent u64 | bytes_received u64 | parameters u64 | optimizer_state u64
 // then the parameters (f32 × parameters), the optimizer's state (f32 × optimizer_state:
 // SGD's momentum, as long as the parameters; Adam's two moments and its step count), and a
-// trailing u64 checksum (net::checksum_payload) of every byte before it. Version 1 files
+// trailer over every byte before it: version 2, a u64 checksum (net::checksum_payload),
+// against accidents; version 3, written under --secret-file, a 32-byte MAC under the run's
+// key (net::file_mac, HMAC-SHA256), against forgery too. A reader with the key accepts
+// only version 3, one without it refuses version 3 (it cannot check it). Version 1 files
 // (a 136-byte header without optimizer_state, the state as long as the parameters) are
-// read too.
+// read too, without a key.
 //
 // A file is written to a temporary name in the same directory, fsynced, renamed over its
 // final name and the directory fsynced, so a crash leaves either the whole file or none
@@ -28,11 +31,13 @@
 #include <string>
 #include <vector>
 
+#include "peertrain/net/auth.h"
 #include "peertrain/train/data.h"
 
 namespace peertrain::train {
 
-inline constexpr std::uint32_t kCheckpointVersion = 2;
+inline constexpr std::uint32_t kCheckpointVersion = 2;     // with a checksum
+inline constexpr std::uint32_t kCheckpointMacVersion = 3;  // with a MAC under the run's key
 inline constexpr std::size_t kCheckpointHeaderBytes = 144;
 
 // Everything a peer needs to continue after `step` completed steps.
@@ -62,20 +67,24 @@ std::string checkpoint_path(const std::string& dir, std::uint32_t peer, std::uin
 // Writes state to checkpoint_path(dir, state.peer, state.step) atomically (see above),
 // creating dir if needed, and returns that path. Throws Error(kInvalidArgument) for a state
 // that could not be read back (peer ≥ peers, negative counters) and
-// Error(kIo) naming the file when the disk refuses.
-std::string write_checkpoint(const std::string& dir, const CheckpointState& state);
+// Error(kIo) naming the file when the disk refuses. With a key, the file ends in a MAC
+// under it (version 3).
+std::string write_checkpoint(const std::string& dir, const CheckpointState& state,
+                             const std::optional<net::Secret>& key = std::nullopt);
 
 // Reads and validates one file: its length, magic, version, the sizes the header claims
 // against the file's length, the checksum and the fields' ranges. Throws Error naming the
 // file and what was wrong: kIo when it cannot be read (missing, a directory), kParse when it
-// is not a valid checkpoint (empty, truncated, bad magic, checksum mismatch, ...).
-CheckpointState read_checkpoint(const std::string& path);
+// is not a valid checkpoint (empty, truncated, bad magic, checksum or MAC mismatch, a file
+// without a MAC read with a key, one with a MAC read without it, ...).
+CheckpointState read_checkpoint(const std::string& path, const std::optional<net::Secret>& key = std::nullopt);
 
 // What checkpoints of a resumable run must carry; 0 accepts any value.
 struct CheckpointMatch {
   std::uint64_t fingerprint = 0;
   std::uint64_t run_id = 0;
   std::uint64_t parameters = 0;
+  std::optional<net::Secret> key = std::nullopt;  // --secret-file: only files MAC'd under it count
 };
 
 // The newest step for which every peer 0..peers−1 has a valid checkpoint in dir whose
