@@ -5,6 +5,8 @@
 #include <thread>
 
 #include <algorithm>
+#include <bit>
+#include <cstdio>
 #include <cstring>
 
 #include "peertrain/core/error.h"
@@ -210,13 +212,17 @@ void Membership::read_announcements() {
   for (int from = 0; from < n_; ++from) {
     if (from == rank_ || from == coordinator_ || is_lost(from) || !linked_[static_cast<std::size_t>(from)]) continue;
     while (auto a = take(from)) {
-      if (a->epoch <= epoch_) {
-        log::warn("ignoring an announcement from ", name(from), " for epoch ", a->epoch, ": peer ", coordinator_,
-                  " coordinates epoch ", epoch_);
+      // Judged against the best claim of this pass as well, so two claims read together
+      // settle as they would one after the other.
+      const int against = claim ? claim->first : coordinator_;
+      const std::uint32_t at = claim ? claim->second.epoch : epoch_;
+      const ClaimVerdict verdict = judge_claim(from, *a, against, at, lost_);
+      if (verdict != ClaimVerdict::kAdopt) {
+        log::warn("ignoring an announcement from ", name(from), " for epoch ", a->epoch, " (", to_string(verdict),
+                  "): peer ", against, " coordinates epoch ", at, a->stop ? "; its stop is not followed" : "");
         continue;
       }
-      if (!claim || a->epoch > claim->second.epoch || (a->epoch == claim->second.epoch && from < claim->first))
-        claim.emplace(from, std::move(*a));
+      claim.emplace(from, std::move(*a));
     }
   }
   if (claim) adopt(claim->first, std::move(claim->second));
@@ -539,8 +545,42 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
     last_switch_ = next.switch_step;
     pending_.erase(pending_.begin());
   }
-  if (switch_to) return algo::mixing_rows_without(topology_, rank_, *switch_to);
-  return std::nullopt;
+  if (!switch_to) return std::nullopt;
+  std::string lost_list;
+  for (int p : *switch_to) lost_list += (lost_list.empty() ? "" : ",") + std::to_string(p);
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(view_hash(last_switch_, *switch_to)));
+  log::info("membership view at step ", last_switch_, ": ", n_ - static_cast<int>(switch_to->size()),
+            " peers in, lost [", lost_list, "], coordinator ", coordinator_, " (epoch ", epoch_, "), hash ", hash);
+  return algo::mixing_rows_without(topology_, rank_, *switch_to);
+}
+
+// FNV-1a over the switch step, the lost set, the coordinator and its epoch, and every
+// survivor's row of the recomputed W (peers and weights bit for bit): equal on every
+// survivor that switched at that step, or the membership protocol failed. O(n · degree).
+std::uint64_t Membership::view_hash(std::uint64_t step, const std::vector<int>& lost) const {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
+  };
+  auto bits = [](float f) { return static_cast<std::uint64_t>(std::bit_cast<std::uint32_t>(f)); };
+  mix(step);
+  mix(lost.size());
+  for (int p : lost) mix(static_cast<std::uint64_t>(p));
+  mix(static_cast<std::uint64_t>(coordinator_));
+  mix(epoch_);
+  for (int p = 0; p < n_; ++p) {
+    if (std::find(lost.begin(), lost.end(), p) != lost.end()) continue;
+    for (const algo::MixingRow& row : algo::mixing_rows_without(topology_, p, lost)) {
+      mix(static_cast<std::uint64_t>(p));
+      mix(bits(row.self_weight));
+      for (std::size_t j = 0; j < row.peers.size(); ++j) {
+        mix(static_cast<std::uint64_t>(row.peers[j]));
+        mix(bits(row.weights[j]));
+      }
+    }
+  }
+  return h;
 }
 
 }  // namespace peertrain::train

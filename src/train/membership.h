@@ -18,7 +18,9 @@
 // record of the run (failures, rejoins, takeovers), so any survivor can take over again.
 // A peer adopts an announcement of a higher epoch (a takeover) before anything else it
 // reads, and drops its links to every peer the announcement counts lost, so no peer keeps
-// applying the switches of a coordinator the others have left. Every peer is linked to
+// applying the switches of a coordinator the others have left. It adopts a claim only
+// from the rightful successor, and settles two claims of one epoch for the higher id
+// (judge_claim, membership_codec.h), whose claim names the lower one lost. Every peer is linked to
 // every other under D-PSGD (trainer.cpp, links_for), so any survivor can coordinate.
 //
 // A peer that counts every other peer lost stops with an error: it cannot tell a run
@@ -126,6 +128,10 @@ class Membership {
 
   bool is_lost(int peer) const;
   const std::vector<int>& lost() const { return lost_; }  // as this peer counts them now
+  // What every survivor that switched at `step` to the survivors' graph without `lost`
+  // must agree on, hashed (W's every row included); logged at each switch, compared by
+  // the chaos soak (tests/chaos/).
+  std::uint64_t view_hash(std::uint64_t step, const std::vector<int>& lost) const;
   // The run's record: the coordinator's own, or as its last announcement told it.
   const std::vector<Failure>& failures() const { return failures_; }
   const std::vector<Rejoin>& rejoins() const { return rejoins_; }

@@ -142,4 +142,26 @@ RejoinAnswer decode_rejoin_answer(std::span<const std::byte> bytes, int peers, c
   return a;
 }
 
+ClaimVerdict judge_claim(int claimant, const Announcement& a, int coordinator, std::uint32_t epoch,
+                         const std::vector<int>& counted_lost) {
+  auto listed = [](const std::vector<int>& ids, int p) { return std::find(ids.begin(), ids.end(), p) != ids.end(); };
+  if (a.epoch < epoch || claimant == coordinator) return ClaimVerdict::kStale;
+  if (a.epoch == epoch && !listed(a.lost, coordinator)) return ClaimVerdict::kStale;
+  for (int p = 0; p < claimant; ++p)
+    if (!listed(counted_lost, p) && !listed(a.lost, p)) return ClaimVerdict::kNotSuccessor;
+  return ClaimVerdict::kAdopt;
+}
+
+const char* to_string(ClaimVerdict verdict) {
+  switch (verdict) {
+    case ClaimVerdict::kAdopt:
+      return "adopted";
+    case ClaimVerdict::kStale:
+      return "stale";
+    case ClaimVerdict::kNotSuccessor:
+      return "not from the lowest peer left";
+  }
+  return "?";
+}
+
 }  // namespace peertrain::train

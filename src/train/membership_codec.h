@@ -68,6 +68,21 @@ struct Announcement {
   std::vector<Takeover> takeovers;
 };
 
+// What a peer that follows `coordinator` at `epoch` makes of an announcement `a` from
+// `claimant`, another peer, which claims to coordinate: a takeover.
+//  - kStale: an older epoch, or the same epoch without counting our coordinator lost.
+//  - kNotSuccessor: the claimant is not the lowest peer left: a lower one is live in our
+//    view (`counted_lost` says who we count lost) and not counted lost by the claim.
+//  - kAdopt: a newer epoch from the rightful successor; or, at the same epoch, a claim
+//    that counts our coordinator lost. Two peers that took over at once claim the same
+//    epoch; the higher one must have counted the lower one lost to take over at all (a
+//    successor counts every lower id lost), so the tie goes to it everywhere, whichever
+//    claim a peer reads first, and the lower one, named lost, steps down.
+enum class ClaimVerdict { kAdopt, kStale, kNotSuccessor };
+ClaimVerdict judge_claim(int claimant, const Announcement& a, int coordinator, std::uint32_t epoch,
+                         const std::vector<int>& counted_lost);
+const char* to_string(ClaimVerdict verdict);
+
 enum class RejoinStatus : std::uint32_t { kAccepted = 0, kRefused = 1, kAskCoordinator = 2 };
 
 struct RejoinAnswer {

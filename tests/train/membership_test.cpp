@@ -188,6 +188,79 @@ TEST(MembershipCodec, AnnouncementsRoundTripAndBadBytesNameTheSender) {
   EXPECT_EQ(answer.coordinator, 1);
 }
 
+// Takeovers: who may claim to coordinate, and how two claims of one epoch settle.
+TEST(MembershipClaims, OnlyTheLowestPeerLeftMayTakeOverAndTheHigherOfTwoTiedClaimsWins) {
+  Announcement claim;
+  claim.epoch = 1;
+  claim.lost = {0};
+  // Peer 1 takes over from the lost peer 0: adopted.
+  EXPECT_EQ(judge_claim(1, claim, 0, 0, {}), ClaimVerdict::kAdopt);
+  // Peer 3 claims while peers 1 and 2 are live and it does not count them lost: refused,
+  // its stop flag with it.
+  claim.stop = true;
+  EXPECT_EQ(judge_claim(3, claim, 0, 0, {}), ClaimVerdict::kNotSuccessor);
+  EXPECT_EQ(judge_claim(3, claim, 0, 0, {1}), ClaimVerdict::kNotSuccessor);
+  EXPECT_EQ(judge_claim(3, claim, 0, 0, {1, 2}), ClaimVerdict::kAdopt);  // we count them lost
+  claim.stop = false;
+  // The tie: peer 1 woke from a stall and took over epoch 1 from the lost peer 0 just as
+  // peer 2, counting 1 lost too, took over the same epoch. A peer that follows 1 switches
+  // to 2; a peer that follows 2 keeps it; an older epoch is stale.
+  Announcement from2;
+  from2.epoch = 1;
+  from2.lost = {0, 1};
+  Announcement from1;
+  from1.epoch = 1;
+  from1.lost = {0};
+  EXPECT_EQ(judge_claim(2, from2, 1, 1, {0}), ClaimVerdict::kAdopt);
+  EXPECT_EQ(judge_claim(1, from1, 2, 1, {0, 1}), ClaimVerdict::kStale);
+  EXPECT_EQ(judge_claim(1, from1, 2, 1, {0}), ClaimVerdict::kStale);
+  from1.epoch = 0;
+  EXPECT_EQ(judge_claim(1, from1, 0, 1, {0}), ClaimVerdict::kStale);
+}
+
+// A linked peer that is not the lowest one left announces a takeover with the stop flag
+// (a stranger on a keyless run, or a confused peer): the others neither stop nor follow it.
+TEST(Membership, AStopFromAPeerThatMayNotCoordinateIsIgnored) {
+  const Topology t = ring(4);
+  net::LoopbackFabric fabric({4, trainer_links(t), 5});
+  std::map<int, std::string> errors;
+  std::map<int, int> coordinators;
+  std::mutex mutex;
+  testing::run_peers(4, [&](int rank) {
+    auto net = fabric.transport(rank);
+    if (rank == 3) {
+      Announcement forged;
+      forged.epoch = 1;
+      forged.switch_step = 2;
+      forged.stop = true;
+      forged.lost = {0};  // but not 1 or 2, which are live
+      for (int p = 0; p < 3; ++p)
+        net->send(p, net::MessageType::kMembership, 0, kAnnounceTag, encode_announcement(forged), false).wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      net->close();
+      return;
+    }
+    Membership membership(*net, t, rank, {SplitPolicy::kContinue, 0, 20});
+    std::vector<float> x(4, 1.0f);
+    try {
+      for (std::uint64_t step = 0; step < 10; ++step) {
+        membership.poll(step, x);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const Error& e) {
+      std::lock_guard lock(mutex);
+      errors[rank] = e.what();
+    }
+    std::lock_guard lock(mutex);
+    coordinators[rank] = membership.coordinator();
+    net->close();
+  });
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_FALSE(errors.count(p)) << "peer " << p << ": " << errors[p];
+    EXPECT_EQ(coordinators[p], 0) << "peer " << p;
+  }
+}
+
 TEST(Membership, ALostPeerIsReplacedByRecomputedWeightsAtOneAgreedStep) {
   const Topology t = ring(6);
   const int n = t.num_peers(), victim = 3;
