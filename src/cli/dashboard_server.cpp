@@ -97,7 +97,7 @@ class AddressSlot {
 struct DashboardServer::State {
   static constexpr std::size_t kMaxConnections = 64;  // browsers and requests at once; more are closed
   // From one address other than this host's loopback: no stranger takes every slot.
-  static constexpr std::size_t kMaxPerAddress = 8;
+  static constexpr std::size_t kMaxPerAddress = 16;
 
   // Before io: sessions still queued in io when it is destroyed leave these then.
   std::map<std::string, std::size_t> per_address;  // open connections by remote address

@@ -557,8 +557,11 @@ std::optional<std::vector<algo::MixingRow>> Membership::poll(std::uint64_t step,
 
 // FNV-1a over the switch step, the lost set, the coordinator and its epoch, and every
 // survivor's row of the recomputed W (peers and weights bit for bit): equal on every
-// survivor that switched at that step, or the membership protocol failed. O(n · degree).
+// survivor that switched at that step, or the membership protocol failed. The rows cost
+// O(n · degree² · lost) on every peer, so runs of more than kViewHashRowsUpTo peers (a
+// simulated cluster of thousands) hash the view without them.
 std::uint64_t Membership::view_hash(std::uint64_t step, const std::vector<int>& lost) const {
+  constexpr int kViewHashRowsUpTo = 512;
   std::uint64_t h = 0xcbf29ce484222325ULL;
   auto mix = [&h](std::uint64_t v) {
     for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
@@ -569,7 +572,7 @@ std::uint64_t Membership::view_hash(std::uint64_t step, const std::vector<int>& 
   for (int p : lost) mix(static_cast<std::uint64_t>(p));
   mix(static_cast<std::uint64_t>(coordinator_));
   mix(epoch_);
-  for (int p = 0; p < n_; ++p) {
+  for (int p = 0; p < n_ && n_ <= kViewHashRowsUpTo; ++p) {
     if (std::find(lost.begin(), lost.end(), p) != lost.end()) continue;
     for (const algo::MixingRow& row : algo::mixing_rows_without(topology_, p, lost)) {
       mix(static_cast<std::uint64_t>(p));

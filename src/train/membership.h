@@ -129,8 +129,8 @@ class Membership {
   bool is_lost(int peer) const;
   const std::vector<int>& lost() const { return lost_; }  // as this peer counts them now
   // What every survivor that switched at `step` to the survivors' graph without `lost`
-  // must agree on, hashed (W's every row included); logged at each switch, compared by
-  // the chaos soak (tests/chaos/).
+  // must agree on, hashed (W's every row included, in runs of up to 512 peers); logged at
+  // each switch, compared by the chaos soak (tests/chaos/).
   std::uint64_t view_hash(std::uint64_t step, const std::vector<int>& lost) const;
   // The run's record: the coordinator's own, or as its last announcement told it.
   const std::vector<Failure>& failures() const { return failures_; }

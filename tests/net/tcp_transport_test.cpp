@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 
@@ -19,6 +21,7 @@
 #include <numeric>
 
 #include "../../src/net/handshake.h"
+#include "peertrain/core/log.h"
 #include "../../src/net/shared_ring.h"
 #include "../topology/test_util.h"
 #include "middle_proxy.h"
@@ -832,6 +835,60 @@ TEST(TcpTransport, ASendThatTimesOutLetsGoOfItsBytesBeforeTheCallerHears) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_FALSE(net.alive(1));
   }
+}
+
+// A send that times out while the I/O thread is busy (here: blocked writing a log line
+// into a full pipe) is not given up on after a few seconds: wait() returns only once the
+// I/O thread has ended the send, however long that takes, so the caller never frees bytes
+// the thread may still write from.
+TEST(TcpTransport, ATimedOutSendWaitsForABusyIoThreadToLetGoOfItsBytes) {
+  const auto endpoints = loopback_endpoints(2);
+  FakePeer stalled(endpoints[1], 1, /*answer=*/true);
+  auto net_owner = make_tcp_transport(options_for(0, endpoints, {1}, 64u << 20));
+  Transport& net = *net_owner;
+  net.connect();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);  // fill the pipe to the last byte
+  const std::vector<char> fill(4096, 'x');
+  while (::write(fds[1], fill.data(), fill.size()) > 0) {
+  }
+  while (::write(fds[1], fill.data(), 1) > 0) {
+  }
+  ::fcntl(fds[1], F_SETFL, 0);
+  std::FILE* out = ::fdopen(fds[1], "w");
+  ASSERT_NE(out, nullptr);
+  std::setvbuf(out, nullptr, _IONBF, 0);
+  log::set_output(out);
+  // A stranger's garbage: the I/O thread refuses it and blocks writing that line.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket stranger(io);
+  stranger.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(endpoints[0].port)});
+  boost::asio::write(stranger, boost::asio::buffer(std::string(kHeaderBytes, 'x')));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::atomic<bool> draining{false};
+  std::thread drain([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(7));  // past the 5 s an early cancel gave up after
+    draining = true;
+    std::vector<char> sink(65536);
+    while (::read(fds[0], sink.data(), sink.size()) > 0) {
+    }
+  });
+  auto bytes = std::make_unique<Payload>(48u << 20, std::byte{7});
+  ErrorKind kind = ErrorKind::kInternal;
+  try {
+    net.send(1, MessageType::kParameters, 3, 0, *bytes).wait(0.5);
+  } catch (const Error& e) {
+    kind = e.kind();
+  }
+  const bool after_the_thread_ran = draining;
+  bytes.reset();
+  log::set_output(nullptr);
+  std::fclose(out);
+  drain.join();
+  ::close(fds[0]);
+  EXPECT_EQ(kind, ErrorKind::kTimeout);
+  EXPECT_TRUE(after_the_thread_ran) << "wait() returned while the I/O thread was still blocked";
 }
 
 // A Work dropped without wait() waits for its send (bounded), so an exception that
