@@ -5,7 +5,7 @@ random time, then SIGCONT; one stalled past the deadline is dropped, stops when 
 and is restarted with --rejoin too). One peer is out at a time. Then a fault-free run of
 the same flags trains as many samples.
 
-Reported (chaos.json and stdout), against the fault-free run:
+Reported (stdout, chaos.json, and README.md with the targets), against the fault-free run:
   goodput       samples trained per second (peers in × steps × batch, between the first and
                 the last evaluation the coordinator wrote) over the fault-free run's;
   accuracy      x̄'s test accuracy at the end against the fault-free run's at equal samples;
@@ -192,6 +192,53 @@ def baseline(args, samples):
     return run, bad
 
 
+def machine():
+    """'2 cores (AMD EPYC 7B13), Linux 6.x' for the report."""
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({model or 'unknown CPU'}), Linux {os.uname().release}"
+
+
+def write_report(args, r, command):
+    """OUT/README.md: the figures beside the targets, with the date, machine and command."""
+    met = lambda ok: "yes" if ok else "**no**"
+    rows = [
+        ("no survivor stops", "peers an event did not hit that stopped", str(len(r["problems"])), "0",
+         met(not r["problems"])),
+        ("goodput", "samples/s against the fault-free run's", f'{r["goodput"]:.3f}', "≥ 0.80", met(r["goodput"] >= 0.8)),
+        ("accuracy", "x̄'s test accuracy at equal samples (points)",
+         f'{100 * r["accuracy"]:.2f} against {100 * r["fault_free_accuracy"]:.2f}', "within 1 point",
+         met(abs(r["accuracy"] - r["fault_free_accuracy"]) <= 0.01)),
+        ("longest stall", "beyond the median gap between evaluations (s)", f'{r["longest_stall_s"]:.2f}',
+         f'≤ {r["stall_bound_s"]:.2f} (deadline {args.peer_timeout / 2:g} s + 3 median steps)',
+         met(r["longest_stall_s"] <= r["stall_bound_s"])),
+        ("membership", "switches whose survivors' views (W included) differ", str(len(r["switches_disagreeing"])),
+         f'0 of {r["switches"]}', met(not r["switches_disagreeing"])),
+    ]
+    lines = [f"# The chaos soak: {r['events']} events in {args.minutes:g} minutes", "",
+             f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine()}, by", "",
+             "```", command, "```", "",
+             f"{args.peers} peers on an exponential graph train the MLP (hidden 32, batch 16) with D-PSGD, "
+             f"`--peer-timeout {args.peer_timeout:g}`; every {args.event_every:g} s or so one peer is killed "
+             f"({r['kills']} times) or stalled ({r['stalls']} times, {r['stalls_past_deadline']} of them past the "
+             f"deadline, so dropped and restarted with `--rejoin`). The fault-free run trained "
+             f"{r['fault_free_samples']:,} samples in {r['fault_free_seconds']} s, the faulty one {r['samples']:,} in "
+             f"{r['seconds']} s. What each figure measures: tests/chaos/chaos.py.", "",
+             "| figure | what | measured | target | met |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
+    lines += ["", "Events (seconds from the start): " + ", ".join(
+        f'{e["t"]:g} {e["kind"]} {e["peer"]}' + (f' ({e["seconds"]:g} s)' if "seconds" in e else "")
+        for e in r["event_log"]), ""]
+    with open(os.path.join(args.out, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
 def main():
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -227,6 +274,8 @@ def main():
     }
     with open(os.path.join(args.out, "chaos.json"), "w") as f:
         json.dump(result, f, indent=1)
+    # bench/chaos.sh names itself as the command to rerun; run directly, this script does.
+    write_report(args, result, os.environ.get("CHAOS_COMMAND") or " ".join(["tests/chaos/chaos.py"] + sys.argv[1:]))
     print(f"chaos: {len(events)} events ({kills} kills, {len(events) - kills} stalls) in {args.minutes:g} min on "
           f"{args.peers} peers\n"
           f"  goodput {goodput:.3f} of the fault-free run's ({samples / seconds:.0f} against "

@@ -73,6 +73,8 @@ else
 fi
 kill "$run" 2>/dev/null
 wait "$run" 2>/dev/null
+# Its peers go with it (PR_SET_PDEATHSIG); the browser checks below start once they have.
+for _ in $(seq 100); do pgrep -f -- "--topology $work/ring4.yaml" >/dev/null || break; sleep 0.1; done
 
 /usr/bin/python3 "$(dirname "$0")/dashboard_check.py" "$bin" "$work"
 code=$?
