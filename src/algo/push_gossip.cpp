@@ -114,28 +114,26 @@ net::SharedPayload PushGossip::take(const Owed& owed, bool wait, std::size_t siz
   // of --peer-timeout, or at the whole bound.
   const double bound = network_.peer_timeout_s();
   const auto begin = RunClock::now();
+  // Why to give the source up now, or empty. Judged before each look at the mailbox: a
+  // source found gone has delivered everything it sent, so the look after it sees its
+  // message if there is one.
+  auto give_up_reason = [&](double waited) -> std::string {
+    if (!network_.alive(owed.source)) return "left or was lost";
+    if (const double silence = network_.silence_s(owed.source); silence >= bound / 2)
+      return str("has sent nothing, not even a heartbeat, for ", static_cast<int>(silence), " s");
+    if (waited >= bound) return str("still sounds alive but sent nothing within ", static_cast<int>(bound), " s");
+    return {};
+  };
   try {
     for (;;) {
+      const double waited = seconds_since(begin);
+      const std::string why = wait ? give_up_reason(waited) : std::string();
       if (auto arrived = network_.try_receive(owed.source, net::MessageType::kParameters, owed.step, 0)) {
         payload = std::make_shared<net::Payload>(std::move(*arrived));
         break;
       }
       if (!wait) return nullptr;
-      const double waited = seconds_since(begin);
-      std::string why;
-      if (!network_.alive(owed.source))
-        why = "left or was lost";
-      else if (network_.silence_s(owed.source) >= bound / 2)
-        why = str("has sent nothing, not even a heartbeat, for ", static_cast<int>(network_.silence_s(owed.source)),
-                  " s");
-      else if (waited >= bound)
-        why = str("still sounds alive but sent nothing within ", static_cast<int>(bound), " s");
       if (!why.empty()) {
-        // What it sent before it closed has all arrived, perhaps since the try above.
-        if (auto arrived = network_.try_receive(owed.source, net::MessageType::kParameters, owed.step, 0)) {
-          payload = std::make_shared<net::Payload>(std::move(*arrived));
-          break;
-        }
         give_up_on(owed.source, str(network_.peer_name(owed.source), " ", why, " before it sent step ", owed.step,
                                     "; peer ", network_.self(), " gives up on it"));
         return nullptr;
